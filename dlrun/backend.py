@@ -1,0 +1,107 @@
+"""The one module that chooses between numpy (CPU) and CuPy (GPU).
+
+Nothing else in dlrun imports cupy. Layers take the array module from their input with
+:func:`array_module`, or use ``self.xp``, so one code path serves both devices.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from .errors import BackendError
+
+DEVICES = ("cpu", "gpu")
+
+
+class Backend:
+    """A device: its array module, host<->device moves, seeded generators, synchronisation."""
+
+    def __init__(self, name: str, xp):
+        self.name = name
+        self.xp = xp
+
+    def __repr__(self) -> str:
+        return f"Backend({self.name!r})"
+
+    def asarray(self, a, dtype=None):
+        """Move a host array to this device (no copy on CPU when dtype already matches)."""
+        return self.xp.asarray(a, dtype=dtype)
+
+    def to_host(self, a) -> np.ndarray:
+        """Return ``a`` as a numpy array (a device-to-host copy on GPU)."""
+        if self.xp is np:
+            return np.asarray(a)
+        return self.xp.asnumpy(a)
+
+    def rng(self, seed):
+        """A generator on this device, seeded by an int or a numpy SeedSequence."""
+        if isinstance(seed, np.random.SeedSequence):
+            seed = int(seed.generate_state(1, dtype=np.uint64)[0])
+        return self.xp.random.default_rng(seed)
+
+    def synchronize(self) -> None:
+        if self.xp is not np:
+            self.xp.cuda.Device().synchronize()
+
+    def scatter_add(self, a, indices, values) -> None:
+        """``a[indices] += values`` that keeps repeated indices (np.add.at / cupyx.scatter_add)."""
+        if self.xp is np:
+            np.add.at(a, indices, values)
+        else:
+            import cupyx
+
+            cupyx.scatter_add(a, indices, values)
+
+
+CPU = Backend("cpu", np)
+_gpu: Backend | None = None
+
+
+def get_backend(device: str = "cpu") -> Backend:
+    """Return the backend for ``device`` ('cpu' or 'gpu'), or raise a one-line BackendError."""
+    global _gpu
+    if device == "cpu":
+        return CPU
+    if device != "gpu":
+        raise BackendError(f"unknown device {device!r}; expected one of: cpu, gpu")
+    if _gpu is not None:
+        return _gpu
+    try:
+        import cupy
+    except ImportError:
+        raise BackendError(
+            "device 'gpu' needs CuPy, which is not installed; install it with "
+            "pip install 'dlrun[gpu]' (CuPy for CUDA 12), or use --device cpu"
+        ) from None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # CUDA driver missing or broken
+        raise BackendError(f"device 'gpu': CuPy found no usable CUDA driver ({e}); use --device cpu") from None
+    if count < 1:
+        raise BackendError("device 'gpu': CuPy is installed but no CUDA device is visible; use --device cpu")
+    _gpu = Backend("gpu", cupy)
+    return _gpu
+
+
+def gpu_available() -> bool:
+    """True when CuPy imports and a CUDA device answers (used by tests to skip)."""
+    try:
+        get_backend("gpu")
+    except BackendError:
+        return False
+    return True
+
+
+def array_module(x):
+    """numpy or cupy, whichever owns ``x`` (like chainer's get_array_module)."""
+    if type(x).__module__.startswith("cupy"):
+        return sys.modules["cupy"]
+    return np
+
+
+def to_host(x) -> np.ndarray:
+    """Any array (numpy or cupy) as a numpy array."""
+    if type(x).__module__.startswith("cupy"):
+        return x.get()
+    return np.asarray(x)

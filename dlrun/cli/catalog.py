@@ -1,0 +1,63 @@
+"""`dlrun list` and `dlrun show`: what the registries hold."""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from .. import registry
+from ..errors import UsageError
+from ..options import did_you_mean
+from ..plugins import load_plugins
+from . import app, out
+
+PLUGIN_HELP = "Python file with user components to load first (repeatable)."
+
+
+@app.command("list")
+def list_cmd(
+    kind: Optional[str] = typer.Argument(None, help="layers, initializers, losses, regularizers, optimizers or data."),
+    plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+) -> None:
+    """List registered components with their one-line summaries."""
+    load_plugins(plugin)
+    kinds = registry.REGISTRIES
+    if kind is not None and kind not in kinds:
+        raise UsageError(f"unknown kind {kind!r}{did_you_mean(kind, kinds)}; valid kinds: {', '.join(kinds)}")
+    for k in [kind] if kind else kinds:
+        reg = kinds[k]
+        t = Table(title=k, title_justify="left")
+        t.add_column("name", style="bold")
+        t.add_column("summary")
+        for name in reg.names():
+            origin = reg.origin(name)
+            t.add_row(name, reg.summary(name) + ("" if origin == "builtin" else f"  [dim](from {origin})[/]"))
+        out.print(t)
+
+
+@app.command("show")
+def show_cmd(
+    name: str = typer.Argument(..., help="Component name, e.g. Linear or he_normal."),
+    plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+) -> None:
+    """Show a component's documentation and options (types, defaults, docs)."""
+    load_plugins(plugin)
+    reg, obj = registry.find(name)
+    import inspect
+
+    doc = inspect.getdoc(obj) or ""
+    body = doc.split("\nArgs:")[0].strip()
+    out.print(f"[bold]{name}[/] ({reg.kind}, {reg.origin(name)})")
+    if body:
+        out.print(body, markup=False)
+    opts = reg.options(name)
+    if not opts:
+        out.print("options: none")
+        return
+    t = Table(title="options", title_justify="left")
+    for c in ("option", "type", "default", "description"):
+        t.add_column(c)
+    for o in opts:
+        t.add_row(o.name, o.type_name, "(required)" if o.required else repr(o.default), o.doc)
+    out.print(t)

@@ -1,0 +1,90 @@
+"""The exceptions dlrun raises; the CLI turns each into one line and an exit code."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a value came from: a YAML file and line, or a command-line flag."""
+
+    source: str | None = None  # "configs/x.yaml" or "--set"
+    line: int | None = None
+    path: str | None = None  # key path such as "model[2].units"
+
+    def __str__(self) -> str:
+        head = self.source or ""
+        if self.line is not None:
+            head = f"{head}:{self.line}"
+        parts = [p for p in (head, self.path) if p]
+        return ": ".join(parts)
+
+
+class DlrunError(Exception):
+    """Base class. ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, where: Location | None = None):
+        super().__init__(message)
+        self.message = message
+        self.where = where
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}" if self.where and str(self.where) else self.message
+
+
+class UsageError(DlrunError):
+    """Bad usage, config or input: the user can fix it. Exit code 2."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A config value is wrong."""
+
+
+class ShapeError(ConfigError):
+    """A layer cannot take the shape its predecessor produces."""
+
+
+class DataError(UsageError):
+    """A data file or generator produced unusable data."""
+
+
+class BackendError(UsageError):
+    """The requested device cannot be used."""
+
+
+class PluginError(UsageError):
+    """A plugin file could not be loaded."""
+
+
+class CheckpointError(UsageError):
+    """A checkpoint is missing, corrupt, or does not fit the model."""
+
+
+class ConfigErrors(ConfigError):
+    """Several config problems, reported together."""
+
+    def __init__(self, errors: list[DlrunError]):
+        self.errors = list(errors)
+        super().__init__("; ".join(str(e) for e in self.errors))
+
+    def __str__(self) -> str:
+        return "\n".join(str(e) for e in self.errors)
+
+
+class TrainingError(DlrunError):
+    """Training started but could not finish (non-finite loss, I/O failure). Exit code 1."""
+
+
+def collect(errors: list[DlrunError]) -> None:
+    """Raise the errors gathered so far: one as itself, several as ConfigErrors."""
+    flat: list[DlrunError] = []
+    for e in errors:
+        flat.extend(e.errors if isinstance(e, ConfigErrors) else [e])
+    if len(flat) == 1:
+        raise flat[0]
+    if flat:
+        raise ConfigErrors(flat)

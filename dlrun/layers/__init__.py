@@ -1,0 +1,4 @@
+"""Built-in layers, one small module each (activations share one). Importing this package
+registers them; ``Layer`` and ``Parameter`` are the contract user layers are written against."""
+from .base import InputSpec, Layer, Parameter  # noqa: F401
+from . import linear, activations  # noqa: F401  (registration side effects)

@@ -1,0 +1,181 @@
+"""The layer contract: what every built-in and user-written layer implements.
+
+A layer is a small class registered with ``@layers.register()``:
+
+* **options** are the constructor's keyword parameters, with type hints and defaults; they are
+  the YAML keys (``units: 64``) and are checked against the signature before anything is built;
+* ``build(input_shape)`` receives the per-sample input shape (no batch axis), creates parameters
+  with :meth:`Layer.add_param` and returns the per-sample output shape; raise
+  :class:`~dlrun.errors.ShapeError` for an input it cannot take;
+* ``forward(x)`` (or ``forward(x, y)`` when ``needs_labels``) computes the output for a batch,
+  in training or evaluation mode according to ``self.training``, and caches what backward needs;
+* ``backward(dy)`` returns ``dx`` and *writes* (never accumulates) each trainable parameter's
+  gradient into ``param.grad``.
+
+Parameters and gradients live in one place, ``self.params`` (name -> :class:`Parameter`).
+Class attributes declare what the framework and ``dlrun gradcheck`` need to know:
+``needs_labels``, ``has_phase``, ``stochastic``, ``state`` and ``input_spec``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..backend import CPU, Backend
+from ..errors import ShapeError
+
+
+@dataclass
+class Parameter:
+    """A tensor of a layer with its gradient.
+
+    Attributes:
+        data: the values (numpy or cupy array, the model's dtype).
+        grad: the gradient written by the layer's ``backward`` (same shape and dtype), or None
+            for a constant.
+        trainable: False for constants that training must never change.
+        regularizer: the layer's own regularizer for this tensor, or None.
+        regularize: whether the run-wide default regularizer applies (weights yes, biases no).
+    """
+
+    data: Any
+    grad: Any = None
+    trainable: bool = True
+    regularizer: Any = None
+    regularize: bool = True
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    @property
+    def size(self) -> int:
+        return int(self.data.size)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What inputs a layer takes, declared for `dlrun gradcheck` and the contract test.
+
+    Args:
+        shape: per-sample input shape with symbolic dims ("D", "C", "H", "W", "T") or ints.
+            The checker binds each symbol to two different sizes, all dims distinct.
+        kind: value kind of x: "float" (N(0,1)), "positive" (U[0.5, 2]), "prob" (rows sum to 1)
+            or "index" (integers in [0, high), not differentiable).
+        high: for kind "index", the exclusive upper bound (an int or a dim/option name).
+        options: the options gradcheck builds the layer with when the user gives none;
+            a string value naming a dim is replaced by that dim's size (``{"units": "C"}``).
+        labels: for layers with ``needs_labels``: labels are drawn in [0, labels) where
+            ``labels`` is a dim name or int (default: the layer's output size).
+    """
+
+    shape: tuple = ("D",)
+    kind: str = "float"
+    high: Any = None
+    options: dict = field(default_factory=dict)
+    labels: Any = None
+
+
+class Layer:
+    """Base class of all layers. Subclasses need not call ``super().__init__()``.
+
+    Class attributes (declarations):
+        needs_labels: forward takes ``(x, y)``; ``y`` holds integer labels in training and may
+            be None in evaluation.
+        has_phase: forward differs between training and evaluation (``self.training``).
+        stochastic: forward draws from ``self.rng`` (a seeded generator the framework sets).
+        state: names of attributes that change over training outside the parameters (running
+            statistics, annealed coefficients); gradcheck freezes and restores them, and
+            checkpoints save them.
+        input_spec: see :class:`InputSpec`.
+    """
+
+    needs_labels: ClassVar[bool] = False
+    has_phase: ClassVar[bool] = False
+    stochastic: ClassVar[bool] = False
+    state: ClassVar[tuple[str, ...]] = ()
+    input_spec: ClassVar[InputSpec] = InputSpec()
+
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls)
+        self.params = {}
+        self.training = True
+        self.rng = None
+        self.backend = CPU
+        self.xp = np
+        self.dtype = np.dtype(np.float32)
+        self._init_rng = None
+        return self
+
+    def __init__(self) -> None:
+        """A layer without options."""
+
+    # -- set by the framework --------------------------------------------------------------
+    def setup(self, backend: Backend, dtype, init_rng: np.random.Generator, rng=None) -> None:
+        """Attach the device, dtype and generators before ``build`` (called by the model)."""
+        self.backend = backend
+        self.xp = backend.xp
+        self.dtype = np.dtype(dtype)
+        self._init_rng = init_rng
+        self.rng = rng
+
+    def add_param(self, name: str, shape, initializer=None, *, fan_in: int | None = None,
+                  fan_out: int | None = None, trainable: bool = True, regularizer=None,
+                  regularize: bool = True, value=None) -> Parameter:
+        """Create a parameter, drawn on the host with the seeded generator and moved once.
+
+        Give either an ``initializer`` (called as ``initializer(shape, fan_in, fan_out, rng)``)
+        or a fixed host ``value``. Returns the Parameter, also stored in ``self.params[name]``.
+        """
+        shape = tuple(int(s) for s in shape)
+        if value is None:
+            if initializer is None:
+                raise ValueError(f"parameter {name!r} needs an initializer or a value")
+            rng = self._init_rng if self._init_rng is not None else np.random.default_rng(0)
+            fi = fan_in if fan_in is not None else (int(np.prod(shape[1:])) if len(shape) > 1 else shape[0])
+            fo = fan_out if fan_out is not None else shape[0]
+            value = initializer(shape, fi, fo, rng)
+        host = np.asarray(value, dtype=self.dtype)
+        if host.shape != shape:
+            raise ValueError(f"parameter {name!r}: value has shape {host.shape}, expected {shape}")
+        data = self.backend.asarray(np.ascontiguousarray(host))
+        grad = self.xp.zeros_like(data) if trainable else None
+        p = Parameter(data, grad, trainable, regularizer, regularize and trainable)
+        self.params[name] = p
+        return p
+
+    # -- the contract ----------------------------------------------------------------------
+    def build(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """Create parameters for this per-sample input shape; return the output shape."""
+        return tuple(input_shape)
+
+    def forward(self, x, y=None):  # pragma: no cover - abstract
+        """Compute the output for a batch ``x`` (and labels ``y`` when ``needs_labels``)."""
+        raise NotImplementedError(f"{type(self).__name__}.forward is not implemented")
+
+    def backward(self, dy):  # pragma: no cover - abstract
+        """Given dL/d(output), write parameter gradients and return dL/d(input)."""
+        raise NotImplementedError(f"{type(self).__name__}.backward is not implemented")
+
+    def branch_signature(self):
+        """Which branch each element took in the last forward (ReLU mask, max-pool argmax).
+
+        gradcheck compares it before and after a perturbation to skip elements that crossed a
+        kink. Return None (the default) for smooth layers.
+        """
+        return None
+
+    # -- conveniences ----------------------------------------------------------------------
+    def expect_rank(self, input_shape, rank: int, what: str) -> None:
+        """Raise ShapeError unless the per-sample input has ``rank`` axes."""
+        if len(input_shape) != rank:
+            raise ShapeError(
+                f"{type(self).__name__} expects {what}, got input of shape {tuple(input_shape)} per sample"
+            )
+
+    def __repr__(self) -> str:
+        spec = getattr(self, "spec", None) or {}
+        opts = ", ".join(f"{k}={v!r}" for k, v in spec.items() if k != "type")
+        return f"{type(self).__name__}({opts})"

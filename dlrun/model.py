@@ -1,0 +1,116 @@
+"""Sequential: a model built from a list of layers, with eager shape inference."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backend import CPU, Backend
+from .errors import DlrunError, Location, ShapeError
+from .layers.base import Layer
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    index: int
+    name: str
+    output_shape: tuple[int, ...]
+    params: int
+    trainable: int
+
+
+class Sequential:
+    """Layers applied in order; built (parameters created, shapes inferred) on construction.
+
+    Args:
+        layers: instantiated layers.
+        input_shape: per-sample input shape, e.g. ``(2,)`` or ``(1, 8, 8)``.
+        backend: the device (``get_backend('gpu')`` for CuPy).
+        dtype: parameter and activation dtype (float32 for training, float64 for checks).
+        seed: seeds the host generator for initial weights and each layer's runtime generator.
+        locate: maps ``"model[i]"`` to a config location for shape errors.
+    """
+
+    def __init__(self, layers: list[Layer], input_shape, backend: Backend = CPU, dtype=np.float32,
+                 seed: int = 0, locate=None):
+        self.layers = list(layers)
+        self.input_shape = tuple(int(s) for s in input_shape)
+        self.backend = backend
+        self.dtype = np.dtype(dtype)
+        root = np.random.SeedSequence(seed)
+        init_seq, run_seq = root.spawn(2)
+        init_rng = np.random.default_rng(init_seq)
+        run_seqs = run_seq.spawn(len(self.layers))
+        self.shapes: list[tuple[int, ...]] = []
+        shape = self.input_shape
+        for i, layer in enumerate(self.layers):
+            layer.setup(backend, self.dtype, init_rng, backend.rng(run_seqs[i]))
+            try:
+                shape = tuple(layer.build(shape))
+            except ShapeError as e:
+                where = locate(f"model[{i}]") if locate else Location(path=f"model[{i}]")
+                raise ShapeError(f"{type(layer).__name__}: {e.message}", where) from None
+            except (ValueError, TypeError) as e:
+                where = locate(f"model[{i}]") if locate else Location(path=f"model[{i}]")
+                raise ShapeError(f"{type(layer).__name__} cannot take input of shape {shape}: {e}", where) from None
+            self.shapes.append(shape)
+        self.output_shape = shape
+        self._labelled = [layer.needs_labels for layer in self.layers]
+
+    def train(self, mode: bool = True) -> "Sequential":
+        for layer in self.layers:
+            layer.training = mode
+        return self
+
+    def eval(self) -> "Sequential":
+        return self.train(False)
+
+    def forward(self, x, y=None):
+        for layer, labelled in zip(self.layers, self._labelled):
+            x = layer.forward(x, y) if labelled else layer.forward(x)
+        return x
+
+    def backward(self, dy):
+        for layer in reversed(self.layers):
+            dy = layer.backward(dy)
+        return dy
+
+    def named_parameters(self):
+        """``[("0.weight", Parameter), ...]``: qualified name = layer index and parameter name."""
+        return [(f"{i}.{n}", p) for i, layer in enumerate(self.layers) for n, p in layer.params.items()]
+
+    def summary(self) -> list[SummaryRow]:
+        rows = []
+        for i, (layer, shape) in enumerate(zip(self.layers, self.shapes)):
+            total = sum(p.size for p in layer.params.values())
+            trainable = sum(p.size for p in layer.params.values() if p.trainable)
+            rows.append(SummaryRow(i, repr(layer), shape, total, trainable))
+        return rows
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.size for _, p in self.named_parameters())
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """Host copies of every parameter and declared layer state, by qualified name."""
+        out = {name: self.backend.to_host(p.data) for name, p in self.named_parameters()}
+        for i, layer in enumerate(self.layers):
+            for attr in layer.state:
+                out[f"{i}.state.{attr}"] = np.asarray(self.backend.to_host(getattr(layer, attr)))
+        return out
+
+    def load_state_arrays(self, arrays: dict) -> None:
+        """Copy parameters and layer state back from ``state_arrays`` output (shapes must match)."""
+        for name, p in self.named_parameters():
+            p.data[...] = self.backend.asarray(arrays[name], dtype=p.data.dtype)
+        for i, layer in enumerate(self.layers):
+            for attr in layer.state:
+                cur = getattr(layer, attr)
+                val = arrays[f"{i}.state.{attr}"]
+                if isinstance(cur, (int, float, np.number)) or np.ndim(cur) == 0 and not hasattr(cur, "shape"):
+                    setattr(layer, attr, type(cur)(val))
+                else:
+                    cur[...] = self.backend.asarray(val, dtype=cur.dtype)
+
+
+__all__ = ["Sequential", "SummaryRow", "DlrunError"]

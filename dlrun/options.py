@@ -1,0 +1,192 @@
+"""Typed options: the annotations components use, and the checker that validates config values.
+
+A component's options are its constructor's keyword parameters. Their type hints say what a
+config may give; :func:`check_value` converts a YAML value to that type or raises OptionError
+with a message saying what was expected and what was received.
+"""
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+
+@dataclass(frozen=True)
+class Range:
+    """A numeric bound for an option: ``Annotated[float, Range(0, 1, max_inclusive=False)]``."""
+
+    min: float | None = None
+    max: float | None = None
+    min_inclusive: bool = True
+    max_inclusive: bool = True
+
+    def check(self, v) -> bool:
+        if self.min is not None and (v < self.min if self.min_inclusive else v <= self.min):
+            return False
+        if self.max is not None and (v > self.max if self.max_inclusive else v >= self.max):
+            return False
+        return True
+
+    def describe(self) -> str:
+        lo = hi = ""
+        if self.min is not None:
+            lo = f"{'>=' if self.min_inclusive else '>'} {self.min:g}"
+        if self.max is not None:
+            hi = f"{'<=' if self.max_inclusive else '<'} {self.max:g}"
+        return " and ".join(p for p in (lo, hi) if p)
+
+
+class FilePath(str):
+    """A path option; the config resolves it relative to the config file's folder."""
+
+
+PositiveInt = Annotated[int, Range(min=1)]
+NonNegativeInt = Annotated[int, Range(min=0)]
+PositiveFloat = Annotated[float, Range(min=0, min_inclusive=False)]
+NonNegativeFloat = Annotated[float, Range(min=0)]
+Fraction = Annotated[float, Range(0, 1, max_inclusive=False)]  # [0, 1): split, dropout rate
+UnitInterval = Annotated[float, Range(0, 1, min_inclusive=False)]  # (0, 1]: a factor
+
+
+class OptionError(ValueError):
+    """A value does not fit its option's type; the message says expected vs received."""
+
+
+def did_you_mean(name: str, choices) -> str:
+    """' (did you mean X?)' when a close match exists, else ''."""
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=3, cutoff=0.6)
+    if not close:
+        lowered = {str(c).lower(): str(c) for c in choices}
+        if str(name).lower() in lowered:
+            close = [lowered[str(name).lower()]]
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+def _got(value) -> str:
+    return f"{value!r}" if not isinstance(value, (dict, list)) else type(value).__name__
+
+
+def describe(hint) -> str:
+    """A short human name for a type hint, used in 'expected ...' messages and `dlrun show`."""
+    origin = typing.get_origin(hint)
+    if origin is Annotated:
+        base, *meta = typing.get_args(hint)
+        rng = next((m for m in meta if isinstance(m, Range)), None)
+        name = describe(base)
+        if rng is not None:
+            if rng == Range(min=1) and base is int:
+                return "a positive integer"
+            return f"{name} {rng.describe()}"
+        return name
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        text = " or ".join(describe(a) for a in args)
+        return text + (" or null" if len(args) < len(typing.get_args(hint)) else "")
+    if origin in (tuple, list):
+        args = typing.get_args(hint)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return f"a list of {len(args)} {describe(args[0]).removeprefix('a ').removeprefix('an ')}s"
+        inner = describe(args[0]) if args else "value"
+        return f"a list of {inner.removeprefix('a ').removeprefix('an ')}s"
+    from .registry import registry_for_type
+
+    reg = registry_for_type(hint)
+    if reg is not None:
+        return f"{'an' if reg.kind[0] in 'aeiou' else 'a'} {reg.kind} name or spec"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+            FilePath: "a file path", Path: "a file path", Any: "any value"}.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def check_value(value, hint, *, build_component=None):
+    """Convert ``value`` to ``hint`` or raise OptionError.
+
+    ``build_component(registry, value)`` builds nested components (an initializer given as an
+    option of a layer); it is supplied by the registry so errors keep their key path.
+    """
+    origin = typing.get_origin(hint)
+    if hint is Any or hint is typing.Any:
+        return value
+    if origin is Annotated:
+        base, *meta = typing.get_args(hint)
+        try:
+            v = check_value(value, base, build_component=build_component)
+        except OptionError:
+            raise OptionError(f"expected {describe(hint)}, got {_got(value)}") from None
+        for m in meta:
+            if isinstance(m, Range) and not m.check(v):
+                raise OptionError(f"expected {describe(hint)}, got {_got(value)}")
+        return v
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value in choices and type(value) is type(choices[choices.index(value)]):
+            return value
+        raise OptionError(f"expected {describe(hint)}, got {_got(value)}{did_you_mean(value, choices)}")
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise OptionError(f"expected {describe(hint)}, got null")
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return check_value(value, a, build_component=build_component)
+            except OptionError as e:
+                errors.append(str(e))
+        if len(errors) == 1:
+            raise OptionError(errors[0])
+        raise OptionError(f"expected {describe(hint)}, got {_got(value)}")
+    if origin in (tuple, list):
+        args = typing.get_args(hint)
+        if not isinstance(value, (list, tuple)):
+            raise OptionError(f"expected {describe(hint)}, got {_got(value)}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise OptionError(f"expected {describe(hint)}, got {len(value)} values")
+            items = [check_value(v, a, build_component=build_component) for v, a in zip(value, args)]
+        else:
+            inner = args[0] if args else Any
+            items = [check_value(v, inner, build_component=build_component) for v in value]
+        return tuple(items) if origin is tuple else items
+    if value is None:
+        raise OptionError(f"expected {describe(hint)}, got null")
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise OptionError(f"expected true or false, got {_got(value)}")
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise OptionError(f"expected an integer, got {_got(value)}")
+        return int(value)
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise OptionError(f"expected a number, got {_got(value)}")
+        v = float(value)
+        if v != v or v in (float("inf"), float("-inf")):
+            raise OptionError(f"expected a finite number, got {value!r}")
+        return v
+    if hint in (str, FilePath, Path):
+        if not isinstance(value, str):
+            raise OptionError(f"expected {describe(hint)}, got {_got(value)}")
+        return hint(value) if hint is not str else value
+    from .registry import registry_for_type
+
+    reg = registry_for_type(hint)
+    if reg is not None:
+        if isinstance(value, hint):
+            return value
+        if build_component is None:
+            return reg.build(value)
+        return build_component(reg, value)
+    if isinstance(hint, type) and isinstance(value, hint):
+        return value
+    raise OptionError(f"expected {describe(hint)}, got {_got(value)}")

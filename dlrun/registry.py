@@ -1,0 +1,266 @@
+"""One small Registry class, used for every kind of component, and the six registries.
+
+Components register with a decorator. A config names them by string; options are checked
+against the constructor's signature (keyword parameters with type hints and defaults).
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import ConfigError, DlrunError, Location, UsageError, collect
+from .options import OptionError, check_value, describe, did_you_mean
+
+Locate = Callable[[str], Location]
+
+
+class RegistryError(UsageError):
+    """A registration or lookup problem (duplicate name, unknown name)."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a component, as `dlrun show` prints it."""
+
+    name: str
+    hint: Any
+    default: Any
+    required: bool
+    doc: str
+
+    @property
+    def type_name(self) -> str:
+        return describe(self.hint)
+
+
+def _doc_args(obj) -> dict[str, str]:
+    """Parse a Google-style ``Args:`` section into {name: text}."""
+    doc = inspect.getdoc(obj) or ""
+    out: dict[str, str] = {}
+    m = re.search(r"^Args:\s*$(.*?)(?:^\S|\Z)", doc, re.M | re.S)
+    if not m:
+        return out
+    current = None
+    for line in m.group(1).splitlines():
+        hit = re.match(r"^\s{2,8}(\w+)(?:\s*\([^)]*\))?:\s*(.*)$", line)
+        if hit:
+            current = hit.group(1)
+            out[current] = hit.group(2).strip()
+        elif current and line.strip():
+            out[current] += " " + line.strip()
+    return out
+
+
+def signature(obj) -> inspect.Signature:
+    """The options' signature: ``__init__`` without ``self`` for classes, else the function's."""
+    if inspect.isclass(obj):
+        if obj.__init__ is object.__init__:
+            return inspect.Signature()
+        sig = inspect.signature(obj.__init__)
+        return sig.replace(parameters=list(sig.parameters.values())[1:])
+    return inspect.signature(obj)
+
+
+def _default_locate(path: str) -> Location:
+    return Location(path=path)
+
+
+class Registry:
+    """Named components of one kind (layer, initializer, loss, regularizer, optimizer, data)."""
+
+    def __init__(self, kind: str, plural: str):
+        self.kind = kind
+        self.plural = plural
+        self.base: type | None = None  # set by the module that defines the kind's base class
+        self._entries: dict[str, Any] = {}
+        self._origin: dict[str, str] = {}
+
+    def __contains__(self, name: str) -> bool:
+        load_builtins()
+        return name in self._entries
+
+    def names(self) -> list[str]:
+        load_builtins()
+        return sorted(self._entries, key=str.lower)
+
+    def register(self, name: str | None = None, *, origin: str | None = None):
+        """Decorator: ``@layers.register()`` registers a class under its own name."""
+
+        def deco(obj):
+            where = origin or _loading_origin or "builtin"
+            key = name or obj.__name__
+            if key in self._entries and self._entries[key] is not obj:
+                raise RegistryError(
+                    f"{self.kind} {key!r} is already registered (by {self._origin[key]}); "
+                    f"choose another name"
+                )
+            sig = signature(obj)
+            for p in sig.parameters.values():
+                if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+                    raise RegistryError(
+                        f"{self.kind} {key!r}: options must be explicit keyword parameters, "
+                        f"not *{p.name}/**{p.name} (a typo in a config could not be caught)"
+                    )
+            self._entries[key] = obj
+            self._origin[key] = where
+            obj.registered_name = key
+            return obj
+
+        return deco
+
+    def unregister(self, name: str) -> None:
+        self._entries.pop(name, None)
+        self._origin.pop(name, None)
+
+    def get(self, name: str, where: Location | None = None):
+        """The component called ``name``, or a RegistryError with did-you-mean and valid names."""
+        load_builtins()
+        if not isinstance(name, str):
+            raise ConfigError(f"expected a {self.kind} name, got {name!r}", where)
+        if name not in self._entries:
+            valid = ", ".join(self.names())
+            raise ConfigError(
+                f"unknown {self.kind} {name!r}{did_you_mean(name, self._entries)}; valid {self.plural}: {valid}",
+                where,
+            )
+        return self._entries[name]
+
+    def origin(self, name: str) -> str:
+        return self._origin.get(name, "builtin")
+
+    def summary(self, name: str) -> str:
+        doc = inspect.getdoc(self.get(name)) or ""
+        return doc.strip().splitlines()[0] if doc.strip() else ""
+
+    def options(self, name: str) -> list[Option]:
+        """The component's options: name, type hint, default, docs."""
+        obj = self.get(name)
+        target = obj.__init__ if inspect.isclass(obj) else obj
+        hints = typing.get_type_hints(target, include_extras=True)
+        docs = _doc_args(obj)
+        out = []
+        for p in signature(obj).parameters.values():
+            required = p.default is inspect.Parameter.empty
+            out.append(Option(p.name, hints.get(p.name, Any), None if required else p.default, required, docs.get(p.name, "")))
+        return out
+
+    def parse_spec(self, spec, where: Location | None = None) -> tuple[str, dict]:
+        """Split ``'ReLU'`` or ``{type: Linear, units: 3}`` into (name, options)."""
+        if isinstance(spec, str):
+            return spec, {}
+        if isinstance(spec, dict):
+            if "type" not in spec:
+                raise ConfigError(
+                    f"expected a {self.kind} name or a mapping with a 'type' key, got a mapping with keys "
+                    f"{', '.join(map(str, spec)) or '(none)'}",
+                    where,
+                )
+            opts = {k: v for k, v in spec.items() if k != "type"}
+            return spec["type"], opts
+        raise ConfigError(f"expected a {self.kind} name or a mapping with a 'type' key, got {spec!r}", where)
+
+    def check(self, spec, path: str = "", locate: Locate = _default_locate) -> tuple[str, dict]:
+        """Validate a config spec against the component's signature; return (name, kwargs).
+
+        All problems in the spec are raised together (ConfigErrors), each with its location.
+        Nested components (an initializer option) are built, so they are checked too.
+        """
+        where = locate(path)
+        name, given = self.parse_spec(spec, where)
+        self.get(name, locate(f"{path}.type" if isinstance(spec, dict) else path))
+        opts = {o.name: o for o in self.options(name)}
+        errors: list[DlrunError] = []
+        kwargs = {}
+        for key, value in given.items():
+            kpath = f"{path}.{key}" if path else str(key)
+            if key not in opts:
+                valid = ", ".join(opts) or "(none)"
+                errors.append(ConfigError(
+                    f"unknown option {key!r} for {self.kind} {name}{did_you_mean(key, opts)}; valid options: {valid}",
+                    locate(kpath),
+                ))
+                continue
+            try:
+                kwargs[key] = check_value(value, opts[key].hint,
+                                          build_component=lambda r, v, kp=kpath: r.build(v, kp, locate))
+            except OptionError as e:
+                errors.append(ConfigError(str(e), locate(kpath)))
+            except DlrunError as e:
+                errors.append(e)
+        for o in opts.values():
+            if o.required and o.name not in given:
+                errors.append(ConfigError(f"{self.kind} {name} needs option {o.name!r} ({o.type_name})", where))
+        collect(errors)
+        return name, kwargs
+
+    def build(self, spec, path: str = "", locate: Locate = _default_locate):
+        """Instantiate a component from a config spec (``'ReLU'`` or ``{type: Linear, units: 3}``)."""
+        name, kwargs = self.check(spec, path, locate)
+        try:
+            instance = self._entries[name](**kwargs)
+        except (ValueError, TypeError, OptionError) as e:
+            raise ConfigError(f"{name}: {e}", locate(path)) from None
+        try:
+            instance.spec = {"type": name, **self.parse_spec(spec)[1]}
+        except AttributeError:
+            pass
+        return instance
+
+
+layers = Registry("layer", "layers")
+initializers = Registry("initializer", "initializers")
+losses = Registry("loss", "losses")
+regularizers = Registry("regularizer", "regularizers")
+optimizers = Registry("optimizer", "optimizers")
+data = Registry("data generator", "data generators")
+
+REGISTRIES = {
+    "layers": layers,
+    "initializers": initializers,
+    "losses": losses,
+    "regularizers": regularizers,
+    "optimizers": optimizers,
+    "data": data,
+}
+
+_loading_origin: str | None = None  # set by dlrun.plugins while a plugin file runs
+
+_BUILTIN_MODULES = ("layers", "initializers", "losses", "regularizers", "optimizers", "data", "datasets")
+_loaded = False
+
+
+def load_builtins() -> None:
+    """Import the modules whose decorators fill the registries (once)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for mod in _BUILTIN_MODULES:
+        importlib.import_module(f"dlrun.{mod}")
+    from .plugins import load_entry_points
+
+    load_entry_points()
+
+
+def registry_for_type(hint) -> Registry | None:
+    """The registry whose base class ``hint`` is (an option typed ``Initializer``, say)."""
+    if not isinstance(hint, type):
+        return None
+    for reg in REGISTRIES.values():
+        if reg.base is not None and issubclass(reg.base, hint) and hint is not object:
+            return reg
+    return None
+
+
+def find(name: str) -> tuple[Registry, Any]:
+    """Look a name up in every registry (for `dlrun show NAME`)."""
+    load_builtins()
+    for reg in REGISTRIES.values():
+        if name in reg._entries:
+            return reg, reg._entries[name]
+    every = [n for r in REGISTRIES.values() for n in r._entries]
+    raise UsageError(f"no component named {name!r}{did_you_mean(name, every)}; `dlrun list` shows them all")

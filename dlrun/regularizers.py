@@ -1,0 +1,64 @@
+"""Weight penalties added to the loss: attach per layer (``weight_regularizer``) or run-wide.
+
+A regularizer gives ``penalty(w)`` (a scalar added to the reported loss) and adds its gradient
+into an existing gradient buffer with ``add_gradient(w, grad)`` (in place, no temporaries beyond
+one per call).
+"""
+from __future__ import annotations
+
+from .backend import array_module
+from .options import NonNegativeFloat
+from .registry import regularizers
+
+
+class Regularizer:
+    """Base class: ``penalty(w)`` and ``add_gradient(w, grad)``."""
+
+    def penalty(self, w):
+        raise NotImplementedError
+
+    def add_gradient(self, w, grad) -> None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(strength={self.strength})"
+
+
+regularizers.base = Regularizer
+
+
+@regularizers.register()
+class L2(Regularizer):
+    """R(w) = strength · Σ w²,  ∂R/∂w = 2 · strength · w.
+
+    Args:
+        strength: the coefficient λ (Keras convention: no ½ factor).
+    """
+
+    def __init__(self, strength: NonNegativeFloat = 1e-4):
+        self.strength = strength
+
+    def penalty(self, w):
+        return self.strength * float((w * w).sum())
+
+    def add_gradient(self, w, grad) -> None:
+        # grad += 2λw without a float64 up-cast: a Python float keeps the array's dtype
+        grad += (2.0 * self.strength) * w
+
+
+@regularizers.register()
+class L1(Regularizer):
+    """R(w) = strength · Σ |w|,  ∂R/∂w = strength · sign(w) (0 at w = 0).
+
+    Args:
+        strength: the coefficient λ.
+    """
+
+    def __init__(self, strength: NonNegativeFloat = 1e-4):
+        self.strength = strength
+
+    def penalty(self, w):
+        return self.strength * float(abs(w).sum())
+
+    def add_gradient(self, w, grad) -> None:
+        grad += self.strength * array_module(w).sign(w)

@@ -1,0 +1,185 @@
+"""Trainer: fit, evaluate and predict for a model, a loss and an optimizer.
+
+Library code: it returns data and reports progress only through callbacks. Data is moved to
+the device once; per-epoch metrics are accumulated on the device and read once per epoch.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import TrainingError
+from .model import Sequential
+
+
+class Callback:
+    """Hooks called by :meth:`Trainer.fit`. Return True from ``on_epoch_end`` to stop."""
+
+    def on_train_begin(self, trainer: "Trainer") -> None: ...
+    def on_epoch_begin(self, epoch: int, batches: int) -> None: ...
+    def on_after_backward(self, trainer: "Trainer") -> None:
+        """Gradients are written (regularization included); the optimizer steps next."""
+
+    def on_batch_end(self, epoch: int, batch: int) -> None: ...
+    def on_epoch_end(self, epoch: int, metrics: dict) -> bool | None: ...
+    def on_train_end(self, history: list[dict]) -> None: ...
+
+
+@dataclass
+class History:
+    rows: list[dict] = field(default_factory=list)
+
+    @property
+    def last(self) -> dict:
+        return self.rows[-1] if self.rows else {}
+
+
+class Trainer:
+    """Runs the training loop.
+
+    Args:
+        model: a built :class:`Sequential`.
+        loss: a loss instance.
+        optimizer: an optimizer instance (``setup`` is called here).
+        regularizer: run-wide default regularizer for parameters without their own, or None.
+        batch_size: samples per step (None: full batch).
+        shuffle: reshuffle every epoch.
+        seed: seeds the shuffling generator.
+    """
+
+    def __init__(self, model: Sequential, loss, optimizer, regularizer=None, batch_size: int | None = 32,
+                 shuffle: bool = True, seed: int = 0):
+        self.model = model
+        self.loss = loss
+        self.optimizer = optimizer
+        self.backend = model.backend
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.shuffle_rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(3)[2])
+        self.epoch = 0
+        self.step = 0
+        params = model.named_parameters()
+        optimizer.setup(params)
+        self._regularized = [(p, p.regularizer or regularizer) for _, p in params
+                             if p.trainable and (p.regularizer or (regularizer and p.regularize))]
+        self.classification = getattr(loss, "task", "classification") == "classification"
+
+    # -- data on the device ---------------------------------------------------------------
+    def _to_device(self, x, y):
+        b = self.backend
+        x = b.asarray(np.ascontiguousarray(x), dtype=self.model.dtype)
+        ydt = np.int64 if self.classification else self.model.dtype
+        return x, (b.asarray(np.ascontiguousarray(y), dtype=ydt) if y is not None else None)
+
+    def _penalty(self) -> float:
+        return sum(reg.penalty(p.data) for p, reg in self._regularized) if self._regularized else 0.0
+
+    def fit(self, x, y, x_val=None, y_val=None, epochs: int = 10, callbacks=(), history: History | None = None) -> History:
+        """Train until ``epochs`` epochs have run in total (resumes from ``self.epoch``)."""
+        xd, yd = self._to_device(x, y)
+        has_val = x_val is not None and len(x_val) > 0
+        val = self._to_device(x_val, y_val) if has_val else None
+        n = len(xd)
+        bs = n if self.batch_size is None else min(self.batch_size, n)
+        batches = math.ceil(n / bs)
+        history = history or History()
+        for cb in callbacks:
+            cb.on_train_begin(self)
+        xp = self.backend.xp
+        while self.epoch < epochs:
+            epoch = self.epoch + 1
+            for cb in callbacks:
+                cb.on_epoch_begin(epoch, batches)
+            t0 = time.perf_counter()
+            self.model.train()
+            order = self.shuffle_rng.permutation(n) if self.shuffle else None
+            order_d = self.backend.asarray(order) if order is not None else None
+            loss_sum = xp.zeros((), dtype=np.float64)
+            correct = xp.zeros((), dtype=np.int64)
+            for b in range(batches):
+                s, e = b * bs, min((b + 1) * bs, n)
+                if order_d is None:
+                    xb, yb = xd[s:e], yd[s:e]
+                else:
+                    idx = order_d[s:e]
+                    xb, yb = xd[idx], yd[idx]
+                out = self.model.forward(xb, yb)
+                loss_sum += self.loss.forward(out, yb) * (e - s)
+                if self.classification:
+                    correct += (out.argmax(axis=1) == yb).sum()
+                self.model.backward(self.loss.backward())
+                for p, reg in self._regularized:
+                    reg.add_gradient(p.data, p.grad)
+                for cb in callbacks:
+                    cb.on_after_backward(self)
+                self.optimizer.step()
+                self.step += 1
+                for cb in callbacks:
+                    cb.on_batch_end(epoch, b + 1)
+            train_loss = float(loss_sum) / n
+            if not math.isfinite(train_loss):
+                raise TrainingError(f"epoch {epoch}: the training loss is {train_loss}; lower the learning rate "
+                                    f"or check the data for extreme values")
+            self.epoch = epoch
+            row = {"epoch": epoch, "train_loss": train_loss + self._penalty(),
+                   "train_accuracy": float(correct) / n if self.classification else None}
+            if val is not None:
+                m = self._evaluate_device(*val)
+                row["val_loss"], row["val_accuracy"] = m["loss"], m["accuracy"]
+            else:
+                row["val_loss"] = row["val_accuracy"] = None
+            row["learning_rate"] = float(self.optimizer.learning_rate)
+            row["seconds"] = time.perf_counter() - t0
+            history.rows.append(row)
+            stop = False
+            for cb in callbacks:
+                stop = bool(cb.on_epoch_end(epoch, row)) or stop
+            if stop:
+                break
+        for cb in callbacks:
+            cb.on_train_end(history.rows)
+        return history
+
+    def _batches(self, n: int, batch_size: int | None):
+        bs = n if batch_size is None else max(1, min(batch_size, n))
+        return [(s, min(s + bs, n)) for s in range(0, n, bs)]
+
+    def _evaluate_device(self, xd, yd, batch_size: int | None = None) -> dict:
+        self.model.eval()
+        xp = self.backend.xp
+        n = len(xd)
+        loss_sum = xp.zeros((), dtype=np.float64)
+        correct = xp.zeros((), dtype=np.int64)
+        for s, e in self._batches(n, batch_size or self.batch_size or n):
+            out = self.model.forward(xd[s:e])
+            loss_sum += self.loss.forward(out, yd[s:e]) * (e - s)
+            if self.classification:
+                correct += (out.argmax(axis=1) == yd[s:e]).sum()
+        self.model.train()
+        return {"loss": float(loss_sum) / n + self._penalty(),
+                "accuracy": float(correct) / n if self.classification else None}
+
+    def evaluate(self, x, y, batch_size: int | None = None) -> dict:
+        """Loss (including regularization) and accuracy on (x, y), in evaluation mode."""
+        return self._evaluate_device(*self._to_device(x, y), batch_size)
+
+    def predict(self, x, batch_size: int | None = None) -> np.ndarray:
+        """Raw model outputs for ``x`` (host array), in evaluation mode."""
+        return predict(self.model, x, batch_size or self.batch_size)
+
+
+def predict(model: Sequential, x, batch_size: int | None = None) -> np.ndarray:
+    """Raw outputs of ``model`` for host array ``x``, computed in evaluation mode, in batches."""
+    model.eval()
+    b = model.backend
+    n = len(x)
+    bs = n if not batch_size else batch_size
+    outs = []
+    for s in range(0, n, max(bs, 1)):
+        xb = b.asarray(np.ascontiguousarray(x[s:s + bs]), dtype=model.dtype)
+        outs.append(b.to_host(model.forward(xb)))
+    model.train()
+    return np.concatenate(outs) if outs else np.empty((0,) + model.output_shape, dtype=model.dtype)
