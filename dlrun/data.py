@@ -131,7 +131,7 @@ def _labels(y: np.ndarray, path: Path, task: str) -> np.ndarray:
         return y.astype(np.float64)
     if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)) or (y < 0).any():
         bad = int(np.flatnonzero(~np.isfinite(y) | (y != np.round(y)) | (y < 0))[0])
-        raise DataError(f"{path}: sample {bad + 1}: class labels must be integers >= 0, got {y[bad]!r}")
+        raise DataError(f"{path}: sample {bad + 1}: class labels must be integers >= 0, got {float(y[bad]):g}")
     return y.astype(np.int64)
 
 

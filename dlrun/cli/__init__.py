@@ -9,8 +9,12 @@ import os
 import sys
 import traceback
 
-import click
 import typer
+
+try:  # recent typer vendors click as typer._click; older releases use click itself
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError as ClickUsageError
+except ImportError:  # pragma: no cover
+    from click.exceptions import ClickException, NoArgsIsHelpError, UsageError as ClickUsageError
 from rich.console import Console
 
 from ..errors import DlrunError
@@ -40,8 +44,8 @@ def fail(e: DlrunError) -> int:
 from . import catalog, train  # noqa: E402,F401  (commands register on import)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Console-script entry point."""
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: runs the app and maps every outcome to an exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         app(args=args, standalone_mode=False, prog_name="dlrun")
@@ -49,17 +53,17 @@ def main(argv: list[str] | None = None) -> int:
         if debug_enabled():
             traceback.print_exc()
         sys.exit(fail(e))
-    except click.exceptions.Exit as e:
+    except typer.Exit as e:
         sys.exit(e.exit_code)
-    except click.ClickException as e:
+    except NoArgsIsHelpError as e:
+        err.print(e.format_message(), markup=False)
+        sys.exit(2)
+    except ClickException as e:
         err.print(f"[bold red]error:[/] {e.format_message()}", soft_wrap=True)
-        if isinstance(e, click.UsageError) and e.ctx is not None:
-            err.print(f"  see: {e.ctx.command_path} --help", highlight=False)
+        if isinstance(e, ClickUsageError) and e.ctx is not None:
+            err.print(f"  see: {e.ctx.command_path} --help", highlight=False, markup=False)
         sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        err.print("interrupted")
-        sys.exit(130)
-    except KeyboardInterrupt:
+    except (typer.Abort, KeyboardInterrupt):
         err.print("interrupted")
         sys.exit(130)
     except Exception as e:  # a bug in dlrun or in a plugin: one line unless --debug
@@ -67,6 +71,6 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         else:
             err.print(f"[bold red]error:[/] internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
-                      soft_wrap=True)
+                      soft_wrap=True, markup=True)
         sys.exit(1)
     sys.exit(0)

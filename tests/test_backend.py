@@ -1,0 +1,52 @@
+import numpy as np
+import pytest
+
+from dlrun import registry
+from dlrun.backend import CPU, array_module, get_backend, gpu_available
+from dlrun.errors import BackendError
+from dlrun.model import Sequential
+
+
+def test_cpu_backend_is_numpy():
+    assert get_backend("cpu") is CPU and CPU.xp is np and array_module(np.zeros(1)) is np
+
+
+def test_unknown_device():
+    with pytest.raises(BackendError, match="unknown device 'tpu'"):
+        get_backend("tpu")
+
+
+@pytest.mark.skipif(gpu_available(), reason="a CUDA device is present")
+def test_gpu_request_without_cupy_or_device_is_a_clear_error():
+    with pytest.raises(BackendError, match="device 'gpu'") as e:
+        get_backend("gpu")
+    assert "--device cpu" in str(e.value) or "dlrun[gpu]" in str(e.value)
+
+
+def test_scatter_add_keeps_repeated_indices():
+    a = np.zeros((3, 2))
+    CPU.scatter_add(a, np.array([0, 0, 2]), np.ones((3, 2)))
+    assert a.tolist() == [[2, 2], [0, 0], [1, 1]]
+
+
+def _model(backend, seed=7):
+    layers = [registry.layers.build({"type": "Linear", "units": 5}), registry.layers.build("ReLU"),
+              registry.layers.build({"type": "Linear", "units": 3})]
+    return Sequential(layers, (4,), backend, np.float32, seed)
+
+
+def test_initial_weights_depend_only_on_the_seed():
+    a, b, c = _model(CPU).state_arrays(), _model(CPU).state_arrays(), _model(CPU, 8).state_arrays()
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["0.weight"], c["0.weight"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")
+def test_gpu_starts_from_identical_weights_and_matches_cpu():
+    gpu = get_backend("gpu")
+    mc, mg = _model(CPU), _model(gpu)
+    for k, v in mc.state_arrays().items():
+        assert np.array_equal(v, mg.state_arrays()[k])
+    x = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
+    np.testing.assert_allclose(gpu.to_host(mg.forward(gpu.asarray(x))), mc.forward(x), rtol=1e-5, atol=1e-6)

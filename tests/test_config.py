@@ -1,0 +1,96 @@
+import pytest
+
+from conftest import write
+from dlrun.config import load_config, parse_yaml
+from dlrun.errors import ConfigError, ConfigErrors
+
+GOOD = """\
+seed: 3
+data: {type: spiral, classes: 3, points_per_class: 10}
+model:
+  - {type: Linear, units: 8}
+  - ReLU
+  - {type: Linear, units: 3}
+loss: SoftmaxCrossEntropy
+optimizer: {type: SGD, learning_rate: 1e-1, momentum: 0.9}
+train: {epochs: 2, batch_size: 16}
+"""
+
+
+def test_valid_config_and_scientific_floats(tmp_path):
+    cfg = load_config(write(tmp_path / "c.yaml", GOOD))
+    assert cfg.seed == 3 and cfg.train.epochs == 2 and cfg.train.batch_size == 16
+    assert cfg.raw["optimizer"]["learning_rate"] == pytest.approx(0.1)
+    assert cfg.name == "c"
+
+
+def test_errors_name_file_line_and_path(tmp_path):
+    bad = GOOD.replace("units: 8", "units: ten").replace("momentum: 0.9", "momentum: 0.9, nesterv: true")
+    p = write(tmp_path / "bad.yaml", bad)
+    with pytest.raises(ConfigErrors) as e:
+        load_config(p)
+    text = str(e.value)
+    assert f"{p}:4: model[0].units: expected a positive integer, got 'ten'" in text
+    assert f"{p}:8: optimizer.nesterv: unknown option 'nesterv' for optimizer SGD (did you mean nesterov?)" in text
+
+
+def test_unknown_top_level_and_train_keys(tmp_path):
+    p = write(tmp_path / "c.yaml", GOOD + "optimiser: {}\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'optimiser' \(did you mean optimizer\?\)"):
+        load_config(p)
+    p = write(tmp_path / "d.yaml", GOOD.replace("batch_size", "batchsize"))
+    with pytest.raises(ConfigError, match=r"d.yaml:9: train.batchsize: unknown key 'batchsize' \(did you mean batch_size\?\)"):
+        load_config(p)
+
+
+def test_missing_sections_are_all_reported(tmp_path):
+    p = write(tmp_path / "c.yaml", "seed: 1\n")
+    with pytest.raises(ConfigErrors) as e:
+        load_config(p)
+    text = str(e.value)
+    for key in ("data", "model", "loss", "optimizer"):
+        assert f"missing required key '{key}'" in text
+
+
+def test_yaml_syntax_error_has_line(tmp_path):
+    p = write(tmp_path / "c.yaml", "model:\n  - {type: Linear\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:\d+: YAML syntax error"):
+        load_config(p)
+
+
+def test_duplicate_keys_are_errors():
+    with pytest.raises(ConfigError, match=r"x.yaml:2: seed: duplicate key 'seed'"):
+        parse_yaml("seed: 1\nseed: 2\n", "x.yaml")
+
+
+def test_unsafe_tags_are_refused():
+    with pytest.raises(ConfigError, match="YAML"):
+        parse_yaml("seed: !!python/object/apply:os.system ['echo hi']\n", "x.yaml")
+
+
+def test_set_overrides_are_typed_and_validated(tmp_path):
+    p = write(tmp_path / "c.yaml", GOOD)
+    cfg = load_config(p, ["train.epochs=5", "optimizer.learning_rate=0.5", "model[0].units=4", "model[1].type=Tanh"])
+    assert cfg.train.epochs == 5 and cfg.raw["optimizer"]["learning_rate"] == 0.5
+    assert cfg.raw["model"][0]["units"] == 4 and cfg.raw["model"][1] == {"type": "Tanh"}
+    with pytest.raises(ConfigError, match=r"--set train.epochs=ten: train.epochs: expected a positive integer, got 'ten'"):
+        load_config(p, ["train.epochs=ten"])
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        load_config(p, ["train.epochs"])
+    with pytest.raises(ConfigError, match=r"model\[7\]: index 7 is out of range"):
+        load_config(p, ["model[7].units=3"])
+
+
+def test_seed_and_device_flags_override(tmp_path):
+    cfg = load_config(write(tmp_path / "c.yaml", GOOD), seed=11, device="cpu")
+    assert cfg.seed == 11 and cfg.device == "cpu"
+    with pytest.raises(ConfigError, match="expected one of 'cpu', 'gpu', got 'tpu'"):
+        load_config(write(tmp_path / "d.yaml", GOOD), device="tpu")
+
+
+def test_data_path_is_relative_to_config(tmp_path):
+    write(tmp_path / "sub" / "d.csv", "1,2,0\n3,4,1\n")
+    p = write(tmp_path / "sub" / "c.yaml", GOOD.replace("{type: spiral, classes: 3, points_per_class: 10}",
+                                                      "{type: file, path: d.csv}"))
+    cfg = load_config(p)
+    assert cfg.build("data").x.shape == (2, 2)

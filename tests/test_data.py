@@ -1,0 +1,78 @@
+import numpy as np
+import pytest
+
+from conftest import write
+from dlrun import registry
+from dlrun.data import split
+from dlrun.errors import DataError
+
+
+def test_spiral_follows_the_cs231n_construction():
+    ds = registry.data.build({"type": "spiral", "classes": 3, "points_per_class": 50, "noise": 0.0})
+    assert ds.x.shape == (150, 2) and ds.num_classes == 3
+    r = np.linspace(0, 1, 50)
+    t = np.linspace(4, 8, 50)  # class 1, no noise
+    np.testing.assert_allclose(ds.x[50:100], np.c_[r * np.sin(t), r * np.cos(t)])
+    assert (ds.y == np.repeat([0, 1, 2], 50)).all()
+
+
+def test_spiral_is_seeded():
+    a = registry.data.build({"type": "spiral", "seed": 1}).x
+    b = registry.data.build({"type": "spiral", "seed": 1}).x
+    c = registry.data.build({"type": "spiral", "seed": 2}).x
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_split_is_seeded_stratified_and_complete():
+    x = np.arange(100.0)[:, None]
+    y = np.repeat([0, 1], [80, 20])
+    xt, yt, xv, yv = split(x, y, 0.25, seed=0)
+    assert len(xv) == 25 and np.bincount(yv).tolist() == [20, 5]
+    assert sorted(np.r_[xt[:, 0], xv[:, 0]]) == list(range(100))
+    assert np.array_equal(split(x, y, 0.25, seed=0)[2], xv)
+    with pytest.raises(DataError, match="leaves no validation data"):
+        split(x[:3], y[:3], 0.1, seed=0)
+
+
+def test_csv_with_and_without_header(tmp_path):
+    a = write(tmp_path / "a.csv", "f1,f2,label\n1,2,0\n3,4,1\n")
+    b = write(tmp_path / "b.csv", "1,2,0\n3,4,1\n")
+    for p in (a, b):
+        ds = registry.data.build({"type": "file", "path": str(p)})
+        assert ds.x.tolist() == [[1, 2], [3, 4]] and ds.y.tolist() == [0, 1] and ds.y.dtype == np.int64
+    first = registry.data.build({"type": "file", "path": str(b), "label_column": 0})
+    assert first.y.tolist() == [1, 3]
+
+
+def test_npy_and_npz(tmp_path):
+    np.save(tmp_path / "d.npy", np.array([[1.0, 2.0, 1.0], [3.0, 4.0, 0.0]]))
+    np.savez(tmp_path / "d.npz", x=np.ones((4, 3)), y=np.array([0, 1, 1, 0]))
+    assert registry.data.build({"type": "file", "path": str(tmp_path / "d.npy")}).y.tolist() == [1, 0]
+    assert registry.data.build({"type": "file", "path": str(tmp_path / "d.npz")}).x.shape == (4, 3)
+    reg = registry.data.build({"type": "file", "path": str(tmp_path / "d.npy"), "task": "regression"})
+    assert reg.y.dtype == np.float64
+
+
+@pytest.mark.parametrize("text,message", [
+    ("1,2,0\n3,x,1\n", r"x.csv:2: column 2: expected a number, got 'x'"),
+    ("1,2,0\n3,1\n", r"x.csv:2: expected 3 columns \(as in row 1\), got 2"),
+    ("1,2,0.5\n", r"sample 1: class labels must be integers >= 0, got 0.5"),
+    ("1,nan,0\n", r"sample 1: features contain NaN or inf"),
+])
+def test_bad_csv_files_name_the_row(tmp_path, text, message):
+    p = write(tmp_path / "x.csv", text)
+    with pytest.raises(DataError, match=message):
+        registry.data.build({"type": "file", "path": str(p)})
+
+
+def test_missing_file():
+    with pytest.raises(DataError, match="data file not found: nowhere.csv"):
+        registry.data.build({"type": "file", "path": "nowhere.csv"})
+
+
+def test_shipped_iris_and_digits():
+    iris = registry.data.build("iris")
+    assert iris.x.shape == (150, 4) and np.bincount(iris.y).tolist() == [50, 50, 50]
+    d = registry.data.build("digits")
+    assert d.x.shape == (1797, 1, 8, 8) and d.x.max() == 1.0 and d.num_classes == 10
+    assert registry.data.build({"type": "digits", "flatten": True}).x.shape == (1797, 64)
