@@ -7,28 +7,15 @@ problem found is reported at once, each with ``file:line: key.path: message``.
 from __future__ import annotations
 
 import copy
-import re
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from . import registry
+from .config_yaml import Source, _join, apply_override, dump_yaml, parse_yaml  # noqa: F401  (re-exported)
 from .errors import ConfigError, DlrunError, Location, collect
 from .options import FilePath, Fraction, OptionError, PositiveInt, check_value, did_you_mean
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads ``1e-3`` as a float (YAML 1.1 insists on ``1.0e-3``)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
 
 
 @dataclass
@@ -53,7 +40,7 @@ class Config:
     """A validated config. ``raw`` is the resolved dict that is written to the run directory."""
 
     raw: dict
-    source: "Source"
+    source: Source
     name: str
     seed: int | None
     device: str
@@ -80,119 +67,6 @@ class Config:
             return None
         reg = registry.data if kind == "data" else getattr(registry, kind + ("es" if kind == "loss" else "s"))
         return reg.build(spec, kind, self.locate)
-
-
-@dataclass
-class Source:
-    """Maps key paths to the file line (or ``--set`` flag) they came from."""
-
-    file: str | None
-    lines: dict[str, int] = field(default_factory=dict)
-    flags: dict[str, str] = field(default_factory=dict)
-
-    def locate(self, path: str) -> Location:
-        probe = path
-        while True:
-            if probe in self.flags:
-                return Location(self.flags[probe], None, path)
-            if probe in self.lines:
-                return Location(self.file, self.lines[probe], path)
-            if not probe:
-                return Location(self.file, None, path)
-            probe = re.sub(r"(\.[^.\[\]]+|\[\d+\])$", "", probe)
-
-
-def _join(path: str, key) -> str:
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    return f"{path}.{key}" if path else str(key)
-
-
-def _walk(node, path: str, lines: dict, errors: list, file: str) -> None:
-    lines.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        seen = set()
-        for k, v in node.value:
-            key = k.value
-            p = _join(path, key)
-            if key in seen:
-                errors.append(ConfigError(f"duplicate key {key!r}", Location(file, k.start_mark.line + 1, p)))
-            seen.add(key)
-            lines[p] = k.start_mark.line + 1
-            _walk(v, p, lines, errors, file)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, v in enumerate(node.value):
-            _walk(v, _join(path, i), lines, errors, file)
-
-
-def parse_yaml(text: str, file: str | None = None) -> tuple[Any, Source]:
-    """Parse YAML safely; return the data and a Source with line numbers for every key path."""
-    try:
-        node = yaml.compose(text, Loader=_Loader)
-        data = yaml.load(text, Loader=_Loader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line = mark.line + 1 if mark else None
-        raise ConfigError(f"YAML syntax error: {e.problem or e.context}", Location(file, line)) from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"YAML error: {e}", Location(file)) from None
-    source = Source(file)
-    errors: list[DlrunError] = []
-    if node is not None:
-        _walk(node, "", source.lines, errors, file)
-    collect(errors)
-    return data, source
-
-
-_PATH_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
-
-
-def _split_path(path: str) -> list:
-    keys = []
-    for name, index in _PATH_TOKEN.findall(path):
-        keys.append(int(index) if index else (int(name) if name.isdigit() else name))
-    return keys
-
-
-def apply_override(raw: dict, item: str, source: Source) -> None:
-    """Apply one ``--set key.path=value``; the value is parsed as YAML (``5``, ``0.1``, ``[1, 2]``)."""
-    flag = f"--set {item}"
-    if "=" not in item:
-        raise ConfigError(f"expected KEY=VALUE (for example train.epochs=5), got {item!r}", Location("--set"))
-    key, _, text = item.partition("=")
-    keys = _split_path(key.strip())
-    if not keys:
-        raise ConfigError(f"empty key in {item!r}", Location("--set"))
-    try:
-        value = yaml.load(text, Loader=_Loader) if text.strip() else None
-    except yaml.YAMLError:
-        value = text
-    target = raw
-    path = ""
-    for k in keys[:-1]:
-        path = _join(path, k)
-        if isinstance(target, list) and isinstance(k, int):
-            if not -len(target) <= k < len(target):
-                raise ConfigError(f"index {k} is out of range (the list has {len(target)} items)", Location(flag, None, path))
-            if isinstance(target[k], str):  # "ReLU" shorthand -> mapping, so options can be set
-                target[k] = {"type": target[k]}
-            target = target[k]
-        elif isinstance(target, dict):
-            if isinstance(target.get(k), str) and k in ("loss", "optimizer", "regularizer", "data"):
-                target[k] = {"type": target[k]}
-            target = target.setdefault(k, {})
-        else:
-            raise ConfigError(f"cannot set a key inside a {type(target).__name__}", Location(flag, None, path))
-    last = keys[-1]
-    path = _join(path, last)
-    if isinstance(target, list) and isinstance(last, int) and -len(target) <= last < len(target):
-        target[last] = value
-    elif isinstance(target, dict):
-        target[last] = value
-    else:
-        raise ConfigError(f"cannot set {key!r} here", Location(flag, None, path))
-    source.flags[path] = flag
-    source.lines = {p: n for p, n in source.lines.items() if not (p == path or p.startswith(path + ".") or p.startswith(path + "["))}
 
 
 TOP_LEVEL = {
@@ -329,11 +203,6 @@ def load_config(path: str | Path, overrides: list[str] = (), seed: int | None = 
         source.flags["device"] = "--device"
     collect(errors)
     return validate(raw, source, p.parent)
-
-
-def dump_yaml(data: Any) -> str:
-    """YAML text for a resolved config (written into run directories)."""
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
 
 
 def config_from_dict(raw: dict, name: str = "run") -> Config:
