@@ -46,7 +46,8 @@ class RichProgress(Callback):
 
     def on_epoch_begin(self, epoch, batches):
         if self.progress:
-            self.progress.reset(self.task, total=batches, epoch=epoch)
+            self.progress.reset(self.task, total=batches, epoch=epoch, epochs=self.total,
+                                metrics=self.progress.tasks[0].fields.get("metrics", ""))
 
     def on_batch_end(self, epoch, batch):
         if self.progress:
