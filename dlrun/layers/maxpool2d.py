@@ -63,26 +63,33 @@ class MaxPool2D(Layer):
         out = grids[0].copy()
         for g in grids[1:]:
             xp.maximum(out, g, out=out)
-        # one mask per window offset; `taken` keeps only the first maximum of each window
-        masks = []
-        taken = None
-        for g in grids:
-            m = g == out
-            if taken is None:
-                taken = m.copy()
-            else:
-                m &= ~taken
-                taken |= m
-            masks.append(m)
-        self._masks = masks
+        self._grids, self._out, self._masks = grids, out, None
         self._xshape = xpad.shape
         return out
+
+    def _winner_masks(self):
+        """One boolean mask per window offset, true where that offset holds its window's
+        maximum and no earlier offset does (so ties go to exactly one element). Computed on
+        demand: evaluation-mode forwards never pay for them."""
+        if self._masks is None:
+            xp = self.xp
+            masks, taken = [], None
+            for g in self._grids:
+                m = g == self._out
+                if taken is None:
+                    taken = m.copy()
+                else:
+                    xp.greater(m, taken, out=m)  # m & ~taken, in one pass
+                    taken |= m
+                masks.append(m)
+            self._masks = masks
+        return self._masks
 
     def backward(self, dy):
         xp = self.xp
         win = self.win
         dxp = (xp.empty if self.tiling else xp.zeros)(self._xshape, dtype=dy.dtype)
-        for (i, j), m in zip(win.offsets(), self._masks):
+        for (i, j), m in zip(win.offsets(), self._winner_masks()):
             idx = (slice(None), slice(None)) + win.offset_slices(i, j)
             if self.overlapping:
                 dxp[idx] += dy * m
@@ -92,8 +99,9 @@ class MaxPool2D(Layer):
 
     def branch_signature(self):
         """The window offset (row-major index) that won each output: the argmax positions."""
-        arg = self.xp.zeros(self._masks[0].shape, dtype=self.xp.int32)
-        for k, m in enumerate(self._masks[1:], start=1):
+        masks = self._winner_masks()
+        arg = self.xp.zeros(masks[0].shape, dtype=self.xp.int32)
+        for k, m in enumerate(masks[1:], start=1):
             arg += m * k
         return arg
 
