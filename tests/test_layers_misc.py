@@ -122,3 +122,36 @@ def test_reshape_errors():
         built({"type": "Reshape", "target_shape": [5, 5]}, (60,))
     with pytest.raises(ConfigError, match="one -1"):
         layers.build({"type": "Reshape", "target_shape": [-1, -1]})
+
+
+CATALOGUE = ["Conv2D", "MaxPool2D", "AvgPool2D", "GlobalAvgPool2D", "Flatten", "Reshape", "BatchNorm",
+             "Dropout", "ELU", "GELU", "Softplus", "LogSoftmax", "Embedding"]
+DIMS = {"C": 3, "H": 6, "W": 5, "D": 4, "T": 5}
+
+
+@pytest.mark.parametrize("name", CATALOGUE)
+def test_input_spec_builds_and_float32_path_neither_upcasts_nor_mutates(name):
+    """Each layer's declared input_spec (used by gradcheck and the contract test) builds the
+    layer; in float32, forward/backward/gradients stay float32 and leave x and dy untouched."""
+    cls = layers.get(name)
+    spec = cls.input_spec
+    opts = {k: DIMS.get(v, v) if isinstance(v, str) else v for k, v in spec.options.items()}
+    shape = tuple(DIMS.get(s, s) for s in spec.shape)
+    layer, out_shape = built({"type": name, **opts}, shape, np.float32)
+    rng = np.random.default_rng(0)
+    if spec.kind == "index":
+        high = DIMS.get(spec.high, spec.high)
+        x = rng.integers(0, high, (2,) + shape).astype(np.float32)
+    else:
+        x = rng.standard_normal((2,) + shape).astype(np.float32)
+    x0 = x.copy()
+    y = layer.forward(x)
+    assert y.shape == (2,) + out_shape and y.dtype == np.float32
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    dy0 = dy.copy()
+    dx = layer.backward(dy)
+    assert dx.shape == x.shape and dx.dtype == np.float32
+    for p in layer.params.values():
+        assert p.data.dtype == np.float32 and (p.grad is None or p.grad.dtype == np.float32)
+    np.testing.assert_array_equal(x, x0)
+    np.testing.assert_array_equal(dy, dy0)

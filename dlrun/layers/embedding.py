@@ -23,7 +23,7 @@ class Embedding(Layer):
     Args:
         input_dim: vocabulary size (number of rows of W).
         output_dim: length of each embedding vector.
-        weight_initializer: initializer for W.
+        weight_initializer: initializer for W (default U[-0.05, 0.05], as in Keras).
         weight_regularizer: penalty on W (overrides the run-wide regularizer).
 
     Shape:
@@ -36,7 +36,7 @@ class Embedding(Layer):
     input_spec = InputSpec(shape=("T",), kind="index", high="D", options={"input_dim": "D", "output_dim": "C"})
 
     def __init__(self, input_dim: PositiveInt, output_dim: PositiveInt,
-                 weight_initializer: Initializer = {"type": "uniform", "low": -0.05, "high": 0.05},
+                 weight_initializer: Initializer = "uniform",
                  weight_regularizer: Regularizer | None = None):
         self.input_dim = input_dim
         self.output_dim = output_dim
