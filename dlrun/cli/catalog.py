@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from .. import registry
@@ -32,7 +33,7 @@ def list_cmd(
         t.add_column("summary")
         for name in reg.names():
             origin = reg.origin(name)
-            t.add_row(name, reg.summary(name) + ("" if origin == "builtin" else f"  [dim](from {origin})[/]"))
+            t.add_row(name, escape(reg.summary(name)) + ("" if origin == "builtin" else f"  [dim](from {origin})[/]"))
         out.print(t)
 
 
@@ -59,5 +60,5 @@ def show_cmd(
     for c in ("option", "type", "default", "description"):
         t.add_column(c)
     for o in opts:
-        t.add_row(o.name, o.type_name, "(required)" if o.required else repr(o.default), o.doc)
+        t.add_row(o.name, escape(o.type_name), escape("(required)" if o.required else repr(o.default)), escape(o.doc))
     out.print(t)

@@ -1,7 +1,7 @@
-"""Elementwise activations and Softmax: small layers with no parameters."""
+"""Elementwise activations, Softmax and LogSoftmax: small layers with no parameters."""
 from __future__ import annotations
 
-from ..options import NonNegativeFloat
+from ..options import NonNegativeFloat, PositiveFloat
 from ..registry import layers
 from .base import InputSpec, Layer
 
@@ -102,3 +102,112 @@ class Softmax(Layer):
     def backward(self, dy):
         s = (dy * self._y).sum(axis=-1, keepdims=True)
         return self._y * (dy - s)
+
+
+@layers.register()
+class ELU(Layer):
+    """y = x where x > 0, else alpha·(exp(x) − 1); ∂y/∂x = 1 where x > 0, else y + alpha.
+
+    Args:
+        alpha: the value y approaches for large negative x (a kink at 0 unless alpha = 1).
+    """
+
+    input_spec = _ANY
+
+    def __init__(self, alpha: NonNegativeFloat = 1.0):
+        self.alpha = alpha
+
+    def forward(self, x, y=None):
+        xp = self.xp
+        pos = x > 0
+        neg = xp.exp(xp.minimum(x, 0))  # exp of a non-positive number: never overflows
+        neg -= 1
+        neg *= self.alpha
+        self._mask, self._neg = pos, neg
+        return xp.where(pos, x, neg)
+
+    def backward(self, dy):
+        return dy * self.xp.where(self._mask, 1.0, self._neg + self.alpha).astype(dy.dtype, copy=False)
+
+    def branch_signature(self):
+        return self._mask
+
+
+_GELU_C = 0.7978845608028654  # sqrt(2/pi)
+
+
+@layers.register()
+class GELU(Layer):
+    """y = ½·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))): GELU, tanh approximation of x·Φ(x).
+
+    Hendrycks & Gimpel 2016; PyTorch's approximate="tanh", as used by BERT and GPT-2.
+
+    The approximation is within 5e-4 of the exact x·Φ(x) everywhere and its backward is the
+    exact derivative of the formula above:
+    ∂y/∂x = ½(1 + t) + ½·x·(1 − t²)·sqrt(2/π)·(1 + 3·0.044715·x²), t = tanh(u).
+    """
+
+    input_spec = _ANY
+
+    def forward(self, x, y=None):
+        t = self.xp.tanh(_GELU_C * (x + 0.044715 * (x * x * x)))
+        self._x, self._t = x, t
+        return 0.5 * x * (1 + t)
+
+    def backward(self, dy):
+        x, t = self._x, self._t
+        du = _GELU_C * (1 + (3 * 0.044715) * (x * x))
+        return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du)
+
+
+@layers.register()
+class Softplus(Layer):
+    """y = (1/beta)·log(1 + exp(beta·x)); ∂y/∂x = sigmoid(beta·x).
+
+    Computed as max(x, 0) + log1p(exp(−beta·|x|))/beta, which never overflows.
+
+    Args:
+        beta: sharpness; large beta approaches ReLU.
+    """
+
+    input_spec = _ANY
+
+    def __init__(self, beta: PositiveFloat = 1.0):
+        self.beta = beta
+
+    def forward(self, x, y=None):
+        xp = self.xp
+        bx = x * self.beta if self.beta != 1.0 else x
+        e = xp.exp(-xp.abs(bx))  # in (0, 1]
+        self._sig = xp.where(bx >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
+        out = xp.log1p(e)
+        if self.beta != 1.0:
+            out *= 1.0 / self.beta
+        out += xp.maximum(x, 0)
+        return out
+
+    def backward(self, dy):
+        return dy * self._sig
+
+
+@layers.register()
+class LogSoftmax(Layer):
+    """y_i = x_i − log Σ_j exp(x_j) over the last axis; ∂L/∂x = dy − softmax(x)·Σ_j dy_j.
+
+    Computed as x_i − m − log Σ_j exp(x_j − m) with m = max x, which never overflows.
+
+    Pair it with the NLL loss; LogSoftmax + NLL equals SoftmaxCrossEntropy on raw scores.
+    """
+
+    input_spec = InputSpec(shape=("C",))
+
+    def forward(self, x, y=None):
+        xp = self.xp
+        shifted = x - x.max(axis=-1, keepdims=True)
+        lse = xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
+        out = shifted - lse
+        self._y = out
+        return out
+
+    def backward(self, dy):
+        return dy - self.xp.exp(self._y) * dy.sum(axis=-1, keepdims=True)

@@ -1,0 +1,108 @@
+"""BatchNorm: normalise each feature (or channel) with batch statistics while training."""
+from __future__ import annotations
+
+from typing import Annotated
+
+import numpy as np
+
+from ..options import PositiveFloat, Range
+from ..registry import layers
+from .base import InputSpec, Layer
+
+
+@layers.register()
+class BatchNorm(Layer):
+    """y = γ·(x − μ)/sqrt(σ² + eps) + β, per feature (2-D input) or per channel (4-D input).
+
+    Training: μ and σ² are the mean and (biased) variance over the batch — over axis 0 for
+    (N, D) input, over axes (0, 2, 3) for (N, C, H, W) input (any rank: all axes but 1) — and the
+    running statistics are updated as
+    running_mean ← momentum·running_mean + (1 − momentum)·μ and
+    running_var ← momentum·running_var + (1 − momentum)·σ²·m/(m − 1)
+    (m values per feature; the unbiased variance, as in PyTorch).
+    Evaluation: μ and σ² are the running statistics, so the layer is a fixed affine map.
+
+    Backward (training), with x̂ = (x − μ)/sqrt(σ² + eps) and g = dy·γ, means over the m values:
+    ∂L/∂x = (g − mean(g) − x̂·mean(g·x̂)) / sqrt(σ² + eps); ∂L/∂γ = Σ dy·x̂; ∂L/∂β = Σ dy.
+
+    Args:
+        momentum: weight of the old running statistics in each update, in [0, 1) (Keras
+            convention; PyTorch's momentum=0.1 is momentum: 0.9 here).
+        eps: added to the variance before the square root.
+        center: learn the shift β (else β = 0).
+        scale: learn the scale γ (else γ = 1).
+
+    Shape:
+        input (N, D) or (N, C, ...) -> output of the same shape. γ, β and the running statistics
+        have shape (D,) or (C,).
+
+    Attributes:
+        running_mean, running_var: the running statistics (layer state: saved in checkpoints,
+            frozen by gradcheck).
+    """
+
+    has_phase = True
+    state = ("running_mean", "running_var")
+    input_spec = InputSpec(shape=("C", "H", "W"))
+
+    def __init__(self, momentum: Annotated[float, Range(0, 1, max_inclusive=False)] = 0.9,
+                 eps: PositiveFloat = 1e-5, center: bool = True, scale: bool = True):
+        self.momentum = momentum
+        self.eps = eps
+        self.center = center
+        self.scale = scale
+
+    def build(self, input_shape):
+        c = int(input_shape[0])
+        self.gamma = self.add_param("gamma", (c,), value=np.ones(c), trainable=self.scale, regularize=False)
+        self.beta = self.add_param("beta", (c,), value=np.zeros(c), trainable=self.center, regularize=False)
+        self.running_mean = self.backend.asarray(np.zeros(c), dtype=self.dtype)
+        self.running_var = self.backend.asarray(np.ones(c), dtype=self.dtype)
+        # per-feature vectors broadcast against (N, C, 1, 1, ...); reduce over every axis but 1
+        self._bshape = (1, c) + (1,) * (len(input_shape) - 1)
+        self._axes = (0,) + tuple(range(2, len(input_shape) + 1))
+        return tuple(input_shape)
+
+    def forward(self, x, y=None):
+        xp = self.xp
+        shp, axes = self._bshape, self._axes
+        if self.training:
+            mu = x.mean(axis=axes, keepdims=True)
+            xc = x - mu
+            var = (xc * xc).mean(axis=axes, keepdims=True)
+            m = x.size // x.shape[1]
+            a = self.momentum
+            self.running_mean *= a
+            self.running_mean += (1.0 - a) * mu.reshape(-1)
+            self.running_var *= a
+            self.running_var += ((1.0 - a) * m / max(m - 1, 1)) * var.reshape(-1)
+        else:
+            xc = x - self.running_mean.reshape(shp)
+            var = self.running_var.reshape(shp)
+        inv = 1.0 / xp.sqrt(var + self.eps)
+        xhat = xc * inv
+        self._xhat, self._inv, self._phase = xhat, inv, self.training
+        out = xhat * self.gamma.data.reshape(shp)
+        out += self.beta.data.reshape(shp)
+        return out
+
+    def backward(self, dy):
+        shp, axes = self._bshape, self._axes
+        xhat = self._xhat
+        if self.gamma.trainable:
+            (dy * xhat).sum(axis=axes, out=self.gamma.grad)
+        if self.beta.trainable:
+            dy.sum(axis=axes, out=self.beta.grad)
+        g = dy * self.gamma.data.reshape(shp)
+        if not self._phase:  # evaluation: a fixed affine map
+            return g * self._inv
+        gm = g.mean(axis=axes, keepdims=True)
+        gx = (g * xhat).mean(axis=axes, keepdims=True)
+        g -= gm
+        g -= xhat * gx
+        g *= self._inv
+        return g
+
+    def __repr__(self) -> str:
+        return f"BatchNorm(momentum={self.momentum}, eps={self.eps})"
+

@@ -1,0 +1,110 @@
+"""Conv2D: 2-D convolution (cross-correlation) on NCHW images, by im2col and batched GEMM."""
+from __future__ import annotations
+
+from ..initializers import Initializer
+from ..options import PositiveInt
+from ..regularizers import Regularizer
+from .base import InputSpec, Layer
+from .linear import _init
+from ..registry import layers
+from .windows import Padding2, Size2, col2im, expect_image, im2col, make_window, pad_input, pair, unpad
+
+
+@layers.register()
+class Conv2D(Layer):
+    """y[n,o] = b[o] + Σ_c W[o,c] ⋆ x̃[n,c]: 2-D cross-correlation of padded NCHW images.
+
+    In full: y[n,o,a,b] = b[o] + Σ_{c,i,j} W[o,c,i,j] · x̃[n, c, a·s_h + i·d_h, b·s_w + j·d_w],
+    with x̃ the zero-padded input, s the stride and d the dilation. A cross-correlation (no kernel flip, as in every deep-learning library) over channels-first
+    images. Computed as im2col (one strided view and one copy) followed by the batched GEMM
+    ``W(O, C·kh·kw) @ cols(N, C·kh·kw, Ho·Wo)``, so the output comes out NCHW without a transpose;
+    the weight gradient is a batched matmul summed over the batch and the input gradient is
+    col2im (kh·kw strided slab adds).
+
+    Args:
+        filters: number of output channels O.
+        kernel_size: kernel height and width: an integer or [kh, kw].
+        stride: step between windows: an integer or [s_h, s_w].
+        padding: zero padding: an integer or [p_h, p_w] added on both sides, "valid" (none) or
+            "same" (output size ceil(input / stride), as in Keras; any odd extra row or column
+            goes to the bottom/right).
+        dilation: spacing between kernel taps: an integer or [d_h, d_w] (1 = a dense kernel).
+        use_bias: add the per-filter bias b.
+        weight_initializer: initializer for W (fan_in = C·kh·kw, fan_out = O·kh·kw).
+        bias_initializer: initializer for b.
+        weight_regularizer: penalty on W (overrides the run-wide regularizer).
+        bias_regularizer: penalty on b (biases are otherwise not regularized).
+
+    Shape:
+        input (N, C, H, W) -> output (N, O, Ho, Wo) with
+        Ho = floor((H + p_top + p_bottom - d_h·(kh-1) - 1) / s_h) + 1 (Wo likewise).
+        W has shape (O, C, kh, kw), b has shape (O,).
+
+    Example:
+        ``- {type: Conv2D, filters: 16, kernel_size: 3, padding: same}``
+    """
+
+    input_spec = InputSpec(shape=("C", "H", "W"), options={"filters": 3, "kernel_size": 3, "padding": 1})
+
+    def __init__(self, filters: PositiveInt, kernel_size: Size2 = 3, stride: Size2 = 1,
+                 padding: Padding2 = 0, dilation: Size2 = 1, use_bias: bool = True,
+                 weight_initializer: Initializer = "he_uniform",
+                 bias_initializer: Initializer = "zeros",
+                 weight_regularizer: Regularizer | None = None,
+                 bias_regularizer: Regularizer | None = None):
+        self.filters = filters
+        self.kernel_size = pair(kernel_size, "kernel_size")
+        self.stride = pair(stride, "stride")
+        self.dilation = pair(dilation, "dilation")
+        self.padding = padding if isinstance(padding, str) else pair(padding, "padding")
+        self.use_bias = use_bias
+        self.weight_initializer = _init(weight_initializer)
+        self.bias_initializer = _init(bias_initializer)
+        self.weight_regularizer = weight_regularizer
+        self.bias_regularizer = bias_regularizer
+
+    def build(self, input_shape):
+        c, h, w = expect_image(self, input_shape)
+        self.win = make_window("Conv2D", (h, w), self.kernel_size, self.stride, self.dilation, self.padding)
+        kh, kw = self.kernel_size
+        o = self.filters
+        self.weight = self.add_param("weight", (o, c, kh, kw), self.weight_initializer,
+                                     fan_in=c * kh * kw, fan_out=o * kh * kw,
+                                     regularizer=self.weight_regularizer)
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_param("bias", (o,), self.bias_initializer, fan_in=c * kh * kw,
+                                       fan_out=o * kh * kw, regularizer=self.bias_regularizer,
+                                       regularize=False)
+        self.channels = c
+        return (o,) + self.win.out_hw
+
+    def forward(self, x, y=None):
+        xp = self.xp
+        n = x.shape[0]
+        cols = im2col(xp, pad_input(xp, x, self.win), self.win)  # (N, K, P)
+        self._cols = cols
+        o = self.filters
+        out = xp.matmul(self.weight.data.reshape(o, -1), cols)  # (N, O, P): already NCHW order
+        if self.bias is not None:
+            out += self.bias.data[:, None]
+        return out.reshape((n, o) + self.win.out_hw)
+
+    def backward(self, dy):
+        xp = self.xp
+        n, o = dy.shape[:2]
+        d = dy.reshape(n, o, -1)  # (N, O, P)
+        cols = self._cols
+        # batched matmul then a sum over the batch: 3-5x faster than tensordot/einsum here
+        xp.matmul(d, cols.transpose(0, 2, 1)).sum(axis=0, out=self.weight.grad.reshape(o, -1))
+        if self.bias is not None:
+            d.sum(axis=(0, 2), out=self.bias.grad)
+        dcols = xp.matmul(self.weight.data.reshape(o, -1).T, d)  # (N, K, P)
+        return unpad(col2im(xp, dcols, self.win, self.channels), self.win)
+
+    def __repr__(self) -> str:
+        spec = getattr(self, "spec", None)
+        if spec:
+            return super().__repr__()
+        return (f"Conv2D(filters={self.filters}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding!r}, dilation={self.dilation})")

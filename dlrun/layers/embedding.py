@@ -1,0 +1,71 @@
+"""Embedding: a lookup table of learned vectors indexed by integer tokens."""
+from __future__ import annotations
+
+from ..errors import DataError
+from ..initializers import Initializer
+from ..options import PositiveInt
+from ..regularizers import Regularizer
+from ..registry import layers
+from .base import InputSpec, Layer
+from .linear import _init
+
+
+@layers.register()
+class Embedding(Layer):
+    """y[n, t] = W[x[n, t]]: row x of the table W (input_dim × output_dim) for each index x.
+
+    ∂L/∂W[v] = Σ_{(n,t): x[n,t] = v} dy[n, t] (a scatter-add: repeated indices accumulate).
+
+    Inputs are integer indices in [0, input_dim). Models carry data as floating-point arrays, so
+    the indices may arrive as floats holding whole numbers; they are cast to integers here. The
+    input is not differentiable: backward returns zeros for it.
+
+    Args:
+        input_dim: vocabulary size (number of rows of W).
+        output_dim: length of each embedding vector.
+        weight_initializer: initializer for W (default U[-0.05, 0.05], as in Keras).
+        weight_regularizer: penalty on W (overrides the run-wide regularizer).
+
+    Shape:
+        input (N, *s) of indices -> output (N, *s, output_dim); e.g. (N, T) -> (N, T, output_dim).
+
+    Example:
+        ``- {type: Embedding, input_dim: 1000, output_dim: 16}``
+    """
+
+    input_spec = InputSpec(shape=("T",), kind="index", high="D", options={"input_dim": "D", "output_dim": "C"})
+
+    def __init__(self, input_dim: PositiveInt, output_dim: PositiveInt,
+                 weight_initializer: Initializer = "uniform",
+                 weight_regularizer: Regularizer | None = None):
+        self.input_dim = input_dim
+        self.output_dim = output_dim
+        self.weight_initializer = _init(weight_initializer)
+        self.weight_regularizer = weight_regularizer
+
+    def build(self, input_shape):
+        self.weight = self.add_param("weight", (self.input_dim, self.output_dim), self.weight_initializer,
+                                     fan_in=self.input_dim, fan_out=self.output_dim,
+                                     regularizer=self.weight_regularizer)
+        return tuple(input_shape) + (self.output_dim,)
+
+    def forward(self, x, y=None):
+        idx = x.astype(self.xp.int64) if x.dtype.kind != "i" else x
+        if idx.size:
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= self.input_dim:
+                bad = lo if lo < 0 else hi
+                raise DataError(f"Embedding: index {bad} is outside [0, {self.input_dim}); "
+                                f"raise input_dim or check the data")
+        self._idx = idx
+        self._xshape, self._xdtype = x.shape, x.dtype
+        return self.weight.data[idx]
+
+    def backward(self, dy):
+        g = self.weight.grad
+        g.fill(0)
+        self.backend.scatter_add(g, self._idx.reshape(-1), dy.reshape(-1, self.output_dim))
+        return self.xp.zeros(self._xshape, dtype=self._xdtype)
+
+    def __repr__(self) -> str:
+        return f"Embedding(input_dim={self.input_dim}, output_dim={self.output_dim})"

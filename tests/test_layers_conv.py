@@ -1,0 +1,210 @@
+"""Conv2D and the pooling layers against slow direct references, float64 gradient checks and
+edge shapes (stride > 1, padding, dilation, odd sizes, overlapping pools, ties)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlrun.errors import ConfigError, ShapeError
+from dlrun.layers.avgpool2d import AvgPool2D
+from dlrun.layers.conv2d import Conv2D
+from dlrun.layers.globalavgpool2d import GlobalAvgPool2D
+from dlrun.layers.maxpool2d import MaxPool2D
+from dlrun.registry import layers
+from layer_numgrad import check_gradients, make
+
+
+def reference_conv(x, w, b, stride, pad, dilation):
+    """Direct convolution, one output pixel at a time (slow; tests only)."""
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    t, btm, l, r = pad
+    xp = np.zeros((n, c, h + t + btm, wd + l + r))
+    xp[:, :, t:t + h, l:l + wd] = x
+    ho = (xp.shape[2] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (xp.shape[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    out = np.zeros((n, o, ho, wo))
+    for a in range(ho):
+        for bb in range(wo):
+            rows = a * stride[0] + dilation[0] * np.arange(kh)
+            cols = bb * stride[1] + dilation[1] * np.arange(kw)
+            patch = xp[:, :, rows][:, :, :, cols]  # (n, c, kh, kw)
+            out[:, :, a, bb] = np.einsum("nchw,ochw->no", patch, w)
+    return out + (0 if b is None else b[None, :, None, None])
+
+
+def reference_pool(x, k, s, p, reduce, fill):
+    n, c, h, w = x.shape
+    xp = np.full((n, c, h + 2 * p[0], w + 2 * p[1]), fill)
+    xp[:, :, p[0]:p[0] + h, p[1]:p[1] + w] = x
+    ho, wo = (xp.shape[2] - k[0]) // s[0] + 1, (xp.shape[3] - k[1]) // s[1] + 1
+    out = np.zeros((n, c, ho, wo))
+    arg = np.zeros((n, c, ho, wo), dtype=int)
+    for a in range(ho):
+        for bb in range(wo):
+            win = xp[:, :, a * s[0]:a * s[0] + k[0], bb * s[1]:bb * s[1] + k[1]].reshape(n, c, -1)
+            out[:, :, a, bb] = reduce(win, axis=-1)
+            arg[:, :, a, bb] = win.argmax(axis=-1)
+    return out, arg
+
+
+CONV_CASES = [
+    dict(filters=3, kernel_size=3),
+    dict(filters=2, kernel_size=3, stride=2, padding=1),
+    dict(filters=2, kernel_size=[3, 2], stride=[2, 1], padding=[1, 0]),
+    dict(filters=2, kernel_size=2, dilation=2),
+    dict(filters=2, kernel_size=3, padding="same"),
+    dict(filters=2, kernel_size=3, stride=2, padding="same"),
+    dict(filters=3, kernel_size=1, use_bias=False),
+    dict(filters=2, kernel_size=4, stride=3, padding=2, dilation=[1, 2]),
+]
+
+
+def build_conv(opts, shape, dtype=np.float64):
+    layer = layers.build({"type": "Conv2D", **opts})
+    out_shape = make(layer, shape, dtype)
+    if layer.bias is not None:  # a nonzero bias, so its effect is visible
+        layer.bias.data[...] = np.random.default_rng(5).standard_normal(layer.bias.shape)
+    return layer, out_shape
+
+
+@pytest.mark.parametrize("opts", CONV_CASES)
+def test_conv_forward_matches_direct_convolution(opts):
+    shape = (2, 7, 5)  # odd, non-square
+    layer, out_shape = build_conv(opts, shape)
+    x = np.random.default_rng(1).standard_normal((3,) + shape)
+    y = layer.forward(x)
+    b = None if layer.bias is None else layer.bias.data
+    ref = reference_conv(x, layer.weight.data, b, layer.stride, layer.win.pad, layer.dilation)
+    assert y.shape == (3,) + out_shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("opts", CONV_CASES)
+def test_conv_gradients(opts):
+    layer, _ = build_conv(opts, (2, 6, 5))
+    x = np.random.default_rng(2).standard_normal((2, 2, 6, 5))
+    assert check_gradients(layer, x) == x.size
+
+
+def test_conv_same_padding_keeps_size_and_matches_keras_rule():
+    layer, out = build_conv(dict(filters=4, kernel_size=3, padding="same"), (1, 8, 8))
+    assert out == (4, 8, 8)
+    layer, out = build_conv(dict(filters=4, kernel_size=3, stride=2, padding="same"), (1, 7, 8))
+    assert out == (4, 4, 4)  # ceil(7/2), ceil(8/2)
+    assert layer.win.pad == (1, 1, 0, 1)  # the odd extra column goes right
+
+
+def test_conv_float32_stays_float32():
+    layer, _ = build_conv(dict(filters=4, kernel_size=3, padding=1), (3, 6, 6), dtype=np.float32)
+    x = np.random.default_rng(0).standard_normal((2, 3, 6, 6)).astype(np.float32)
+    y = layer.forward(x)
+    dx = layer.backward(np.ones_like(y))
+    assert y.dtype == dx.dtype == layer.weight.grad.dtype == layer.bias.grad.dtype == np.float32
+
+
+def test_conv_kernel_larger_than_input_is_a_shape_error():
+    with pytest.raises(ShapeError, match="does not fit"):
+        build_conv(dict(filters=2, kernel_size=5), (1, 4, 4))
+    with pytest.raises(ShapeError, match=r"\(N, C, H, W\)"):
+        build_conv(dict(filters=2), (16,))
+
+
+def test_conv_bad_option_is_a_config_error():
+    with pytest.raises(ConfigError, match="kernel_size"):
+        layers.build({"type": "Conv2D", "filters": 2, "kernel_size": [3, 3, 3]})
+    with pytest.raises(ConfigError, match="padding"):
+        layers.build({"type": "Conv2D", "filters": 2, "padding": "full"})
+
+
+POOL_CASES = [
+    dict(pool_size=2),  # the common non-overlapping case
+    dict(pool_size=2, stride=2),  # odd input: the last row/column is dropped
+    dict(pool_size=3, stride=1),  # overlapping
+    dict(pool_size=3, stride=2),  # overlapping, stride > 1
+    dict(pool_size=[2, 3], stride=[1, 2]),
+    dict(pool_size=3, stride=2, padding=1),
+    dict(pool_size=2, padding=1),
+]
+
+
+@pytest.mark.parametrize("opts", POOL_CASES)
+def test_maxpool_matches_reference_and_argmax(opts):
+    layer = layers.build({"type": "MaxPool2D", **opts})
+    out_shape = make(layer, (2, 7, 5))
+    x = np.random.default_rng(3).standard_normal((3, 2, 7, 5))
+    y = layer.forward(x)
+    ref, arg = reference_pool(x, layer.pool_size, layer.stride, layer.padding, np.max, -np.inf)
+    assert y.shape == (3,) + out_shape == ref.shape
+    np.testing.assert_array_equal(y, ref)
+    np.testing.assert_array_equal(layer.branch_signature(), arg)
+
+
+@pytest.mark.parametrize("opts", POOL_CASES)
+def test_maxpool_gradients(opts):
+    layer = layers.build({"type": "MaxPool2D", **opts})
+    make(layer, (2, 6, 5))
+    x = np.random.default_rng(4).standard_normal((2, 2, 6, 5))
+    assert check_gradients(layer, x) > x.size // 2
+
+
+@pytest.mark.parametrize("opts", POOL_CASES)
+def test_maxpool_ties_send_gradient_to_exactly_one_element(opts):
+    layer = layers.build({"type": "MaxPool2D", **opts})
+    make(layer, (1, 6, 6))
+    x = np.zeros((2, 1, 6, 6))  # every window is one big tie (as after ReLU)
+    y = layer.forward(x)
+    dx = layer.backward(np.ones_like(y))
+    # each output's gradient lands on one element: the first of its window (row-major)
+    ref = np.zeros_like(x)
+    pad = layer.padding
+    for a in range(y.shape[2]):
+        for b in range(y.shape[3]):
+            r = max(a * layer.stride[0] - pad[0], 0)
+            c = max(b * layer.stride[1] - pad[1], 0)
+            ref[:, :, r, c] += 1
+    np.testing.assert_array_equal(dx, ref)
+    assert dx.sum() == y.size
+
+
+@pytest.mark.parametrize("opts", POOL_CASES)
+def test_avgpool_matches_reference_and_gradients(opts):
+    layer = layers.build({"type": "AvgPool2D", **opts})
+    out_shape = make(layer, (2, 7, 5))
+    x = np.random.default_rng(5).standard_normal((3, 2, 7, 5))
+    ref, _ = reference_pool(x, layer.pool_size, layer.stride, layer.padding, np.mean, 0.0)
+    y = layer.forward(x)
+    assert y.shape == (3,) + out_shape
+    np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-14)
+    assert check_gradients(layer, x) == x.size
+
+
+def test_pool_padding_over_half_the_window_is_rejected():
+    with pytest.raises(ConfigError, match="at most half"):
+        layers.build({"type": "MaxPool2D", "pool_size": 2, "padding": 2})
+
+
+def test_global_avg_pool_closed_form_and_gradients():
+    layer = GlobalAvgPool2D()
+    assert make(layer, (3, 4, 5)) == (3,)
+    x = np.random.default_rng(6).standard_normal((2, 3, 4, 5))
+    np.testing.assert_allclose(layer.forward(x), x.mean(axis=(2, 3)))
+    dx = layer.backward(np.ones((2, 3)))
+    np.testing.assert_allclose(dx, np.full(x.shape, 1 / 20))
+    assert check_gradients(layer, x) == x.size
+
+
+def test_pool_float32_stays_float32():
+    for cls in (MaxPool2D, AvgPool2D, GlobalAvgPool2D):
+        layer = cls()
+        make(layer, (2, 4, 4), np.float32)
+        x = np.random.default_rng(0).standard_normal((2, 2, 4, 4)).astype(np.float32)
+        y = layer.forward(x)
+        assert y.dtype == layer.backward(np.ones_like(y)).dtype == np.float32
+
+
+def test_direct_construction_defaults():
+    conv = Conv2D(filters=4)
+    assert conv.kernel_size == (3, 3) and conv.stride == (1, 1) and conv.padding == (0, 0)
+    pool = MaxPool2D(pool_size=3)
+    assert pool.stride == (3, 3)

@@ -1,0 +1,157 @@
+"""ELU, GELU, Softplus, LogSoftmax, Embedding, Flatten and Reshape: closed forms, stability,
+float64 gradient checks and edge shapes."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dlrun.errors import ConfigError, DataError, ShapeError
+from dlrun.registry import layers
+from layer_numgrad import check_gradients, make
+
+
+def built(spec, shape, dtype=np.float64):
+    layer = layers.build(spec)
+    return layer, make(layer, shape, dtype)
+
+
+X = np.random.default_rng(0).standard_normal((4, 7)) * 3
+
+
+def test_elu_closed_form_and_gradients():
+    layer, _ = built({"type": "ELU", "alpha": 0.7}, (7,))
+    y = layer.forward(X)
+    np.testing.assert_allclose(y, np.where(X > 0, X, 0.7 * (np.exp(X) - 1)))
+    check_gradients(layer, X)
+    big, _ = built("ELU", (2,), np.float32)
+    assert np.isfinite(big.forward(np.array([[1e4, -1e4]], np.float32))).all()
+
+
+def test_gelu_is_the_tanh_approximation_and_close_to_exact():
+    layer, _ = built("GELU", (7,))
+    y = layer.forward(X)
+    c = math.sqrt(2 / math.pi)
+    np.testing.assert_allclose(y, 0.5 * X * (1 + np.tanh(c * (X + 0.044715 * X ** 3))), rtol=1e-14)
+    exact = X * 0.5 * (1 + np.vectorize(math.erf)(X / math.sqrt(2)))  # test-only oracle
+    assert np.abs(y - exact).max() < 5e-4
+    check_gradients(layer, X)
+
+
+def test_softplus_stable_and_gradients():
+    for beta in (1.0, 2.5):
+        layer, _ = built({"type": "Softplus", "beta": beta}, (7,))
+        np.testing.assert_allclose(layer.forward(X), np.log1p(np.exp(beta * X)) / beta, rtol=1e-12)
+        check_gradients(layer, X)
+    layer, _ = built("Softplus", (3,), np.float32)
+    x = np.array([[-1000.0, 0.0, 1000.0]], np.float32)
+    y = layer.forward(x)
+    assert y.dtype == np.float32
+    np.testing.assert_allclose(y, [[0.0, math.log(2), 1000.0]], rtol=1e-6)
+    np.testing.assert_allclose(layer.backward(np.ones_like(y)), [[0.0, 0.5, 1.0]])
+
+
+def test_logsoftmax_closed_form_stability_and_gradients():
+    layer, _ = built("LogSoftmax", (7,))
+    y = layer.forward(X)
+    np.testing.assert_allclose(np.exp(y).sum(axis=1), 1.0)
+    np.testing.assert_allclose(y, X - np.log(np.exp(X).sum(axis=1, keepdims=True)), rtol=1e-12)
+    check_gradients(layer, X)
+    layer32, _ = built("LogSoftmax", (3,), np.float32)
+    y = layer32.forward(np.array([[1000.0, 0.0, -1000.0]], np.float32))
+    assert y.dtype == np.float32 and np.isfinite(y).all()
+    np.testing.assert_allclose(y, [[0.0, -1000.0, -2000.0]])
+
+
+def test_embedding_lookup_and_repeated_indices_scatter_add():
+    layer, out = built({"type": "Embedding", "input_dim": 5, "output_dim": 3}, (4,))
+    assert out == (4, 3)
+    idx = np.array([[0, 2, 2, 4], [2, 0, 1, 2]], dtype=np.float64)  # floats, as a model passes them
+    y = layer.forward(idx)
+    w = layer.weight.data
+    np.testing.assert_array_equal(y, w[idx.astype(int)])
+    dy = np.random.default_rng(0).standard_normal(y.shape)
+    dx = layer.backward(dy)
+    assert dx.shape == idx.shape and not dx.any()
+    ref = np.zeros_like(w)
+    for n in range(2):
+        for t in range(4):
+            ref[int(idx[n, t])] += dy[n, t]
+    np.testing.assert_allclose(layer.weight.grad, ref)  # index 2 appears four times
+    assert not layer.weight.grad[3].any()
+    check_gradients(layer, idx, wrt_input=False)
+
+
+def test_embedding_rejects_out_of_range_indices():
+    layer, _ = built({"type": "Embedding", "input_dim": 5, "output_dim": 3}, (2,))
+    with pytest.raises(DataError, match=r"index 5 is outside \[0, 5\)"):
+        layer.forward(np.array([[0.0, 5.0]]))
+    with pytest.raises(DataError, match="index -1"):
+        layer.forward(np.array([[-1.0, 0.0]]))
+
+
+def test_embedding_float32():
+    layer, _ = built({"type": "Embedding", "input_dim": 6, "output_dim": 2}, (3,), np.float32)
+    y = layer.forward(np.array([[1, 1, 5]], np.float32))
+    layer.backward(np.ones_like(y))
+    assert y.dtype == layer.weight.grad.dtype == np.float32
+    np.testing.assert_array_equal(layer.weight.grad[1], [2, 2])
+
+
+def test_flatten_and_reshape_round_trip():
+    x = np.random.default_rng(1).standard_normal((2, 3, 4, 5))
+    flat, out = built("Flatten", (3, 4, 5))
+    assert out == (60,)
+    y = flat.forward(x)
+    np.testing.assert_array_equal(y, x.reshape(2, 60))
+    np.testing.assert_array_equal(flat.backward(y), x)
+    check_gradients(flat, x)
+    back, out = built({"type": "Reshape", "target_shape": [3, -1]}, (60,))
+    assert out == (3, 20)
+    z = back.forward(y)
+    assert z.shape == (2, 3, 20)
+    np.testing.assert_array_equal(back.backward(z), y)
+    check_gradients(back, y)
+
+
+def test_reshape_errors():
+    with pytest.raises(ShapeError, match="cannot reshape"):
+        built({"type": "Reshape", "target_shape": [7, -1]}, (60,))
+    with pytest.raises(ShapeError, match="cannot reshape"):
+        built({"type": "Reshape", "target_shape": [5, 5]}, (60,))
+    with pytest.raises(ConfigError, match="one -1"):
+        layers.build({"type": "Reshape", "target_shape": [-1, -1]})
+
+
+CATALOGUE = ["Conv2D", "MaxPool2D", "AvgPool2D", "GlobalAvgPool2D", "Flatten", "Reshape", "BatchNorm",
+             "Dropout", "ELU", "GELU", "Softplus", "LogSoftmax", "Embedding"]
+DIMS = {"C": 3, "H": 6, "W": 5, "D": 4, "T": 5}
+
+
+@pytest.mark.parametrize("name", CATALOGUE)
+def test_input_spec_builds_and_float32_path_neither_upcasts_nor_mutates(name):
+    """Each layer's declared input_spec (used by gradcheck and the contract test) builds the
+    layer; in float32, forward/backward/gradients stay float32 and leave x and dy untouched."""
+    cls = layers.get(name)
+    spec = cls.input_spec
+    opts = {k: DIMS.get(v, v) if isinstance(v, str) else v for k, v in spec.options.items()}
+    shape = tuple(DIMS.get(s, s) for s in spec.shape)
+    layer, out_shape = built({"type": name, **opts}, shape, np.float32)
+    rng = np.random.default_rng(0)
+    if spec.kind == "index":
+        high = DIMS.get(spec.high, spec.high)
+        x = rng.integers(0, high, (2,) + shape).astype(np.float32)
+    else:
+        x = rng.standard_normal((2,) + shape).astype(np.float32)
+    x0 = x.copy()
+    y = layer.forward(x)
+    assert y.shape == (2,) + out_shape and y.dtype == np.float32
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    dy0 = dy.copy()
+    dx = layer.backward(dy)
+    assert dx.shape == x.shape and dx.dtype == np.float32
+    for p in layer.params.values():
+        assert p.data.dtype == np.float32 and (p.grad is None or p.grad.dtype == np.float32)
+    np.testing.assert_array_equal(x, x0)
+    np.testing.assert_array_equal(dy, dy0)
