@@ -2,3 +2,4 @@
 registers them; ``Layer`` and ``Parameter`` are the contract user layers are written against."""
 from .base import InputSpec, Layer, Parameter  # noqa: F401
 from . import linear, activations  # noqa: F401  (registration side effects)
+from . import large_margin, lsoftmax, requ, multiply, minmax, normalized_dense  # noqa: F401
