@@ -7,3 +7,6 @@ its loss and then each of its layers. All return :class:`LayerReport` records; t
 from .report import ERROR, FAIL, PASS, AuxResult, LayerReport, TensorResult, Worst  # noqa: F401
 from .runner import check_layer  # noqa: F401
 from .settings import Settings  # noqa: F401
+from .suite import check_all  # noqa: F401
+
+from .model import check_config  # noqa: F401

@@ -52,7 +52,12 @@ def per_sample_shape(spec, dims: dict) -> tuple[int, ...]:
 
 
 def layer_options(spec, dims: dict | None, user: dict) -> dict:
-    """The spec's default options with dims bound, overridden by the user's ``--set`` options."""
+    """The spec's default options with dims bound, overridden by the user's ``--set`` options.
+
+    Without dims (a layer inside a model) only the user's (the config's) options are used.
+    """
+    if dims is None:
+        return dict(user)
     opts = {k: bind(v, dims) for k, v in spec.options.items()}
     opts.update(user)
     return opts

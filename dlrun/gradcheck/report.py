@@ -41,7 +41,7 @@ class TensorResult:
 
     @property
     def shape_text(self) -> str:
-        return " | ".join(str(tuple(s)) for s in self.shapes)
+        return " ".join("(" + ",".join(map(str, s)) + ")" for s in self.shapes)
 
 
 @dataclass
