@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     """Console-script entry point."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        app(args=args, standalone_mode=False, prog_name="dlrun")
+        code = app(args=args, standalone_mode=False, prog_name="dlrun")  # typer.Exit(n) returns n here
     except DlrunError as e:
         if debug_enabled():
             traceback.print_exc()
@@ -69,4 +69,4 @@ def main(argv: list[str] | None = None) -> int:
             err.print(f"[bold red]error:[/] internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
                       soft_wrap=True)
         sys.exit(1)
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
