@@ -10,7 +10,7 @@ from ..backend import CPU, to_host
 from . import aux, inputs, kinks
 from .harness import ContractError, Harness, LayerRaised, public_scalars, restore_state, state_changes
 from .numeric import Probe, TensorRun, check_tensor
-from .report import FAIL, PASS, LayerReport, TensorResult
+from .report import FAIL, LayerReport, TensorResult
 from .settings import Settings
 
 F32_WARNING = ("float32 check: rounding noise (~1e-7 relative) divided by the step makes finite "
