@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import sys
 import traceback
 from importlib.metadata import entry_points
@@ -39,23 +40,72 @@ def load_plugin(path: str | Path) -> None:
         raise PluginError(f"{p}: not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    registry._loading_origin = str(p)
+    origin = str(p)
+    registry._loading_origin = origin
     try:
         spec.loader.exec_module(module)
+        check_contract(origin)
     except SyntaxError as e:
-        sys.modules.pop(name, None)
+        _forget(name, origin)
         raise PluginError(f"{e.filename or p}:{e.lineno}: syntax error in plugin: {e.msg}") from None
     except DlrunError as e:
-        sys.modules.pop(name, None)
-        raise PluginError(f"{p}: {e.message}") from None
+        _forget(name, origin)
+        raise PluginError(f"{p}{_line(e, p)}: {e.message}") from None
     except Exception as e:  # the plugin's own code failed: say where, in one line
-        sys.modules.pop(name, None)
-        tb = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == str(p)]
-        line = f":{tb[-1].lineno}" if tb else ""
-        raise PluginError(f"{p}{line}: plugin raised {type(e).__name__}: {e}") from None
+        _forget(name, origin)
+        raise PluginError(f"{p}{_line(e, p)}: plugin raised {type(e).__name__}: {e}") from None
     finally:
         registry._loading_origin = None
     _loaded[key] = name
+
+
+def _line(e: BaseException, p: Path) -> str:
+    """':LINE' of the deepest traceback frame inside the plugin file, or ''."""
+    line = getattr(e, "plugin_line", None)
+    if line is None:
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve() == p.resolve()]
+        line = frames[-1].lineno if frames else None
+    return f":{line}" if line else ""
+
+
+def _forget(module_name: str, origin: str) -> None:
+    """Undo a failed load: drop the module and whatever it registered before failing."""
+    sys.modules.pop(module_name, None)
+    for reg in registry.REGISTRIES.values():
+        for n in [n for n, o in reg._origin.items() if o == origin]:
+            reg.unregister(n)
+
+
+def check_contract(origin: str) -> None:
+    """Every component a plugin registered must fit its kind's contract, or PluginError.
+
+    Layers must subclass dlrun.layers.Layer and implement forward and backward; other kinds
+    must subclass their base class when it is a class (an initializer, a loss, ...).
+    """
+    from .layers.base import Layer
+
+    for reg in registry.REGISTRIES.values():
+        for name, where in list(reg._origin.items()):
+            if where != origin:
+                continue
+            obj = reg._entries[name]
+            problem = None
+            if reg is registry.layers:
+                if not (inspect.isclass(obj) and issubclass(obj, Layer)):
+                    problem = "it is not a subclass of dlrun.layers.Layer"
+                else:
+                    missing = [m for m in ("forward", "backward") if getattr(obj, m) is getattr(Layer, m)]
+                    if missing:
+                        problem = f"it does not implement {' and '.join(missing)}"
+            elif inspect.isclass(obj) and reg.base is not None and not issubclass(obj, reg.base):
+                problem = f"it is not a subclass of {reg.base.__module__}.{reg.base.__name__}"
+            if problem:
+                e = PluginError(f"{reg.kind} {name!r} does not follow the {reg.kind} contract: {problem}")
+                try:
+                    e.plugin_line = inspect.getsourcelines(obj)[1]
+                except (OSError, TypeError):
+                    pass
+                raise e
 
 
 def load_plugins(paths) -> None:

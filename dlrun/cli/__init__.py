@@ -41,14 +41,14 @@ def fail(e: DlrunError) -> int:
     return e.exit_code
 
 
-from . import catalog, train  # noqa: E402,F401  (commands register on import)
+from . import catalog, gradcheck, train  # noqa: E402,F401  (commands register on import)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the app and maps every outcome to an exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        app(args=args, standalone_mode=False, prog_name="dlrun")
+        code = app(args=args, standalone_mode=False, prog_name="dlrun")  # typer.Exit(n) returns n here
     except DlrunError as e:
         if debug_enabled():
             traceback.print_exc()
@@ -73,4 +73,4 @@ def main(argv: list[str] | None = None) -> None:
             err.print(f"[bold red]error:[/] internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
                       soft_wrap=True, markup=True)
         sys.exit(1)
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)

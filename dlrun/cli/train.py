@@ -8,6 +8,7 @@ import typer
 
 from .. import run
 from ..config import load_config
+from ..plugins import load_plugins
 from ..progress import RichProgress
 from . import app, out
 
@@ -21,8 +22,10 @@ def train_cmd(
     device: Optional[str] = typer.Option(None, "--device", help="cpu or gpu (overrides the config)."),
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Folder for run directories."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Random seed (overrides the config)."),
+    plugin: list[str] = typer.Option([], "--plugin", help="Python file with user components to load first (repeatable)."),
 ) -> None:
     """Train the model a config describes; write a new run directory and print its path."""
+    load_plugins(plugin)
     cfg = load_config(config, set_, seed=seed, device=device)
     result = run.train(cfg, runs_dir, callbacks=[RichProgress(out, cfg.train.epochs)])
     s = result.summary

@@ -1,0 +1,133 @@
+"""`dlrun gradcheck`: check a layer's (or a whole config's) backward against finite differences."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from ..config import Source, apply_override
+from ..errors import UsageError
+from ..gradcheck import ERROR, PASS, Settings, check_all, check_config, check_layer
+from ..plugins import load_plugins
+from . import app, err, out
+from .catalog import PLUGIN_HELP
+
+EXIT = {PASS: 0, "FAIL": 1, ERROR: 2}
+STYLE = {PASS: "green", "FAIL": "bold red", ERROR: "bold yellow", "n/a": "dim"}
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.1e}"
+
+
+def _status(s: str) -> str:
+    return f"[{STYLE.get(s, '')}]{s}[/]"
+
+
+def tensor_table(report) -> Table:
+    t = Table(title=f"gradcheck {report.layer}", title_justify="left")
+    for c, j in (("tensor", "left"), ("role", "left"), ("shape", "left"), ("mode", "left"), ("checked", "right"),
+                 ("skipped", "right"), ("max abs", "right"), ("max rel", "right")):
+        t.add_column(c, justify=j, no_wrap=True)
+    t.add_column("worst element: analytic / numeric", overflow="fold")
+    t.add_column("result", no_wrap=True)
+    for r in report.tensors:
+        w = r.worst
+        worst = "-" if w is None else (f"{r.name}[{','.join(map(str, w.index))}]: {w.analytic:.6g} / {w.numeric:.6g}"
+                                       + (f"  (tol {w.tol:.1e}; {w.where})" if r.status != PASS else ""))
+        t.add_row(r.name, r.role, r.shape_text, r.mode, str(r.checked), str(r.skipped), _fmt(r.max_abs),
+                  _fmt(r.max_rel), worst, _status(r.status))
+    s = report.settings
+    t.caption = " ".join(f"{k}={v}" for k, v in s.items())
+    return t
+
+
+def print_report(report, indent: str = "") -> None:
+    for w in report.warnings:
+        err.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
+    if report.tensors:
+        out.print(tensor_table(report))
+    for r in report.tensors:
+        for n in r.notes:
+            out.print(f"  {r.name}: {n}", markup=False, soft_wrap=True)
+    for a in report.aux:
+        if a.status == "n/a":
+            continue
+        out.print(f"  aux {a.name:<17} {_status(a.status)}" + (f"  {a.detail}" if a.detail else ""), soft_wrap=True)
+    for c in report.children:
+        out.print("")
+        print_report(c)
+    if report.error:
+        out.print(f"  [bold yellow]error:[/] {report.error}", soft_wrap=True)
+    failed = report.failed
+    tail = f" ({', '.join(failed)})" if failed and report.verdict != PASS else ""
+    out.print(f"RESULT {report.layer}: {_status(report.verdict)}{tail}  [dim]{report.seconds:.2f}s[/]", soft_wrap=True)
+
+
+def summary_table(reports) -> Table:
+    t = Table(title="gradcheck --all", title_justify="left")
+    for c, j in (("layer", "left"), ("tensors", "left"), ("checked", "right"), ("skipped", "right"),
+                 ("max rel err", "right"), ("seconds", "right"), ("result", "left"), ("problem", "left")):
+        t.add_column(c, justify=j)
+    for r in reports:
+        problem = ", ".join(r.failed) if r.failed else (r.error or "")
+        t.add_row(r.layer, ", ".join(x.name for x in r.tensors), str(sum(x.checked for x in r.tensors)),
+                  str(sum(x.skipped for x in r.tensors)),
+                  _fmt(max((x.max_rel for x in r.tensors), default=0.0)), f"{r.seconds:.2f}",
+                  _status(r.verdict), problem)
+    return t
+
+
+def parse_sets(name: str, items: list[str]) -> dict:
+    """``--set k=0.3`` items as layer options (values parsed like YAML, validated on build)."""
+    raw: dict = {"type": name}
+    for item in items:
+        apply_override(raw, item, Source(None))
+    raw.pop("type")
+    return raw
+
+
+@app.command("gradcheck")
+def gradcheck_cmd(
+    target: Optional[str] = typer.Argument(None, help="Layer name (e.g. LargeMarginFC) or a CONFIG.yaml."),
+    set_: list[str] = typer.Option([], "--set", metavar="OPTION=VALUE",
+                                   help="Layer option (or, for a config, KEY.PATH=VALUE override); repeatable."),
+    plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+    all_: bool = typer.Option(False, "--all", help="Check every registered layer (and plugin layers)."),
+    dtype: str = typer.Option("float64", "--dtype", help="float64 (default) or float32 (warns; loose tolerances)."),
+    eps: Optional[float] = typer.Option(None, "--eps", help="Finite-difference step (float64 1e-6, float32 1e-3)."),
+    atol: Optional[float] = typer.Option(None, "--atol", help="Absolute tolerance (float64 1e-5, float32 1e-3)."),
+    rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance (float64 1e-3, float32 1e-2)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of inputs, parameters, upstream gradients and layer randomness."),
+    mode: str = typer.Option("auto", "--mode", help="auto, exhaustive, fast or sampled."),
+    json_: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Check backward passes against central finite differences. Exit 0 PASS, 1 FAIL, 2 cannot run."""
+    load_plugins(plugin)
+    settings = Settings(dtype=dtype, eps=eps, atol=atol, rtol=rtol, seed=seed, mode=mode).resolved()
+    if all_:
+        if target is not None:
+            raise UsageError(f"give either a layer name / config or --all, not both (got {target!r} and --all)")
+        reports = check_all(settings)
+        if json_:
+            import json
+
+            out.print_json(json.dumps([r.to_dict() for r in reports], default=float))
+        else:
+            out.print(summary_table(reports))
+            bad = [r.layer for r in reports if r.verdict != PASS]
+            out.print(f"RESULT {len(reports) - len(bad)}/{len(reports)} layers PASS" + (f"; not passing: {', '.join(bad)}" if bad else ""))
+        raise typer.Exit(1 if any(r.verdict != PASS for r in reports) else 0)
+    if target is None:
+        raise UsageError("give a layer name (dlrun list layers), a CONFIG.yaml, or --all")
+    if target.endswith((".yaml", ".yml")) or Path(target).is_file():
+        report = check_config(target, set_, settings)
+    else:
+        report = check_layer(target, parse_sets(target, set_), settings)
+    if json_:
+        out.print_json(report.to_json())
+    else:
+        print_report(report)
+    raise typer.Exit(EXIT[report.verdict])

@@ -1,0 +1,100 @@
+"""Auxiliary checks, each reported as its own PASS/FAIL line.
+
+* output-shape: forward returns (N, *shape that build declared);
+* grad-structure: every float input and trainable parameter gets a gradient of its own shape
+  and dtype (a mismatch is a FAIL with a message, never a crash);
+* zero-upstream: backward(0) gives exact zeros (backward multiplies by the upstream gradient);
+* reentrant: backward twice after one forward gives identical results (no accumulation);
+* inputs-unchanged: forward and backward leave x, y and the upstream gradient as they were;
+* state: undeclared public counters/coefficients do not change in a step (declare them in
+  ``state`` so they are frozen, checkpointed and restored);
+* second-point: a tensor that passes at point 1 also passes at point 2 on the same instance
+  (stale caches, accumulating buffers);
+* wiring: perturbing each trainable parameter changes the output.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .report import FAIL, NA, PASS, AuxResult
+
+NAMES = ("output-shape", "grad-structure", "zero-upstream", "reentrant", "inputs-unchanged", "state",
+         "second-point", "wiring")
+
+
+class AuxLog:
+    """Collects aux outcomes over every point; the first failure's detail is kept."""
+
+    def __init__(self):
+        self.results = {n: AuxResult(n) for n in NAMES}
+
+    def record(self, name: str, ok: bool, detail: str = "", where: str = "", note: str = "") -> None:
+        """``detail`` explains a failure; ``note`` is informative text kept on a PASS."""
+        r = self.results[name]
+        if not ok:
+            if r.status != FAIL:
+                r.status, r.detail = FAIL, f"{detail} ({where})" if where else detail
+        elif r.status == NA:
+            r.status, r.detail = PASS, note
+        elif r.status == PASS and note and not r.detail:
+            r.detail = note
+
+    def merge(self, other: "AuxLog") -> None:
+        for n, r in other.results.items():
+            if r.status != NA:
+                ok = r.status == PASS
+                self.record(n, ok, "" if ok else r.detail, note=r.detail if ok else "")
+
+    def listing(self) -> list[AuxResult]:
+        return list(self.results.values())
+
+
+def grad_problem(grad, ref, what: str) -> str | None:
+    """Why ``grad`` cannot be the gradient of ``ref`` (None when it can)."""
+    if grad is None:
+        return f"{what}: backward gave no gradient (None)"
+    shape = getattr(grad, "shape", None)
+    if shape is None:
+        return f"{what}: gradient is a {type(grad).__name__}, not an array"
+    if tuple(shape) != tuple(ref.shape):
+        return f"{what}: grad shape {tuple(shape)} != {'input' if what == 'x' else 'param'} shape {tuple(ref.shape)}"
+    if grad.dtype != ref.dtype:
+        return f"{what}: grad dtype {grad.dtype} != tensor dtype {ref.dtype}"
+    return None
+
+
+def max_gap(a: dict, b: dict) -> tuple[str, float] | None:
+    """The tensor where two gradient sets differ most (exactly), or None when identical."""
+    worst = None
+    for k in a:
+        if k not in b or a[k] is None or b[k] is None:
+            continue
+        if a[k].shape != b[k].shape or not np.array_equal(a[k], b[k]):
+            gap = float(np.max(np.abs(a[k] - b[k]))) if a[k].shape == b[k].shape else float("inf")
+            if worst is None or gap > worst[1]:
+                worst = (k, gap)
+    return worst
+
+
+def nonzero(grads: dict) -> list[str]:
+    return [k for k, g in grads.items() if g is not None and np.any(g != 0)]
+
+
+def changed(before: dict, after: dict) -> list[str]:
+    """Names whose arrays differ (exactly) between two snapshots."""
+    out = []
+    for k, v in before.items():
+        w = after.get(k)
+        if v is None and w is None:
+            continue
+        if v is None or w is None or v.shape != w.shape or not np.array_equal(v, w):
+            out.append(k)
+    return out
+
+
+def scalar_changes(before: dict, after: dict) -> list[str]:
+    return [f"{k} changed from {before[k]!r} to {after[k]!r}" for k in before
+            if k in after and not (before[k] == after[k] or (before[k] != before[k] and after[k] != after[k]))]
+
+
+__all__ = ["AuxLog", "grad_problem", "max_gap", "nonzero", "changed", "scalar_changes", "PASS", "FAIL", "NA"]

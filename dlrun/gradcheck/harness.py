@@ -1,0 +1,112 @@
+"""Calls one layer instance the way a check needs: state frozen, randomness reseeded, errors named.
+
+Before every forward the layer's declared ``state`` is restored to its frozen value (annealed
+coefficients, running statistics) and a stochastic layer gets the same freshly seeded
+``layer.rng``; so f(θ+h), f(θ−h) and the analytic pass see the same function.
+"""
+from __future__ import annotations
+
+import copy
+import numbers
+
+import numpy as np
+
+from ..backend import to_host
+from . import kinks
+
+
+class LayerRaised(Exception):
+    """The layer's own code raised; ``call`` says which (build, forward, backward, ...)."""
+
+    def __init__(self, call: str, error: BaseException, where: str = ""):
+        self.call, self.error, self.where = call, error, where
+        ctx = f" ({where})" if where else ""
+        super().__init__(f"{call} raised {type(error).__name__}: {error}{ctx}")
+
+
+class ContractError(Exception):
+    """The layer broke the contract in a way that stops the check (a missing state attribute)."""
+
+
+def snapshot_state(layer) -> dict:
+    """Deep copies of the attributes the layer declares in ``state``."""
+    out = {}
+    for attr in layer.state:
+        if not hasattr(layer, attr):
+            raise ContractError(f"{type(layer).__name__} declares state {attr!r} but has no attribute {attr!r} after build")
+        out[attr] = copy.deepcopy(getattr(layer, attr))
+    return out
+
+
+def restore_state(layer, frozen: dict) -> None:
+    """Put declared state back: arrays in place (the layer may hold references), others by value."""
+    for attr, value in frozen.items():
+        cur = getattr(layer, attr, None)
+        if hasattr(cur, "shape") and hasattr(value, "shape") and cur.shape == value.shape:
+            cur[...] = value
+        else:
+            setattr(layer, attr, copy.deepcopy(value))
+
+
+def state_changes(layer, frozen: dict) -> list[str]:
+    """Names of declared state attributes that differ from their frozen value."""
+    return [a for a, v in frozen.items() if not _equal(getattr(layer, a, None), v)]
+
+
+def public_scalars(layer) -> dict:
+    """Undeclared public numeric attributes: a step must not change them (hidden counters, β)."""
+    skip = {"training", "rng", "backend", "xp", "dtype", "params", "spec", *layer.state}
+    return {k: v for k, v in vars(layer).items()
+            if not k.startswith("_") and k not in skip and isinstance(v, (numbers.Number, np.generic))
+            and not isinstance(v, bool)}
+
+
+def _equal(a, b) -> bool:
+    if hasattr(a, "shape") or hasattr(b, "shape"):
+        try:
+            return bool(np.array_equal(to_host(a), to_host(b)))
+        except Exception:
+            return False
+    try:
+        return bool(a == b)
+    except Exception:
+        return a is b
+
+
+class Harness:
+    """Runs forward/backward on one layer with frozen state and reseeded randomness."""
+
+    def __init__(self, layer, seed: int):
+        self.layer = layer
+        self.seed = seed
+        self.frozen = snapshot_state(layer)
+        self.where = ""
+        self.signed = kinks.has_signature(layer)
+
+    def call(self, name: str, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as e:  # the layer's own code: report which call and where
+            raise LayerRaised(name, e, self.where) from e
+
+    def forward(self, x, y=None):
+        layer = self.layer
+        restore_state(layer, self.frozen)
+        if layer.stochastic:
+            layer.rng = layer.backend.rng(self.seed)
+        if layer.needs_labels:
+            return self.call("forward", layer.forward, x, y)
+        return self.call("forward", layer.forward, x)
+
+    def backward(self, dy):
+        return self.call("backward", self.layer.backward, dy)
+
+    def signature(self):
+        if not self.signed:
+            return None
+        return kinks.freeze(self.call("branch_signature", self.layer.branch_signature))
+
+    def loss(self, x, y, g64: np.ndarray) -> float:
+        """L = Σ G ⊙ forward(x, y), accumulated in float64."""
+        out = self.forward(x, y)
+        return float(np.dot(g64.ravel(), np.asarray(to_host(out), dtype=np.float64).ravel()))

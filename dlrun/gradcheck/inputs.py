@@ -1,0 +1,124 @@
+"""Inputs from what a layer declares: shapes with symbolic dims, value kinds, labels, indices.
+
+Two shape configurations are used, each with all dims distinct and the two differing in
+which of N and D is larger, so a transposed gradient or a loop over the wrong axis (the
+seed-000 bug: ``range(X.shape[1])`` for N samples) cannot hide behind equal sizes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import registry
+from ..errors import ConfigError
+
+# N is the batch; per-sample symbols are D, C, H, W, T, V (vocabulary), K.
+DIM_CONFIGS = (
+    {"N": 7, "D": 3, "C": 4, "H": 5, "W": 6, "T": 2, "V": 9, "K": 8},
+    {"N": 3, "D": 5, "C": 2, "H": 4, "W": 7, "T": 6, "V": 8, "K": 9},
+)
+FLOAT_KINDS = ("float", "positive", "prob")
+
+
+@dataclass
+class Point:
+    """One random point: the float (or index) input x and the labels y (or None)."""
+
+    x: np.ndarray
+    y: np.ndarray | None
+
+
+def dims_text(dims: dict | None, shape=None) -> str:
+    if dims is None:
+        return f"x {tuple(shape)}" if shape is not None else ""
+    return " ".join(f"{k}={v}" for k, v in dims.items() if k in ("N", "D", "C") or v is not None)
+
+
+def bind(value, dims: dict | None):
+    """A dim name ("C") becomes its size; anything else is returned unchanged."""
+    if dims is not None and isinstance(value, str) and value in dims:
+        return dims[value]
+    return value
+
+
+def per_sample_shape(spec, dims: dict) -> tuple[int, ...]:
+    shape = tuple(bind(s, dims) for s in spec.shape)
+    bad = [s for s in shape if not isinstance(s, int)]
+    if bad:
+        raise ConfigError(f"input_spec shape {spec.shape} uses unknown dim {bad[0]!r}; "
+                          f"known dims: {', '.join(DIM_CONFIGS[0])}")
+    return shape
+
+
+def layer_options(spec, dims: dict | None, user: dict) -> dict:
+    """The spec's default options with dims bound, overridden by the user's ``--set`` options.
+
+    Without dims (a layer inside a model) only the user's (the config's) options are used.
+    """
+    if dims is None:
+        return dict(user)
+    opts = {k: bind(v, dims) for k, v in spec.options.items()}
+    opts.update(user)
+    return opts
+
+
+def build_layer(name: str, options: dict, path: str):
+    """Instantiate through the registry so options are validated like config values."""
+    return registry.layers.build({"type": name, **options}, path)
+
+
+def labels(n: int, classes: int, rng) -> np.ndarray:
+    """int64 labels in [0, classes): every class present when n >= classes, and a repeat."""
+    classes = max(int(classes), 1)
+    if n >= classes:
+        y = np.concatenate([np.arange(classes), rng.integers(0, classes, n - classes)])
+        if n == classes and n > 1:
+            y[-1] = y[0]  # force a repeated label (scatter-add bugs hide without one)
+    else:
+        y = rng.integers(0, classes, n)
+        if n > 1:
+            y[-1] = y[0]
+    return rng.permutation(y).astype(np.int64)
+
+
+def draw_x(spec, batch_shape: tuple, high, dtype, rng) -> np.ndarray:
+    """Values of the declared kind: float N(0,1), positive U[0.5,2], prob rows, index ints."""
+    kind = spec.kind
+    if kind == "float":
+        x = rng.standard_normal(batch_shape)
+    elif kind == "positive":
+        x = rng.uniform(0.5, 2.0, batch_shape)
+    elif kind == "prob":
+        e = np.exp(rng.standard_normal(batch_shape))
+        x = e / e.sum(axis=-1, keepdims=True)
+    elif kind == "index":
+        hi = max(int(high), 1)
+        x = rng.integers(0, hi, batch_shape).astype(np.int64)
+        if x.size > 1:
+            x.flat[-1] = x.flat[0]  # a duplicate index
+        return x
+    else:
+        raise ConfigError(f"input_spec kind {kind!r} is not one of float, positive, prob, index")
+    return np.ascontiguousarray(x.astype(dtype))
+
+
+def index_high(spec, dims: dict | None, layer) -> int:
+    h = spec.high
+    if isinstance(h, str):
+        h = bind(h, dims) if dims and h in dims else getattr(layer, h, None)
+    if not isinstance(h, (int, np.integer)):
+        raise ConfigError(f"input_spec high={spec.high!r} is not a dim or an option of the layer")
+    return int(h)
+
+
+def label_count(spec, dims: dict | None, out_shape: tuple) -> int:
+    c = bind(spec.labels, dims) if spec.labels is not None else (out_shape[-1] if out_shape else 1)
+    return int(c)
+
+
+def redraw_params(layer, rng) -> None:
+    """Trainable parameters get N(0,1) values in place (tiny training inits make poor checks)."""
+    for p in layer.params.values():
+        if p.trainable:
+            p.data[...] = rng.standard_normal(p.data.shape).astype(p.data.dtype)

@@ -1,0 +1,115 @@
+"""`dlrun gradcheck CONFIG.yaml`: the whole model plus its loss, then each layer as the model uses it.
+
+The Oxford practical's whole-model check (seed 002): on a small batch of the config's own data,
+in float64, the loss is differentiated numerically with respect to every trainable parameter
+and compared with backpropagation through the model. The run-wide regularizer is left out
+(a penalty can hide a data-loss bug; cs231n). Then every layer is checked on the per-sample
+shape it sees in that model, with the config's options.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..backend import CPU, to_host
+from ..config import load_config
+from ..model import Sequential
+from . import kinks
+from .harness import restore_state, snapshot_state
+from .numeric import Probe, check_tensor
+from .report import LayerReport, TensorResult
+from .runner import F32_WARNING, check_layer, choose_mode, merge
+from .settings import Settings
+
+
+def small_batch(y: np.ndarray, size: int, rng) -> np.ndarray:
+    """Random row indices, with one row of each class first (for integer labels)."""
+    n = len(y)
+    if n <= size:
+        return np.arange(n)
+    order = rng.permutation(n)
+    first = []
+    if y.dtype.kind in "iu" and y.ndim == 1:
+        first = order[np.unique(y[order], return_index=True)[1]][:size].tolist()
+    taken = set(first)
+    rest = [int(i) for i in order if int(i) not in taken]
+    return np.sort(np.asarray(first + rest[: size - len(first)], dtype=np.int64))
+
+
+class ModelProbe:
+    """L(θ) = loss(model(x), y) with layer state frozen and randomness reseeded per forward."""
+
+    def __init__(self, model: Sequential, loss, x, y, seed: int):
+        self.model, self.loss, self.x, self.y, self.seed = model, loss, x, y, seed
+        self.frozen = [snapshot_state(layer) for layer in model.layers]
+
+    def value(self) -> float:
+        for i, (layer, frozen) in enumerate(zip(self.model.layers, self.frozen)):
+            restore_state(layer, frozen)
+            if layer.stochastic:
+                layer.rng = self.model.backend.rng(self.seed + i)
+        out = self.model.forward(self.x, self.y)
+        return float(self.loss.forward(out, self.y))
+
+    def signature(self):
+        return tuple(kinks.freeze(layer.branch_signature()) for layer in self.model.layers)
+
+
+def check_config(path, overrides=(), settings: Settings | None = None, batch: int = 8) -> LayerReport:
+    """Check the model and loss of a config, then each of its layers; return the report."""
+    settings = (settings or Settings()).resolved()
+    cfg = load_config(path, overrides)
+    report = LayerReport(str(path), {k: getattr(settings, k) for k in ("dtype", "eps", "atol", "rtol", "seed", "mode")})
+    if settings.dtype == "float32":
+        report.warnings.append(F32_WARNING)
+    if cfg.regularizer is not None:
+        report.warnings.append("the run-wide regularizer is left out: this checks the data loss alone")
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(settings.seed)
+    ds = cfg.build("data")
+    model = Sequential(cfg.build_layers(), ds.input_shape, CPU, settings.np_dtype, settings.seed, cfg.locate)
+    loss = cfg.build("loss")
+    for _ in range(settings.resample + 1):  # a batch whose differences cross many kinks is redrawn
+        idx = small_batch(ds.y, batch, rng)
+        results = _check_model(report, model, loss, ds, idx, settings, rng)
+        if results is None or not kinks.too_many_skipped(sum(t.skipped for t in results.values()),
+                                                          sum(t.checked for t in results.values())):
+            break
+    if results is None:
+        return report
+    report.tensors = list(results.values())
+    shapes = [model.input_shape, *model.shapes[:-1]]
+    for i, (layer, shape) in enumerate(zip(model.layers, shapes)):
+        spec = dict(getattr(layer, "spec", {}) or {})
+        name = spec.pop("type", type(layer).__name__)
+        child = check_layer(name, spec, settings, input_shape=shape, batch=len(idx))
+        child.layer = f"model[{i}] {name}"
+        report.children.append(child)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _check_model(report, model, loss, ds, idx, settings, rng) -> dict | None:
+    """Every trainable parameter of the model at one batch; None when the model raised."""
+    x = np.ascontiguousarray(ds.x[idx], dtype=settings.np_dtype)
+    y = ds.y[idx].astype(np.int64 if getattr(loss, "task", "") == "classification" else settings.np_dtype)
+    model.train()
+    mp = ModelProbe(model, loss, x, y, settings.seed)
+    try:
+        mp.value()
+        sig0 = mp.signature()
+        model.backward(loss.backward())
+    except Exception as e:
+        report.error = f"model forward/backward raised {type(e).__name__}: {e}"
+        return None
+    params = [(n, p) for n, p in model.named_parameters() if p.trainable]
+    grads = {n: np.array(to_host(p.grad), dtype=np.float64) for n, p in params}
+    mode = choose_mode(settings.mode, sum(p.size for _, p in params), settings)
+    probe = Probe(mp.value, mp.signature if any(kinks.has_signature(la) for la in model.layers) else None, sig0)
+    results: dict[str, TensorResult] = {}
+    where = f"whole model, batch of {len(idx)}"
+    for n, p in params:
+        run_mode = mode if mode != "fast+sampled" or p.size > settings.samples else "exhaustive"
+        merge(results, check_tensor(probe, p.data, grads[n], n, "param", run_mode, settings, rng, where))
+    return results

@@ -1,0 +1,174 @@
+"""Central differences written into the array the layer actually reads, compared with backward.
+
+For L(θ) = Σ G ⊙ f(θ) with a random upstream gradient G, the numeric derivative of element e is
+(L(θ + h·e) − L(θ − h·e)) / (h₊ + h₋), where h₊, h₋ are the steps actually stored (they differ
+from h in float32). The saved value is copied back exactly after each element: restoring by
+arithmetic (+h, −2h, +h) leaves many elements an ulp off.
+
+Modes (per tensor, so a failure names its tensor):
+* exhaustive: every element;
+* sampled: ``samples`` elements, always the first and the last (plus caller-chosen ones);
+* fast: ``directions`` random unit directions u; (L(θ+hu) − L(θ−hu))/2h against ⟨grad, u⟩,
+  passing when the gap is within atol·√n + rtol·‖grad‖ (the Cauchy–Schwarz image of the
+  elementwise rule, as in PyTorch's fast mode).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from . import kinks
+from .report import Worst
+
+
+@dataclass
+class Probe:
+    """The scalar function being differentiated, and the kink signature at the base point."""
+
+    loss: Callable[[], float]
+    signature: Callable[[], Any] | None = None
+    sig0: Any = None
+
+
+@dataclass
+class TensorRun:
+    """One tensor checked at one point."""
+
+    name: str
+    role: str
+    shape: tuple
+    dtype: str
+    mode: str
+    checked: int = 0
+    skipped: int = 0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    worst: Worst | None = None
+    failed: bool = False
+    notes: list = field(default_factory=list)
+
+
+def _crossed(probe: Probe) -> bool:
+    return probe.signature is not None and not kinks.same(probe.signature(), probe.sig0)
+
+
+def element_derivative(probe: Probe, arr: np.ndarray, idx: tuple, h: float) -> tuple[float, bool]:
+    """(numeric ∂L/∂arr[idx], whether the difference crossed a kink); arr[idx] is restored exactly."""
+    orig = arr[idx].copy()
+    arr[idx] = orig + h
+    hp = float(arr[idx]) - float(orig)
+    lp = probe.loss()
+    crossed = _crossed(probe)
+    arr[idx] = orig - h
+    hm = float(orig) - float(arr[idx])
+    lm = probe.loss()
+    crossed = crossed or _crossed(probe)
+    arr[idx] = orig
+    return (lp - lm) / (hp + hm), crossed
+
+
+def direction_derivative(probe: Probe, arr: np.ndarray, grad: np.ndarray, u: np.ndarray, h: float):
+    """(numeric, analytic, crossed) derivatives along the unit direction u; arr restored exactly."""
+    saved = arr.copy()
+    base = saved.astype(np.float64)
+    arr[...] = base + h * u
+    dp = arr.astype(np.float64) - base
+    lp = probe.loss()
+    crossed = _crossed(probe)
+    arr[...] = base - h * u
+    dm = base - arr.astype(np.float64)
+    lm = probe.loss()
+    crossed = crossed or _crossed(probe)
+    arr[...] = saved
+    step = float(np.dot(u.ravel(), (dp + dm).ravel()))
+    return (lp - lm) / step, float(np.dot(grad.ravel(), (dp + dm).ravel())) / step, crossed
+
+
+def compare(run: TensorRun, a: np.ndarray, n: np.ndarray, flat: np.ndarray, atol: float, rtol: float,
+            where: str) -> None:
+    """Elementwise abs(a − n) <= atol + rtol·abs(n); record maxima and the worst element."""
+    if flat.size == 0:
+        return
+    diff = np.abs(a - n)
+    tol = atol + rtol * np.abs(n)
+    big = np.maximum(np.abs(a), np.abs(n))
+    rel = np.where(big < 1e-12, 0.0, diff / np.where(big == 0, 1.0, big))
+    run.max_abs = max(run.max_abs, float(diff.max()))
+    run.max_rel = max(run.max_rel, float(rel.max()))
+    k = int(np.argmax(diff - tol))
+    idx = tuple(int(i) for i in np.unravel_index(int(flat[k]), run.shape))
+    run.worst = Worst(idx, float(a[k]), float(n[k]), float(tol[k]), where)
+    if (diff > tol).any():
+        run.failed = True
+    if not n.any() and np.abs(a).max() > atol:
+        run.notes.append(f"numeric gradient is exactly 0 everywhere but backward's is not: "
+                         f"perturbing {run.name} does not reach the output (not wired, or a copy is used?)")
+
+
+def check_elements(probe: Probe, arr, grad, flat: np.ndarray, run: TensorRun, h, atol, rtol, where) -> None:
+    """Exhaustive or sampled check of the elements ``flat`` (flat indices)."""
+    keep, nums = [], []
+    for f in flat:
+        idx = np.unravel_index(int(f), arr.shape)
+        d, crossed = element_derivative(probe, arr, idx, h)
+        if crossed:
+            run.skipped += 1
+            continue
+        keep.append(int(f))
+        nums.append(d)
+    flat = np.asarray(keep, dtype=np.int64)
+    run.checked += flat.size
+    compare(run, np.asarray(grad, dtype=np.float64).ravel()[flat], np.asarray(nums, dtype=np.float64),
+            flat, atol, rtol, where)
+
+
+def check_directions(probe: Probe, arr, grad, count: int, rng, run: TensorRun, h, atol, rtol, where) -> None:
+    """Fast mode: ``count`` random unit directions (a direction crossing a kink is redrawn twice)."""
+    g = np.asarray(grad, dtype=np.float64)
+    tol = atol * np.sqrt(arr.size) + rtol * float(np.linalg.norm(g))
+    for r in range(count):
+        for _ in range(3):
+            u = rng.standard_normal(arr.shape)
+            u /= np.linalg.norm(u)
+            num, ana, crossed = direction_derivative(probe, arr, g, u, h)
+            if not crossed:
+                break
+        if crossed:
+            run.skipped += 1
+            continue
+        run.checked += 1
+        gap = abs(ana - num)
+        if gap > tol:
+            run.failed = True
+            run.notes.append(f"direction {r + 1}: backward gives {ana:.6g}, finite differences {num:.6g} "
+                             f"(gap {gap:.2e} > tol {tol:.2e}) at {where}")
+
+
+def sample_indices(size: int, count: int, rng, extra=()) -> np.ndarray:
+    """First, last, ``extra`` and random distinct flat indices, sorted (all of them if few)."""
+    if size <= count:
+        return np.arange(size)
+    chosen = {0, size - 1, *[int(e) for e in extra if 0 <= e < size]}
+    rest = rng.permutation(size)
+    for f in rest:
+        if len(chosen) >= count:
+            break
+        chosen.add(int(f))
+    return np.array(sorted(chosen), dtype=np.int64)
+
+
+def check_tensor(probe: Probe, arr, grad, name: str, role: str, mode: str, settings, rng, where: str,
+                 extra=()) -> TensorRun:
+    """Check one tensor in ``mode`` (exhaustive, fast, sampled or fast+sampled)."""
+    run = TensorRun(name, role, tuple(arr.shape), str(arr.dtype), mode)
+    h, atol, rtol = settings.eps, settings.atol, settings.rtol
+    if mode == "exhaustive":
+        check_elements(probe, arr, grad, np.arange(arr.size), run, h, atol, rtol, where)
+    if "sampled" in mode:
+        flat = sample_indices(arr.size, settings.samples, rng, extra)
+        check_elements(probe, arr, grad, flat, run, h, atol, rtol, where)
+    if "fast" in mode:
+        check_directions(probe, arr, grad, settings.directions, rng, run, h, atol, rtol, where)
+    return run

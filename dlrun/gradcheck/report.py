@@ -1,0 +1,98 @@
+"""Result records of a check, and their JSON form. Library code returns these; the CLI prints."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+PASS, FAIL, ERROR, NA = "PASS", "FAIL", "ERROR", "n/a"
+
+
+@dataclass
+class Worst:
+    """The element furthest outside tolerance (or closest to it when all pass)."""
+
+    index: tuple
+    analytic: float
+    numeric: float
+    tol: float
+    where: str  # phase, dims and point it was seen at
+
+
+@dataclass
+class TensorResult:
+    """One checked tensor (an input or a parameter), aggregated over every point checked.
+
+    ``checked`` counts compared elements (elementwise modes) plus directions (fast mode);
+    ``skipped`` counts elements whose finite difference crossed a kink.
+    """
+
+    name: str
+    role: str  # "input" or "param"
+    shapes: list = field(default_factory=list)
+    dtype: str = ""
+    mode: str = ""
+    checked: int = 0
+    skipped: int = 0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    worst: Worst | None = None
+    status: str = PASS
+    notes: list = field(default_factory=list)
+
+    @property
+    def shape_text(self) -> str:
+        return " ".join("(" + ",".join(map(str, s)) + ")" for s in self.shapes)
+
+
+@dataclass
+class AuxResult:
+    """One auxiliary check (zero-upstream, reentrant, ...), aggregated over every point."""
+
+    name: str
+    status: str = NA
+    detail: str = ""
+
+
+@dataclass
+class LayerReport:
+    """Everything a check of one layer (or one whole model) found."""
+
+    layer: str
+    settings: dict
+    tensors: list = field(default_factory=list)
+    aux: list = field(default_factory=list)
+    error: str | None = None  # "backward raised IndexError: ... (train, N=3 D=5 C=4, point 1)"
+    warnings: list = field(default_factory=list)
+    seconds: float = 0.0
+    children: list = field(default_factory=list)  # per-layer reports of a whole-model check
+
+    @property
+    def failed(self) -> list[str]:
+        names = [t.name for t in self.tensors if t.status == FAIL]
+        names += [a.name for a in self.aux if a.status == FAIL]
+        names += [f"{c.layer}: {', '.join(c.failed) or c.verdict}" for c in self.children if c.verdict != PASS]
+        return names
+
+    @property
+    def verdict(self) -> str:
+        if any(t.status == FAIL for t in self.tensors) or any(a.status == FAIL for a in self.aux):
+            return FAIL
+        if self.error:
+            return ERROR
+        if any(c.verdict != PASS for c in self.children):
+            return FAIL if any(c.verdict == FAIL for c in self.children) else ERROR
+        return PASS
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["result"] = self.verdict
+        d["failed"] = self.failed
+        for t, td in zip(self.tensors, d["tensors"]):
+            td["shape"] = td.pop("shapes")
+            if t.worst is not None:
+                td["worst"]["index"] = list(t.worst.index)
+        d["children"] = [c.to_dict() for c in self.children]
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=float)

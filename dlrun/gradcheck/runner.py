@@ -1,0 +1,225 @@
+"""Check one registered layer: shape configurations × phases × points, aggregated into a report."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .. import registry
+from ..backend import CPU, to_host
+from . import aux, inputs, kinks
+from .harness import ContractError, Harness, LayerRaised, public_scalars, restore_state, state_changes
+from .numeric import Probe, TensorRun, check_tensor
+from .report import FAIL, LayerReport, TensorResult
+from .settings import Settings
+
+F32_WARNING = ("float32 check: rounding noise (~1e-7 relative) divided by the step makes finite "
+               "differences coarse; tolerances are loosened, and a PASS here is weaker than in float64")
+
+
+def _host(a):
+    return None if a is None else np.array(to_host(a), copy=True)
+
+
+def choose_mode(mode: str, total: int, settings: Settings) -> str:
+    if mode != "auto":
+        return mode
+    return "exhaustive" if total <= settings.max_exhaustive else "fast+sampled"
+
+
+def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where: str, log: aux.AuxLog):
+    """Forward/backward at one point, the aux checks, then the numeric check of each tensor."""
+    layer = h.layer
+    x, y = point.x, point.y
+    differentiable = spec.kind in inputs.FLOAT_KINDS
+    out = h.forward(x, y)  # warm-up: replaces caches and attributes left by the previous shape
+    expected = (x.shape[0], *out_shape)
+    log.record("output-shape", tuple(out.shape) == expected,
+               f"forward returned shape {tuple(out.shape)}, build declared {expected}", where)
+    g = rng.standard_normal(out.shape).astype(out.dtype)
+    h.backward(g.copy())
+
+    x0, y0 = x.copy(), None if y is None else y.copy()
+    before = public_scalars(layer)
+    out0 = _host(h.forward(x, y))
+    sig0 = h.signature()
+    dy = g.copy()
+    dx = h.backward(dy)
+    trainable = {n: p for n, p in layer.params.items() if p.trainable}
+    grads = {n: _host(p.grad) for n, p in trainable.items()}
+    first = dict(grads, x=_host(dx) if differentiable else None)
+    declared = state_changes(layer, h.frozen)
+    hidden = aux.scalar_changes(before, public_scalars(layer))
+
+    problems = {}
+    if differentiable:
+        problems["x"] = aux.grad_problem(dx, x, "x")
+    for n, p in trainable.items():
+        problems[n] = aux.grad_problem(p.grad, p.data, n)
+    bad = {k: v for k, v in problems.items() if v}
+    log.record("grad-structure", not bad, "; ".join(bad.values()), where)
+
+    again = h.backward(g.copy())
+    second = {n: _host(p.grad) for n, p in trainable.items()}
+    second["x"] = _host(again) if differentiable else None
+    gap = aux.max_gap(first, second)
+    log.record("reentrant", gap is None,
+               "" if gap is None else f"{gap[0]} differs between two backward calls after one forward (max diff {gap[1]:.3g}): "
+                       f"state mutated or a buffer accumulated", where)
+    zx = h.backward(np.zeros_like(g))
+    zeros = {n: _host(p.grad) for n, p in trainable.items()}
+    zeros["x"] = _host(zx) if differentiable else None
+    nz = aux.nonzero(zeros)
+    log.record("zero-upstream", not nz,
+               f"backward(0) gives a non-zero gradient for {', '.join(nz)} (not multiplied by the upstream gradient?)",
+               where)
+    moved = aux.changed({"x": x0, "y": y0, "upstream gradient": g}, {"x": x, "y": y, "upstream gradient": dy})
+    log.record("inputs-unchanged", not moved, f"{', '.join(moved)} modified in place by forward/backward", where)
+    note = f"declared state {', '.join(declared)} changes in a step; frozen and restored during the check" if declared else ""
+    log.record("state", not hidden, f"{'; '.join(hidden)} in one forward/backward but is not declared in `state`",
+               where, note)
+
+    g64 = g.astype(np.float64)
+    probe = Probe(lambda: h.loss(x, y, g64), h.signature if h.signed else None, sig0)
+    tensors = ([("x", "input", x, first["x"])] if differentiable else [])
+    tensors += [(n, "param", p.data, grads[n]) for n, p in trainable.items()]
+    mode = choose_mode(settings.mode, sum(t[2].size for t in tensors), settings)
+    runs = []
+    for name, role, arr, grad in tensors:
+        run_mode = mode if mode != "fast+sampled" or arr.size > settings.samples else "exhaustive"
+        if bad.get(name):
+            runs.append(TensorRun(name, role, tuple(arr.shape), str(arr.dtype), run_mode, failed=True,
+                                  notes=[bad[name]]))
+            continue
+        extra = _class_rows(x, y, rng) if name == "x" and y is not None else ()
+        runs.append(check_tensor(probe, arr, grad, name, role, run_mode, settings, rng, where, extra))
+
+    unwired = []
+    for n, p in trainable.items():
+        saved = p.data.copy()
+        p.data[...] = saved + (1e-2 * rng.standard_normal(saved.shape)).astype(saved.dtype)
+        moved_out = _host(h.forward(x, y))
+        p.data[...] = saved
+        if np.array_equal(moved_out, out0):
+            unwired.append(n)
+    log.record("wiring", not unwired, f"perturbing {', '.join(unwired)} does not change the output "
+               f"(parameter not used, or the layer reads a copy)", where)
+    restore_state(layer, h.frozen)
+    return runs
+
+
+def _class_rows(x, y, rng):
+    """Sampled mode: one element from a row of each class, so every class's branch is seen."""
+    row = int(np.prod(x.shape[1:]))
+    firsts = np.unique(y, return_index=True)[1]
+    return [int(i) * row + int(rng.integers(row)) for i in firsts]
+
+
+def merge(results: dict, run: TensorRun) -> None:
+    t = results.setdefault(run.name, TensorResult(run.name, run.role, dtype=run.dtype))
+    if list(run.shape) not in t.shapes:
+        t.shapes.append(list(run.shape))
+    if run.mode not in t.mode.split(","):
+        t.mode = ",".join(m for m in (t.mode, run.mode) if m)
+    t.checked += run.checked
+    t.skipped += run.skipped
+    t.max_abs = max(t.max_abs, run.max_abs)
+    t.max_rel = max(t.max_rel, run.max_rel)
+    if run.worst is not None:
+        ex = lambda w: abs(w.analytic - w.numeric) - w.tol  # noqa: E731
+        if t.worst is None or ex(run.worst) > ex(t.worst):
+            t.worst = run.worst
+    if run.failed:
+        t.status = FAIL
+    for n in run.notes:
+        if n not in t.notes and len(t.notes) < 4:
+            t.notes.append(n)
+
+
+def check_layer(name: str, options: dict | None = None, settings: Settings | None = None,
+                input_shape: tuple | None = None, batch: int = 7) -> LayerReport:
+    """Gradient-check the registered layer ``name``; return a report (never prints).
+
+    Without ``input_shape`` the layer is checked on two shape configurations from its
+    ``input_spec``; with it (a whole-model check), on that per-sample shape with ``batch`` rows.
+    Raises ConfigError for an unknown name or a bad option; a layer that raises is reported.
+    """
+    settings = (settings or Settings()).resolved()
+    cls = registry.layers.get(name)
+    spec = cls.input_spec
+    report = LayerReport(name, {k: v for k, v in settings.as_dict().items()
+                                if k in ("dtype", "eps", "atol", "rtol", "seed", "mode", "points")})
+    if settings.dtype == "float32":
+        report.warnings.append(F32_WARNING)
+    phases = ("train", "eval") if cls.has_phase else ("train",)
+    configs = list(inputs.DIM_CONFIGS) if input_shape is None else [None]
+    results: dict[str, TensorResult] = {}
+    log = aux.AuxLog()
+    rng = np.random.default_rng(settings.seed)
+    t0 = time.perf_counter()
+    for dims in configs:
+        layer = inputs.build_layer(name, inputs.layer_options(spec, dims, options or {}), name)
+        n = dims["N"] if dims else batch
+        where_dims = _dims_text(spec, dims, input_shape)
+        try:
+            shape = tuple(input_shape) if dims is None else inputs.per_sample_shape(spec, dims)
+            layer.setup(CPU, settings.np_dtype, np.random.default_rng(settings.seed), CPU.rng(settings.seed))
+            try:
+                out_shape = tuple(layer.build(shape))
+            except Exception as e:
+                raise LayerRaised("build", e, f"input shape {shape}") from e
+            h = Harness(layer, settings.seed)
+            _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settings, rng, results, log)
+        except (LayerRaised, ContractError) as e:
+            report.error = str(e)
+            break
+    report.tensors = list(results.values())
+    report.aux = log.listing()
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settings, rng, results, log):
+    layer = h.layer
+    for phase in phases:
+        layer.training = phase == "train"
+        passed_first: dict[str, bool] = {}
+        for p in range(settings.points):
+            where = f"{phase}, {where_dims}, point {p + 1}"
+            h.where = where
+            for attempt in range(settings.resample + 1):
+                inputs.redraw_params(layer, rng)
+                point = _draw(spec, dims, shape, out_shape, n, layer, settings, rng)
+                attempt_log = aux.AuxLog()
+                runs = run_point(h, spec, point, out_shape, settings, rng, where, attempt_log)
+                skipped = sum(r.skipped for r in runs)
+                if not kinks.too_many_skipped(skipped, sum(r.checked for r in runs)):
+                    break
+            log.merge(attempt_log)
+            for r in runs:
+                merge(results, r)
+                if p == 0:
+                    passed_first[r.name] = not r.failed
+                elif r.failed and passed_first.get(r.name):
+                    log.record("second-point", False, f"{r.name} passes at point 1 but fails at point {p + 1} on the "
+                               f"same instance (stale cache or accumulating buffer)", where)
+                else:
+                    log.record("second-point", True)
+
+
+def _draw(spec, dims, shape, out_shape, n, layer, settings, rng):
+    high = inputs.index_high(spec, dims, layer) if spec.kind == "index" else None
+    x = inputs.draw_x(spec, (n, *shape), high, settings.np_dtype, rng)
+    y = None
+    if layer.needs_labels:
+        y = inputs.labels(n, inputs.label_count(spec, dims, out_shape), rng)
+    return inputs.Point(x, y)
+
+
+def _dims_text(spec, dims, input_shape) -> str:
+    if dims is None:
+        return f"x (N, {', '.join(map(str, input_shape))})"
+    used = ["N", *[s for s in spec.shape if isinstance(s, str)],
+            *[v for v in (*spec.options.values(), spec.labels, spec.high) if isinstance(v, str) and v in dims]]
+    seen = list(dict.fromkeys(u for u in used if u in dims))
+    return " ".join(f"{k}={dims[k]}" for k in seen)

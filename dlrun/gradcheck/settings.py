@@ -1,0 +1,68 @@
+"""Checker settings: dtype, finite-difference step, tolerances, mode, and their defaults."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Literal
+
+import numpy as np
+
+from ..errors import UsageError
+
+# dtype -> (eps, atol, rtol). float64: PyTorch's defaults; float32: a step large enough to rise
+# above rounding noise, and loose tolerances (JAX f32 2e-3, MXNet rtol 1e-2).
+DEFAULTS = {"float64": (1e-6, 1e-5, 1e-3), "float32": (1e-3, 1e-3, 1e-2)}
+MODES = ("auto", "exhaustive", "fast", "sampled")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a check runs. ``None`` tolerances take the dtype's defaults (see :func:`resolve`).
+
+    Args:
+        dtype: float64 (default) or float32 (warned: rounding noise needs loose tolerances).
+        eps: central-difference step h.
+        atol, rtol: an element passes when abs(a - n) <= atol + rtol * abs(n) (n = numeric).
+        seed: seeds inputs, parameters, upstream gradients and every stochastic forward.
+        mode: auto (exhaustive up to ``max_exhaustive`` elements, else fast + sampled),
+            exhaustive, fast (random directions per tensor) or sampled (``samples`` elements).
+        points: random points per shape configuration and phase, on the same layer instance.
+        directions: random directions per tensor in fast mode.
+        samples: elements per tensor in sampled mode.
+        max_exhaustive: the largest total element count checked exhaustively in auto mode.
+        resample: how often a point is redrawn when more than 1% of its elements sit on a kink.
+    """
+
+    dtype: Literal["float64", "float32"] = "float64"
+    eps: float | None = None
+    atol: float | None = None
+    rtol: float | None = None
+    seed: int = 0
+    mode: str = "auto"
+    points: int = 2
+    directions: int = 4
+    samples: int = 64
+    max_exhaustive: int = 5000
+    resample: int = 20
+
+    def resolved(self) -> "Settings":
+        """A copy with the dtype's defaults filled in; raises UsageError for bad values."""
+        if self.dtype not in DEFAULTS:
+            raise UsageError(f"--dtype must be float64 or float32, got {self.dtype!r}")
+        if self.mode not in MODES:
+            raise UsageError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        eps, atol, rtol = DEFAULTS[self.dtype]
+        s = replace(self, eps=eps if self.eps is None else self.eps,
+                    atol=atol if self.atol is None else self.atol,
+                    rtol=rtol if self.rtol is None else self.rtol)
+        for name in ("eps", "atol", "rtol"):
+            v = getattr(s, name)
+            if not (v >= 0 and np.isfinite(v)) or (name == "eps" and v == 0):
+                raise UsageError(f"--{name} must be a {'positive' if name == 'eps' else 'non-negative'} number, got {v}")
+        return s
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
+
+    def as_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,20 @@
+"""`dlrun gradcheck --all`: every registered layer (built-ins and loaded plugins)."""
+from __future__ import annotations
+
+from .. import registry
+from ..errors import DlrunError
+from .report import LayerReport
+from .runner import check_layer
+from .settings import Settings
+
+
+def check_all(settings: Settings | None = None, names=None) -> list[LayerReport]:
+    """One report per layer; a layer that cannot be built is reported as an ERROR, not raised."""
+    settings = (settings or Settings()).resolved()
+    reports = []
+    for name in names or registry.layers.names():
+        try:
+            reports.append(check_layer(name, None, settings))
+        except DlrunError as e:
+            reports.append(LayerReport(name, {}, error=f"cannot build from its input_spec: {e}"))
+    return reports

@@ -1,0 +1,73 @@
+"""LargeMarginFC: the seed-000 layer, a bias-free fully connected layer with a shrunk target logit."""
+from __future__ import annotations
+
+from typing import Annotated
+
+from ..initializers import Initializer
+from ..options import PositiveInt, Range
+from ..registry import layers
+from .base import InputSpec, Layer
+from .linear import _init
+
+
+@layers.register()
+class LargeMarginFC(Layer):
+    """f = x Wᵀ; in training out[i, y_i] = k·f[i, y_i] where f[i, y_i] > 0, every other out = f.
+
+    The target-class logit is made smaller when it is positive, so the model must push it
+    further to reach the same loss: a simplified large-margin softmax (Liu et al. 2016; see
+    LSoftmax for the full form). In evaluation it is a plain fully connected layer.
+
+    Backward (training): with Ĝ = S ⊙ G, where S is k at the (i, y_i) whose forward logit was
+    positive and 1 elsewhere, ∂L/∂x = Ĝ W and ∂L/∂W = Ĝᵀ x. The matrix product sums over
+    repeated labels, so no scatter is needed. The kink is at f[i, y_i] = 0 (which takes the
+    unscaled branch); ``branch_signature`` is the f[i, y_i] > 0 mask.
+
+    Args:
+        units: number of classes C (rows of W).
+        k: the multiplier of positive target logits, 0 < k <= 1 (k = 1 is a plain FC).
+        weight_initializer: initializer for W.
+
+    Shape:
+        input (N, D) and integer labels (N,) -> output (N, units).
+    """
+
+    needs_labels = True
+    has_phase = True
+    input_spec = InputSpec(shape=("D",), options={"units": "C"})
+
+    def __init__(self, units: PositiveInt, k: Annotated[float, Range(0, 1, min_inclusive=False)] = 0.5,
+                 weight_initializer: Initializer = "xavier_uniform"):
+        self.units = units
+        self.k = k
+        self.weight_initializer = _init(weight_initializer)
+
+    def build(self, input_shape):
+        self.expect_rank(input_shape, 1, "(N, features) input; add a Flatten before it")
+        d = input_shape[0]
+        self.weight = self.add_param("weight", (self.units, d), self.weight_initializer, fan_in=d, fan_out=self.units)
+        return (self.units,)
+
+    def forward(self, x, y=None):
+        xp = self.xp
+        f = x @ self.weight.data.T
+        self._x = x
+        self._rows = self._cols = None
+        if self.training and y is not None:
+            rows = xp.arange(x.shape[0])
+            positive = f[rows, y] > 0
+            self._rows, self._cols = rows[positive], y[positive]
+            self._positive = positive
+            f[self._rows, self._cols] *= x.dtype.type(self.k)
+        return f
+
+    def backward(self, dy):
+        g = dy
+        if self._rows is not None:
+            g = dy.copy()
+            g[self._rows, self._cols] *= dy.dtype.type(self.k)
+        self.xp.matmul(g.T, self._x, out=self.weight.grad)
+        return g @ self.weight.data
+
+    def branch_signature(self):
+        return self._positive if self._rows is not None else None

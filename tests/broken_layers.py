@@ -1,0 +1,227 @@
+"""Deliberately broken layers: each has one planted backward bug that gradcheck must catch.
+
+Not registered at import: tests register them temporarily (see ``registered`` in
+test_gradcheck_broken.py). ``BUGS`` maps each class to the tensors gradcheck must name.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from dlrun.layers.base import InputSpec, Layer
+from dlrun.layers.large_margin import LargeMarginFC
+from dlrun.layers.linear import Linear
+from dlrun.layers.lsoftmax import LSoftmax
+from dlrun.layers.requ import ReQU
+
+
+class MissingFactor(ReQU):
+    """ReQU whose backward forgot the factor 2 of d(x²)/dx."""
+
+    def backward(self, dy):
+        return dy * self._xpos
+
+
+class TransposedWeightGrad(Linear):
+    """Linear whose weight gradient is xᵀG (D, units) instead of Gᵀx (units, D)."""
+
+    def backward(self, dy):
+        self.weight.grad = self._x.T @ dy
+        self.bias.grad[...] = dy.sum(axis=0)
+        return dy @ self.weight.data
+
+
+class IgnoredBranch(LargeMarginFC):
+    """LargeMarginFC whose backward ignores the k branch (plain FC backward)."""
+
+    def backward(self, dy):
+        self.weight.grad[...] = dy.T @ self._x
+        return dy @ self.weight.data
+
+
+class _Correction(LargeMarginFC):
+    """LargeMarginFC backward in the seed's correction form: plain FC plus (k−1)·G[i,y_i] terms."""
+
+    coeff_sign = 1.0
+
+    def backward(self, dy):
+        x, w = self._x, self.weight.data
+        dx = dy @ w
+        dw = dy.T @ x
+        if self._rows is not None:
+            rows, cols = self._rows, self._cols
+            coeff = self.coeff_sign * (self.k - 1) * dy[rows, cols]
+            dx[rows] += coeff[:, None] * w[cols]
+            self.scatter(dw, cols, coeff[:, None] * x[rows])
+        self.weight.grad[...] = dw
+        return dx
+
+    def scatter(self, dw, cols, values):
+        np.add.at(dw, cols, values)
+
+
+class WrongSign(_Correction):
+    """(1 − k) instead of (k − 1)."""
+
+    coeff_sign = -1.0
+
+
+class DroppedRepeats(_Correction):
+    """``dw[y] += v``: numpy keeps only one of the repeated labels' contributions."""
+
+    def scatter(self, dw, cols, values):
+        dw[cols] += values
+
+
+class SeedWrongAxis(LargeMarginFC):
+    """Seed 000's backward, bug 1 only: the label loop runs over X.shape[1] (D), not N."""
+
+    def backward(self, dy):
+        x, w, k = self._x, self.weight.data, self.k
+        out_pos = self._positive if self._rows is not None else np.zeros(len(x), bool)
+        label = self._label
+        x_grad = dy @ w
+        w_grad = dy.T @ x
+        for i in range(x.shape[0]):
+            yi = int(label[i])
+            if out_pos[i]:
+                x_grad[i] += (k * w[yi] - w[yi]) * dy[i, yi]
+        for j in range(w.shape[0]):
+            for i in range(x.shape[1]):  # the bug: D, not N
+                yi = int(label[i])
+                if yi == j and out_pos[i]:
+                    w_grad[j] += (k * x[i] - x[i]) * dy[i, yi]
+        self.weight.grad[...] = w_grad
+        return x_grad
+
+    def forward(self, x, y=None):
+        self._label = y
+        return super().forward(x, y)
+
+
+class SeedBroadcast(SeedWrongAxis):
+    """Seed 000's backward, bug 2 only: the correction is added to every class row of w_grad."""
+
+    def backward(self, dy):
+        x, w, k = self._x, self.weight.data, self.k
+        out_pos = self._positive if self._rows is not None else np.zeros(len(x), bool)
+        label = self._label
+        x_grad = dy @ w
+        w_grad = dy.T @ x
+        for i in range(x.shape[0]):
+            yi = int(label[i])
+            if out_pos[i]:
+                x_grad[i] += (k * w[yi] - w[yi]) * dy[i, yi]
+        for j in range(w.shape[0]):
+            for i in range(x.shape[0]):
+                yi = int(label[i])
+                if yi == j and out_pos[i]:
+                    w_grad += (k * x[i] - x[i]) * dy[i, yi]  # the bug: whole matrix, not w_grad[j]
+        self.weight.grad[...] = w_grad
+        return x_grad
+
+
+class ScaleShift(Layer):
+    """y = x ⊙ scale + shift (a correct reference for WrongParam)."""
+
+    input_spec = InputSpec(shape=("D",))
+
+    def build(self, input_shape):
+        self.scale = self.add_param("scale", input_shape, value=np.ones(input_shape))
+        self.shift = self.add_param("shift", input_shape, value=np.zeros(input_shape))
+        return tuple(input_shape)
+
+    def forward(self, x, y=None):
+        self._x = x
+        return x * self.scale.data + self.shift.data
+
+    def backward(self, dy):
+        self.scale.grad[...] = (dy * self._x).sum(axis=0)
+        self.shift.grad[...] = dy.sum(axis=0)
+        return dy * self.scale.data
+
+
+class WrongParam(ScaleShift):
+    """The shift's gradient is written into scale.grad, and shift.grad is left stale."""
+
+    def backward(self, dy):
+        self.scale.grad[...] = dy.sum(axis=0)
+        return dy * self.scale.data
+
+
+class Accumulating(Linear):
+    """Linear that accumulates (+=) into weight.grad instead of writing it."""
+
+    def backward(self, dy):
+        self.weight.grad += dy.T @ self._x
+        self.bias.grad[...] = dy.sum(axis=0)
+        return dy @ self.weight.data
+
+
+class StaleCache(Linear):
+    """Linear that caches its input only on the first forward."""
+
+    def forward(self, x, y=None):
+        if not hasattr(self, "_first"):
+            self._first = x.copy()
+        return super().forward(x)
+
+    def backward(self, dy):
+        self.weight.grad[...] = dy.T @ self._first
+        self.bias.grad[...] = dy.sum(axis=0)
+        return dy @ self.weight.data
+
+
+class NotMultiplied(ReQU):
+    """Adds a constant to the input gradient: backward(0) is not 0."""
+
+    def backward(self, dy):
+        return dy * 2 * self._xpos + 0.5
+
+
+class InPlaceUpstream(ReQU):
+    """Scales the upstream gradient in place (neon style): the caller's array changes."""
+
+    def backward(self, dy):
+        dy *= 2 * self._xpos
+        return dy
+
+
+class CopiedWeight(Linear):
+    """Reads a copy of W taken at build time: perturbing the parameter never reaches the output."""
+
+    def build(self, input_shape):
+        out = super().build(input_shape)
+        self._w = self.weight.data.copy()
+        return out
+
+    def forward(self, x, y=None):
+        self._x = x
+        return x @ self._w.T + self.bias.data
+
+
+class UndeclaredBeta(LSoftmax):
+    """LSoftmax annealing β without declaring it as state."""
+
+    state = ()
+
+    def __init__(self, units: int = 4, margin: int = 3, beta: float = 0.5, beta_min: float = 0.0,
+                 scale: float = 0.5):
+        super().__init__(units, margin, beta, beta_min, scale)
+
+
+BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
+    MissingFactor: ({"x"}, set()),
+    TransposedWeightGrad: ({"weight", "grad-structure"}, {"x", "bias"}),
+    IgnoredBranch: ({"x", "weight"}, set()),
+    WrongSign: ({"x", "weight"}, set()),
+    DroppedRepeats: ({"weight"}, {"x"}),
+    SeedWrongAxis: ({"weight"}, set()),
+    SeedBroadcast: ({"weight"}, {"x"}),
+    WrongParam: ({"scale", "shift"}, {"x"}),
+    Accumulating: ({"weight", "reentrant"}, {"x", "bias"}),
+    StaleCache: ({"weight", "second-point"}, {"x", "bias"}),
+    NotMultiplied: ({"x", "zero-upstream"}, set()),
+    InPlaceUpstream: ({"inputs-unchanged"}, set()),
+    CopiedWeight: ({"weight", "wiring"}, {"bias"}),  # x too: backward uses the real W
+    UndeclaredBeta: ({"state"}, set()),
+}

@@ -1,0 +1,87 @@
+"""gradcheck must FAIL each planted bug, naming the right tensor, and PASS correct kinked layers."""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+
+from broken_layers import BUGS
+from dlrun import registry
+from dlrun.gradcheck import FAIL, PASS, Settings, check_layer
+
+
+@contextlib.contextmanager
+def registered(cls):
+    name = f"Broken{cls.__name__}"
+    registry.layers.register(name)(cls)
+    try:
+        yield name
+    finally:
+        registry.layers.unregister(name)
+
+
+@pytest.mark.parametrize("cls", list(BUGS), ids=lambda c: c.__name__)
+def test_planted_bug_fails_and_names_the_tensor(cls):
+    must_fail, must_pass = BUGS[cls]
+    with registered(cls) as name:
+        report = check_layer(name)
+    failed = {t.name for t in report.tensors if t.status == FAIL} | {a.name for a in report.aux if a.status == FAIL}
+    assert report.verdict == FAIL, (report.error, failed)
+    assert must_fail <= failed, f"expected {must_fail} among failures, got {failed}"
+    assert not (must_pass & failed), f"{must_pass & failed} wrongly blamed"
+
+
+def test_transposed_grad_is_a_message_not_a_crash():
+    from broken_layers import TransposedWeightGrad
+
+    with registered(TransposedWeightGrad) as name:
+        report = check_layer(name)
+    weight = next(t for t in report.tensors if t.name == "weight")
+    assert any("grad shape (3, 4) != param shape (4, 3)" in n for n in weight.notes), weight.notes
+    assert report.error is None
+
+
+def test_seed_wrong_axis_also_reports_the_index_error_when_d_exceeds_n():
+    from broken_layers import SeedWrongAxis
+
+    with registered(SeedWrongAxis) as name:
+        report = check_layer(name)
+    assert report.error and report.error.startswith("backward raised IndexError"), report.error
+    assert "N=3 D=5" in report.error
+
+
+@pytest.mark.parametrize("name", ["ReLU", "LargeMarginFC", "ReQU", "MinMaxNormalization", "LeakyReLU",
+                                  "NormalizedDense"])
+def test_correct_kinked_layers_pass_over_many_seeds(name):
+    for seed in range(60):
+        report = check_layer(name, settings=Settings(seed=seed))
+        assert report.verdict == PASS, (seed, [(t.name, t.worst) for t in report.tensors], report.aux)
+
+
+def test_kink_crossing_elements_are_skipped_not_compared():
+    """A ReLU input placed within h of 0 crosses the kink; it must be skipped, not failed."""
+    from dlrun.gradcheck.numeric import Probe, TensorRun, check_elements
+
+    x = np.array([[0.3e-6, -1.0, 2.0]])
+    g = np.array([[1.0, 1.0, 1.0]])
+    loss = lambda: float((g * np.maximum(x, 0)).sum())  # noqa: E731
+    sig = lambda: x > 0  # noqa: E731
+    probe = Probe(loss, sig, sig())
+    run = TensorRun("x", "input", x.shape, "float64", "exhaustive")
+    check_elements(probe, x, g * (x > 0), np.arange(3), run, 1e-6, 1e-5, 1e-3, "test")
+    assert (run.skipped, run.checked, run.failed) == (1, 2, False)
+
+
+def test_perturbation_restores_the_saved_value_exactly():
+    from dlrun.gradcheck.numeric import Probe, element_derivative
+
+    rng = np.random.default_rng(0)
+    for dtype in (np.float64, np.float32):
+        a = rng.standard_normal((5, 4)).astype(dtype)
+        before = a.copy()
+        for i in range(a.size):
+            d, _ = element_derivative(Probe(lambda: float((a.astype(np.float64) ** 2).sum())), a,
+                                      np.unravel_index(i, a.shape), 1e-3)
+            assert abs(d - 2 * float(before.flat[i])) < 1e-2
+        assert a.tobytes() == before.tobytes()

@@ -1,0 +1,104 @@
+"""`dlrun gradcheck` end to end: exit codes, table, JSON, --all, CONFIG.yaml, plugins."""
+from __future__ import annotations
+
+import json
+
+from conftest import ROOT, write
+
+BROKEN = '''
+from dlrun.layers import InputSpec, Layer
+from dlrun.registry import layers
+
+
+@layers.register()
+class HalfReQU(Layer):
+    """z = x² where x > 0 (backward forgets the factor 2)."""
+
+    input_spec = InputSpec(shape=("D",))
+
+    def forward(self, x):
+        self._x = x * (x > 0)
+        return self._x ** 2
+
+    def backward(self, dy):
+        return dy * self._x
+
+
+@layers.register()
+class Raises(Layer):
+    """Backward raises."""
+
+    def forward(self, x):
+        return x * 1.0
+
+    def backward(self, dy):
+        raise RuntimeError("not written yet")
+'''
+
+
+def test_pass_prints_table_aux_and_verdict(cli):
+    r = cli("gradcheck", "LargeMarginFC")
+    assert r.code == 0, r.err
+    for text in ("weight", "zero-upstream", "reentrant", "inputs-unchanged", "second-point", "RESULT LargeMarginFC: PASS"):
+        assert text in r.out
+
+
+def test_fail_names_the_tensor_with_worst_element(cli, tmp_path):
+    plugin = write(tmp_path / "broken.py", BROKEN)
+    r = cli("gradcheck", "HalfReQU", "--plugin", plugin)
+    assert r.code == 1, r.out + r.err
+    assert "RESULT HalfReQU: FAIL (x)" in r.out and "x[" in r.out
+    j = json.loads(cli("gradcheck", "HalfReQU", "--plugin", plugin, "--json").out)
+    x = j["tensors"][0]
+    assert j["result"] == "FAIL" and x["name"] == "x" and x["status"] == "FAIL"
+    assert abs(x["worst"]["analytic"] * 2 - x["worst"]["numeric"]) < 1e-4
+
+
+def test_cannot_run_exits_2_with_reason(cli, tmp_path):
+    r = cli("gradcheck", "LargeMarginFc")
+    assert r.code == 2 and "did you mean LargeMarginFC" in r.err
+    r = cli("gradcheck", "LargeMarginFC", "--set", "k=1.5")
+    assert r.code == 2 and "k" in r.err and "1.5" in r.err
+    r = cli("gradcheck", "LargeMarginFC", "--set", "kk=0.5")
+    assert r.code == 2 and "did you mean k" in r.err
+    plugin = write(tmp_path / "broken.py", BROKEN)
+    r = cli("gradcheck", "Raises", "--plugin", plugin)
+    assert r.code == 2 and "backward raised RuntimeError: not written yet" in r.out
+
+
+def test_json_settings_and_float32_warning(cli):
+    r = cli("gradcheck", "ReQU", "--dtype", "float32", "--json")
+    j = json.loads(r.out)
+    assert r.code == 0 and j["settings"]["dtype"] == "float32" and j["settings"]["eps"] == 1e-3 and j["warnings"]
+    r = cli("gradcheck", "ReQU", "--dtype", "float32")
+    assert "warning" in r.err and "float32" in r.err
+    j = json.loads(cli("gradcheck", "ReQU", "--eps", "1e-5", "--atol", "1e-4", "--seed", "3", "--json").out)
+    assert (j["settings"]["eps"], j["settings"]["atol"], j["settings"]["seed"]) == (1e-5, 1e-4, 3)
+
+
+def test_all_checks_every_layer_and_plugins(cli, tmp_path):
+    r = cli("gradcheck", "--all", "--plugin", ROOT / "examples" / "my_layer.py")
+    assert r.code == 0, r.out
+    for name in ("LargeMarginFC", "LSoftmax", "ReQU", "MultiplyByTwo", "MinMaxNormalization", "NormalizedDense", "MyMarginFC"):
+        assert name in r.out
+    plugin = write(tmp_path / "broken.py", BROKEN)
+    r = cli("gradcheck", "--all", "--plugin", plugin)
+    assert r.code == 1 and "HalfReQU" in r.out and "not passing: HalfReQU, Raises" in r.out
+
+
+def test_config_checks_whole_model_then_each_layer(cli):
+    r = cli("gradcheck", "configs/iris_requ.yaml", "--json")
+    j = json.loads(r.out)
+    assert r.code == 0, r.out
+    assert [t["name"] for t in j["tensors"]] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert [c["layer"] for c in j["children"]] == ["model[0] Linear", "model[1] ReQU", "model[2] Linear"]
+    assert all(c["result"] == "PASS" for c in j["children"])
+
+
+def test_example_plugin_workflow(cli, tmp_path):
+    r = cli("gradcheck", "MyMarginFC", "--plugin", "examples/my_layer.py")
+    assert r.code == 0, r.out
+    r = cli("train", "examples/my_layer.yaml", "--runs-dir", tmp_path)
+    assert r.code == 0, r.err
+    acc = float(r.out.split("train_accuracy=")[1].split()[0])
+    assert acc >= 0.95
