@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, checkpoint
+from . import __version__, callbacks as controls, checkpoint
 from .backend import get_backend
 from .config import Config, dump_yaml
 from .data import Dataset, split
@@ -135,11 +135,12 @@ def save_checkpoint(path: Path, trainer: Trainer, config: Config) -> Path:
 def train(config: Config, runs_dir: str | Path = "runs", callbacks=()) -> RunResult:
     """Run ``dlrun train``: build, create the run directory, fit, write summary and checkpoint."""
     ds, trainer = prepare(config)
+    train_controls = controls.from_config(config, ds.x_val is not None and len(ds.x_val) > 0, trainer.classification)
     run_dir = new_run_dir(runs_dir, config.name)
     (run_dir / "config.yaml").write_text(dump_yaml(config.raw))
     t0 = time.perf_counter()
     history = trainer.fit(ds.x, ds.y, ds.x_val, ds.y_val, epochs=config.train.epochs,
-                          callbacks=[RunWriter(run_dir), *callbacks])
+                          callbacks=[RunWriter(run_dir), *train_controls, *callbacks])
     seconds = time.perf_counter() - t0
     save_checkpoint(run_dir / "checkpoints" / "last.npz", trainer, config)
     last = history.last
