@@ -102,7 +102,8 @@ class EarlyStopping(Callback):
         if self.best is None or improved(current, self.best, self.mode, self.min_delta):
             self.best, self.best_epoch, self.wait = current, epoch, 0
             if self.restore_best_weights:
-                self.best_weights = self.model.state_arrays()  # host copies
+                # state_arrays gives views of the live arrays on the CPU backend: copy them
+                self.best_weights = {k: v.copy() for k, v in self.model.state_arrays().items()}
             return False
         self.wait += 1
         if self.wait >= self.patience:

@@ -128,7 +128,8 @@ class Source:
                 return Location(self.file, self.lines[probe], path)
             if not probe:
                 return Location(self.file, None, path)
-            probe = re.sub(r"(\.[^.\[\]]+|\[\d+\])$", "", probe)
+            parent = re.sub(r"(\.[^.\[\]]+|\[\d+\])$", "", probe)
+            probe = parent if parent != probe else ""  # a top-level key's parent is the root
 
 
 def _join(path: str, key) -> str:
