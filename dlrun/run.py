@@ -24,6 +24,7 @@ from .backend import get_backend
 from .config import Config, dump_yaml
 from .data import Dataset, split
 from .errors import DataError, TrainingError
+from .losses import Loss
 from .model import Sequential
 from .trainer import Callback, History, Trainer
 
@@ -63,9 +64,10 @@ def check_labels(ds: Dataset, model: Sequential, loss) -> None:
         raise DataError(f"data {ds.name!r}: a classification loss needs integer labels, got {ds.y.dtype} targets")
     classes = ds.num_classes or 0
     out = model.output_shape[-1] if model.output_shape else 1
-    if classes > out:
-        raise DataError(f"data {ds.name!r} has labels up to {classes - 1}, but the model outputs {out} scores "
-                        f"(set the last layer's units to {classes})")
+    check = getattr(loss, "check_outputs", None)  # plugin losses need not subclass Loss
+    problem = check(classes, out) if check else Loss.check_outputs(loss, classes, out)
+    if problem:
+        raise DataError(f"data {ds.name!r} {problem}")
 
 
 def new_run_dir(runs_dir: str | Path, name: str) -> Path:
