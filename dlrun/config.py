@@ -8,14 +8,35 @@ from __future__ import annotations
 
 import copy
 import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from . import registry
 from .config_yaml import Source, _join, apply_override, dump_yaml, parse_yaml  # noqa: F401  (re-exported)
 from .errors import ConfigError, DlrunError, Location, collect
-from .options import FilePath, Fraction, OptionError, PositiveInt, check_value, did_you_mean
+from .options import (FilePath, Fraction, NonNegativeFloat, NonNegativeInt, OptionError, PositiveFloat, PositiveInt,
+                      check_value, did_you_mean)
+
+
+@dataclass
+class EarlyStoppingSettings:
+    """The ``train.early_stopping:`` section: stop when ``monitor`` stops improving.
+
+    Args:
+        monitor: the metric to watch: val_loss, val_accuracy, train_loss or train_accuracy.
+        patience: epochs without improvement after which training stops.
+        min_delta: the smallest change that counts as an improvement.
+        mode: min (losses), max (accuracies) or auto (max for *_accuracy, else min).
+        restore_best_weights: when training ends, put back the weights of the best epoch
+            (default: keep the last epoch's weights).
+    """
+
+    monitor: Literal["val_loss", "val_accuracy", "train_loss", "train_accuracy"] = "val_loss"
+    patience: NonNegativeInt = 5
+    min_delta: NonNegativeFloat = 0.0
+    mode: Literal["auto", "min", "max"] = "auto"
+    restore_best_weights: bool = False
 
 
 @dataclass
@@ -27,12 +48,20 @@ class TrainSettings:
         batch_size: samples per step; null means the whole training set (full batch).
         shuffle: reshuffle the training data every epoch (seeded by the run seed).
         validation_split: fraction of the data held out for validation (stratified for labels).
+        clip_norm: rescale all gradients together when their global L2 norm exceeds this.
+        clip_value: clip every gradient entry to [-clip_value, clip_value].
+        schedule: learning-rate schedule, e.g. {type: cosine} (see `dlrun list schedules`).
+        early_stopping: stop when a metric stops improving (see EarlyStoppingSettings).
     """
 
     epochs: PositiveInt = 10
     batch_size: PositiveInt | None = 32
     shuffle: bool = True
     validation_split: Fraction = 0.0
+    clip_norm: PositiveFloat | None = None
+    clip_value: PositiveFloat | None = None
+    schedule: Any = None  # a schedule spec, checked against registry.schedules in validate()
+    early_stopping: EarlyStoppingSettings | None = None
 
 
 @dataclass
@@ -84,6 +113,14 @@ TOP_LEVEL = {
 }
 
 
+def _settings_class(hint):
+    """The dataclass in a ``Settings | None`` hint, or None."""
+    for a in typing.get_args(hint) or (hint,):
+        if isinstance(a, type) and is_dataclass(a):
+            return a
+    return None
+
+
 def _check_fields(cls, given: dict, path: str, locate) -> tuple[Any, list]:
     """Validate a settings section against a dataclass's typed fields."""
     errors: list[DlrunError] = []
@@ -91,11 +128,16 @@ def _check_fields(cls, given: dict, path: str, locate) -> tuple[Any, list]:
     names = [f.name for f in fields(cls)]
     kwargs = {}
     if not isinstance(given, dict):
-        return cls(), [ConfigError(f"expected a mapping of settings, got {given!r}", locate(path))]
+        return cls(), [ConfigError(f"expected a mapping with keys {', '.join(names)}, got {given!r}", locate(path))]
     for k, v in given.items():
         p = _join(path, k)
         if k not in names:
             errors.append(ConfigError(f"unknown key {k!r}{did_you_mean(k, names)}; valid keys: {', '.join(names)}", locate(p)))
+            continue
+        section = _settings_class(hints[k])
+        if section is not None and v is not None:  # a nested settings mapping
+            kwargs[k], errs = _check_fields(section, v, p, locate)
+            errors.extend(errs)
             continue
         try:
             kwargs[k] = check_value(v, hints[k])
@@ -171,6 +213,11 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
                 errors.append(e)
     train, errs = _check_fields(TrainSettings, raw.get("train") or {}, "train", locate)
     errors.extend(errs)
+    if train.schedule is not None:
+        try:
+            registry.schedules.build(train.schedule, "train.schedule", locate)
+        except DlrunError as e:
+            errors.append(e)
     collect(errors)
     return Config(raw, source, name, seed, device, dtype, plugins, data, model, loss, optimizer, regularizer, train)
 

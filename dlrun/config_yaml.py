@@ -41,7 +41,8 @@ class Source:
                 return Location(self.file, self.lines[probe], path)
             if not probe:
                 return Location(self.file, None, path)
-            probe = re.sub(r"(\.[^.\[\]]+|\[\d+\])$", "", probe)
+            parent = re.sub(r"(\.[^.\[\]]+|\[\d+\])$", "", probe)
+            probe = parent if parent != probe else ""  # a top-level key's parent is the root
 
 
 def _join(path: str, key) -> str:
@@ -120,7 +121,7 @@ def apply_override(raw: dict, item: str, source: Source) -> None:
                 target[k] = {"type": target[k]}
             target = target[k]
         elif isinstance(target, dict):
-            if isinstance(target.get(k), str) and k in ("loss", "optimizer", "regularizer", "data"):
+            if isinstance(target.get(k), str) and k in ("loss", "optimizer", "regularizer", "data", "schedule"):
                 target[k] = {"type": target[k]}
             target = target.setdefault(k, {})
         else:

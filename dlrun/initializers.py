@@ -149,3 +149,83 @@ class HeNormal(_Scaled):
     mode = "fan_in"
     scale = 2.0
     distribution = "normal"
+
+
+@initializers.register("lecun_uniform")
+class LecunUniform(_Scaled):
+    """w ~ U[-a, a], a = gain·sqrt(3 / fan_in) (LeCun et al. 1998): Var(w) = gain²/fan_in, for SELU/tanh nets.
+
+    Args:
+        gain: multiplies the bound.
+    """
+
+    mode = "fan_in"
+
+
+@initializers.register("lecun_normal")
+class LecunNormal(_Scaled):
+    """w ~ N(0, σ²), σ = gain·sqrt(1 / fan_in) (LeCun et al. 1998).
+
+    Untruncated, like he_normal here and torch; Keras draws a truncated normal instead.
+
+    Args:
+        gain: multiplies σ.
+    """
+
+    mode = "fan_in"
+    distribution = "normal"
+
+
+@initializers.register("orthogonal")
+class Orthogonal(Initializer):
+    """W = gain·Q, Q from the QR decomposition of a Gaussian matrix, sign-corrected (Saxe et al. 2014).
+
+    The shape is viewed as (shape[0], prod(shape[1:])) (conv kernels flatten their trailing
+    dims). Q = QR(A)'s Q with each column multiplied by sign(R_jj), which makes Q uniformly
+    distributed over orthogonal matrices. Rows are orthonormal when shape[0] ≤ the rest
+    (W Wᵀ = gain²·I), else columns are (Wᵀ W = gain²·I). Needs at least 2 dimensions.
+
+    Args:
+        gain: multiplies Q.
+    """
+
+    def __init__(self, gain: PositiveFloat = 1.0):
+        self.gain = gain
+
+    def __call__(self, shape, fan_in, fan_out, rng):
+        shape = tuple(shape)
+        if len(shape) < 2:
+            raise ValueError(f"orthogonal needs a weight with at least 2 dimensions, got shape {shape}")
+        rows, cols = shape[0], math.prod(shape[1:])
+        a = rng.standard_normal((max(rows, cols), min(rows, cols)))
+        q, r = np.linalg.qr(a)
+        q *= np.where(np.diag(r) < 0, -1.0, 1.0)
+        if rows < cols:
+            q = q.T
+        return (self.gain * q).reshape(shape)
+
+
+@initializers.register("truncated_normal")
+class TruncatedNormal(Initializer):
+    """w ~ N(mean, std²) truncated to [mean − 2·std, mean + 2·std] by redrawing the values outside.
+
+    Each round redraws all out-of-range entries at once (about 4.6 % of the previous round),
+    so it is vectorised and ends after a few rounds. The result has variance ≈ 0.774·std²
+    (Keras and torch's trunc_normal_ with the same bounds behave alike).
+
+    Args:
+        mean: mean of the untruncated normal.
+        std: standard deviation of the untruncated normal.
+    """
+
+    def __init__(self, mean: float = 0.0, std: NonNegativeFloat = 0.05):
+        self.mean, self.std = mean, std
+
+    def __call__(self, shape, fan_in, fan_out, rng):
+        w = rng.normal(self.mean, self.std, size=shape)
+        bad = np.flatnonzero(np.abs(w - self.mean) > 2 * self.std)
+        flat = w.reshape(-1)
+        while bad.size:
+            flat[bad] = rng.normal(self.mean, self.std, size=bad.size)
+            bad = bad[np.abs(flat[bad] - self.mean) > 2 * self.std]
+        return w

@@ -1,4 +1,4 @@
-"""One small Registry class, used for every kind of component, and the six registries.
+"""One small Registry class, used for every kind of component, and the seven registries.
 
 Components register with a decorator. A config names them by string; options are checked
 against the constructor's signature (keyword parameters with type hints and defaults).
@@ -70,7 +70,7 @@ def _default_locate(path: str) -> Location:
 
 
 class Registry:
-    """Named components of one kind (layer, initializer, loss, regularizer, optimizer, data)."""
+    """Named components of one kind (layer, initializer, loss, regularizer, optimizer, data, schedule)."""
 
     def __init__(self, kind: str, plural: str):
         self.kind = kind
@@ -217,6 +217,7 @@ losses = Registry("loss", "losses")
 regularizers = Registry("regularizer", "regularizers")
 optimizers = Registry("optimizer", "optimizers")
 data = Registry("data generator", "data generators")
+schedules = Registry("schedule", "schedules")
 
 REGISTRIES = {
     "layers": layers,
@@ -225,11 +226,13 @@ REGISTRIES = {
     "regularizers": regularizers,
     "optimizers": optimizers,
     "data": data,
+    "schedules": schedules,
 }
 
 _loading_origin: str | None = None  # set by dlrun.plugins while a plugin file runs
 
-_BUILTIN_MODULES = ("layers", "initializers", "losses", "regularizers", "optimizers", "data", "datasets")
+_BUILTIN_MODULES = ("layers", "initializers", "losses", "regularizers", "optimizers", "data", "datasets",
+                    "generators", "schedules")
 _loaded = False
 
 

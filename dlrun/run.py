@@ -19,11 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, checkpoint
+from . import __version__, callbacks as controls, checkpoint
 from .backend import get_backend
 from .config import Config, dump_yaml
 from .data import Dataset, split
 from .errors import DataError, TrainingError
+from .losses import Loss
 from .model import Sequential
 from .trainer import Callback, History, Trainer
 
@@ -63,9 +64,10 @@ def check_labels(ds: Dataset, model: Sequential, loss) -> None:
         raise DataError(f"data {ds.name!r}: a classification loss needs integer labels, got {ds.y.dtype} targets")
     classes = ds.num_classes or 0
     out = model.output_shape[-1] if model.output_shape else 1
-    if classes > out:
-        raise DataError(f"data {ds.name!r} has labels up to {classes - 1}, but the model outputs {out} scores "
-                        f"(set the last layer's units to {classes})")
+    check = getattr(loss, "check_outputs", None)  # plugin losses need not subclass Loss
+    problem = check(classes, out) if check else Loss.check_outputs(loss, classes, out)
+    if problem:
+        raise DataError(f"data {ds.name!r} {problem}")
 
 
 def new_run_dir(runs_dir: str | Path, name: str) -> Path:
@@ -135,11 +137,12 @@ def save_checkpoint(path: Path, trainer: Trainer, config: Config) -> Path:
 def train(config: Config, runs_dir: str | Path = "runs", callbacks=()) -> RunResult:
     """Run ``dlrun train``: build, create the run directory, fit, write summary and checkpoint."""
     ds, trainer = prepare(config)
+    train_controls = controls.from_config(config, ds.x_val is not None and len(ds.x_val) > 0, trainer.classification)
     run_dir = new_run_dir(runs_dir, config.name)
     (run_dir / "config.yaml").write_text(dump_yaml(config.raw))
     t0 = time.perf_counter()
     history = trainer.fit(ds.x, ds.y, ds.x_val, ds.y_val, epochs=config.train.epochs,
-                          callbacks=[RunWriter(run_dir), *callbacks])
+                          callbacks=[RunWriter(run_dir), *train_controls, *callbacks])
     seconds = time.perf_counter() - t0
     save_checkpoint(run_dir / "checkpoints" / "last.npz", trainer, config)
     last = history.last

@@ -109,7 +109,7 @@ class Trainer:
                 out = self.model.forward(xb, yb)
                 loss_sum += self.loss.forward(out, yb) * (e - s)
                 if self.classification:
-                    correct += (out.argmax(axis=1) == yb).sum()
+                    correct += (self.loss.predict(out) == yb).sum()
                 self.model.backward(self.loss.backward())
                 for p, reg in self._regularized:
                     reg.add_gradient(p.data, p.grad)
@@ -157,7 +157,7 @@ class Trainer:
             out = self.model.forward(xd[s:e])
             loss_sum += self.loss.forward(out, yd[s:e]) * (e - s)
             if self.classification:
-                correct += (out.argmax(axis=1) == yd[s:e]).sum()
+                correct += (self.loss.predict(out) == yd[s:e]).sum()
         self.model.train()
         return {"loss": float(loss_sum) / n + self._penalty(),
                 "accuracy": float(correct) / n if self.classification else None}

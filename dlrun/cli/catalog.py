@@ -18,7 +18,7 @@ PLUGIN_HELP = "Python file with user components to load first (repeatable)."
 
 @app.command("list")
 def list_cmd(
-    kind: Optional[str] = typer.Argument(None, help="layers, initializers, losses, regularizers, optimizers or data."),
+    kind: Optional[str] = typer.Argument(None, help="layers, initializers, losses, regularizers, optimizers, data or schedules."),
     plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP),
 ) -> None:
     """List registered components with their one-line summaries."""

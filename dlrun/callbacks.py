@@ -1,0 +1,143 @@
+"""Training controls from the ``train:`` section, as :class:`~dlrun.trainer.Callback` objects.
+
+* :class:`GradientClipping` (``clip_value``, ``clip_norm``) acts after backward, before the
+  optimizer steps;
+* :class:`LearningRateScheduler` (``schedule``) sets the optimizer's rate before each epoch;
+* :class:`EarlyStopping` (``early_stopping``) stops training when a metric stops improving.
+
+:func:`from_config` builds the ones a config asks for and checks their monitored metrics exist.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from . import registry
+from .backend import array_module
+from .errors import ConfigError
+from .schedules import Schedule, improved, resolve_mode
+from .trainer import Callback
+
+
+class GradientClipping(Callback):
+    """Clip gradients in place: by value g ← clip(g, −c, c), then by global norm g ← g·min(1, c/(‖g‖ + 1e-6)).
+
+    ‖g‖ is the L2 norm over all trainable parameters' gradients together (as
+    torch.nn.utils.clip_grad_norm_); the factor is computed on the device, so no per-step sync.
+
+    Args:
+        clip_norm: the largest global norm; null turns norm clipping off.
+        clip_value: the largest absolute gradient entry; null turns value clipping off.
+    """
+
+    def __init__(self, clip_norm: float | None = None, clip_value: float | None = None):
+        self.clip_norm, self.clip_value = clip_norm, clip_value
+        self.last_norm = None  # the global norm before norm clipping, as a device scalar
+
+    def on_train_begin(self, trainer):
+        self.grads = [p.grad for _, p in trainer.optimizer.params]
+
+    def on_after_backward(self, trainer):
+        if not self.grads:
+            return
+        xp = array_module(self.grads[0])
+        if self.clip_value is not None:
+            for g in self.grads:
+                xp.clip(g, -self.clip_value, self.clip_value, out=g)
+        if self.clip_norm is not None:
+            total = sum(xp.vdot(g.ravel(), g.ravel()) for g in self.grads)
+            self.last_norm = xp.sqrt(total)
+            scale = xp.minimum(self.clip_norm / (self.last_norm + 1e-6), 1.0)
+            for g in self.grads:
+                g *= scale
+
+
+class LearningRateScheduler(Callback):
+    """Sets ``optimizer.learning_rate = schedule.value(epoch)`` before each epoch.
+
+    The schedule's base rate lr₀ is the optimizer's learning rate when training begins.
+
+    Args:
+        schedule: a :class:`~dlrun.schedules.Schedule`.
+        epochs: the number of epochs the run trains (what cosine anneals over by default).
+    """
+
+    def __init__(self, schedule: Schedule, epochs: int):
+        self.schedule, self.epochs = schedule, epochs
+        self.base_lr = None
+
+    def on_train_begin(self, trainer):
+        self.optimizer = trainer.optimizer
+        if self.base_lr is None:
+            self.base_lr = float(self.optimizer.learning_rate)
+        self.schedule.start(self.base_lr, self.epochs)
+
+    def on_epoch_begin(self, epoch, batches):
+        self.optimizer.learning_rate = float(self.schedule.value(epoch))
+
+    def on_epoch_end(self, epoch, metrics):
+        self.schedule.observe(epoch, metrics)
+
+
+class EarlyStopping(Callback):
+    """Stop when ``monitor`` has not improved by more than min_delta for ``patience`` epochs.
+
+    Options as :class:`dlrun.config.EarlyStoppingSettings`. After the run, ``best_epoch``,
+    ``best`` and ``stopped_epoch`` (None when training ran to the end) tell what happened.
+    """
+
+    def __init__(self, monitor: str = "val_loss", patience: int = 5, min_delta: float = 0.0,
+                 mode: str = "auto", restore_best_weights: bool = False):
+        self.monitor, self.patience, self.min_delta = monitor, patience, min_delta
+        self.mode, self.restore_best_weights = resolve_mode(mode, monitor), restore_best_weights
+
+    def on_train_begin(self, trainer):
+        self.model = trainer.model
+        self.best = self.best_epoch = self.stopped_epoch = self.best_weights = None
+        self.wait = 0
+        self.last_epoch = None
+
+    def on_epoch_end(self, epoch, metrics):
+        current = metrics[self.monitor]
+        self.last_epoch = epoch
+        if self.best is None or improved(current, self.best, self.mode, self.min_delta):
+            self.best, self.best_epoch, self.wait = current, epoch, 0
+            if self.restore_best_weights:
+                # state_arrays gives views of the live arrays on the CPU backend: copy them
+                self.best_weights = {k: v.copy() for k, v in self.model.state_arrays().items()}
+            return False
+        self.wait += 1
+        if self.wait >= self.patience:
+            self.stopped_epoch = epoch
+            return True
+        return False
+
+    def on_train_end(self, history):
+        if self.restore_best_weights and self.best_weights is not None and self.best_epoch != self.last_epoch:
+            self.model.load_state_arrays(self.best_weights)
+
+
+def check_monitor(monitor: str, path: str, has_validation: bool, classification: bool, locate) -> None:
+    """Raise a ConfigError when the run will not produce the metric ``monitor``."""
+    if monitor.startswith("val_") and not has_validation:
+        raise ConfigError(f"monitor {monitor!r} needs validation data; set train.validation_split "
+                          f"(for example 0.2) or monitor train_loss", locate(path))
+    if monitor.endswith("_accuracy") and not classification:
+        raise ConfigError(f"monitor {monitor!r}: a regression loss gives no accuracy; monitor "
+                          f"{monitor.replace('accuracy', 'loss')}", locate(path))
+
+
+def from_config(config, has_validation: bool, classification: bool) -> list[Callback]:
+    """The callbacks ``config.train`` asks for: clipping, schedule, early stopping (in that order)."""
+    t, out = config.train, []
+    if t.clip_norm is not None or t.clip_value is not None:
+        out.append(GradientClipping(t.clip_norm, t.clip_value))
+    if t.schedule is not None:
+        schedule = registry.schedules.build(t.schedule, "train.schedule", config.locate)
+        if schedule.monitor is not None:
+            check_monitor(schedule.monitor, "train.schedule", has_validation, classification, config.locate)
+        out.append(LearningRateScheduler(schedule, t.epochs))
+    if t.early_stopping is not None:
+        check_monitor(t.early_stopping.monitor, "train.early_stopping.monitor", has_validation, classification,
+                      config.locate)
+        out.append(EarlyStopping(**asdict(t.early_stopping)))
+    return out

@@ -1,0 +1,97 @@
+"""RMSProp and AdaGrad: per-coordinate step sizes from accumulated squared gradients."""
+from __future__ import annotations
+
+from ..backend import array_module
+from ..options import Fraction, NonNegativeFloat, PositiveFloat
+from ..registry import optimizers
+from .base import Optimizer
+
+
+@optimizers.register()
+class RMSProp(Optimizer):
+    """RMSProp (Hinton 2012): v ← ρ·v + (1−ρ)·g²;  w ← w − lr·g/(√v + ε).
+
+    g ← ∇w + weight_decay·w first. With momentum μ > 0 the step is buffered:
+    b ← μ·b + g/(√v + ε);  w ← w − lr·b. As torch.optim.RMSprop (not centered; ε outside the
+    square root).
+
+    Args:
+        learning_rate: step size lr.
+        rho: decay ρ of the running mean of g², in [0, 1) (torch calls it alpha).
+        epsilon: added to the denominator.
+        momentum: momentum coefficient μ in [0, 1); 0 turns the buffer off.
+        weight_decay: L2 coefficient added to the gradient (coupled decay).
+    """
+
+    needs_work = True
+
+    def __init__(self, learning_rate: PositiveFloat = 0.001, rho: Fraction = 0.9, epsilon: PositiveFloat = 1e-8,
+                 momentum: Fraction = 0.0, weight_decay: NonNegativeFloat = 0.0):
+        super().__init__(learning_rate)
+        self.rho, self.epsilon, self.momentum, self.weight_decay = rho, epsilon, momentum, weight_decay
+        self.slots = ("square_avg", "momentum_buffer") if momentum else ("square_avg",)
+
+    def _update(self, state, p) -> None:
+        g, work = p.grad, state["_work"]
+        if self.weight_decay:
+            self._add_decay(g, p.data, self.weight_decay, work)
+        xp = array_module(g)
+        v = state["square_avg"]
+        xp.multiply(g, g, out=work)
+        # v ← ρ·v + (1−ρ)·g² as ρ·(v − g²) + g²: in place
+        v -= work
+        v *= self.rho
+        v += work
+        xp.sqrt(v, out=work)
+        work += self.epsilon
+        g /= work
+        if self.momentum:
+            b = state["momentum_buffer"]
+            b *= self.momentum
+            b += g
+            xp.multiply(b, self.learning_rate, out=g)
+        else:
+            g *= self.learning_rate
+        p.data -= g
+
+
+@optimizers.register()
+class AdaGrad(Optimizer):
+    """AdaGrad (Duchi et al. 2011): s ← s + g²;  w ← w − lr·g/(√s + ε).
+
+    g ← ∇w + weight_decay·w first; s starts at ``initial_accumulator_value``. As
+    torch.optim.Adagrad without learning-rate decay.
+
+    Args:
+        learning_rate: step size lr.
+        initial_accumulator_value: starting value of every entry of s (Keras uses 0.1).
+        epsilon: added to the denominator.
+        weight_decay: L2 coefficient added to the gradient (coupled decay).
+    """
+
+    slots = ("sum",)
+    needs_work = True
+
+    def __init__(self, learning_rate: PositiveFloat = 0.01, initial_accumulator_value: NonNegativeFloat = 0.0,
+                 epsilon: PositiveFloat = 1e-10, weight_decay: NonNegativeFloat = 0.0):
+        super().__init__(learning_rate)
+        self.initial_accumulator_value, self.epsilon, self.weight_decay = initial_accumulator_value, epsilon, weight_decay
+
+    def setup(self, named_params) -> None:
+        super().setup(named_params)
+        for slots in self.state.values():
+            slots["sum"][...] = self.initial_accumulator_value
+
+    def _update(self, state, p) -> None:
+        g, work = p.grad, state["_work"]
+        if self.weight_decay:
+            self._add_decay(g, p.data, self.weight_decay, work)
+        xp = array_module(g)
+        s = state["sum"]
+        xp.multiply(g, g, out=work)
+        s += work
+        xp.sqrt(s, out=work)
+        work += self.epsilon
+        g /= work
+        g *= self.learning_rate
+        p.data -= g

@@ -1,0 +1,52 @@
+"""SGD with optional (Nesterov) momentum."""
+from __future__ import annotations
+
+from ..backend import array_module
+from ..options import Fraction, NonNegativeFloat, PositiveFloat
+from ..registry import optimizers
+from .base import Optimizer
+
+
+@optimizers.register()
+class SGD(Optimizer):
+    """Stochastic gradient descent with optional (Nesterov) momentum and L2 weight decay.
+
+    g ← ∇w + weight_decay·w;  v ← momentum·v + g;  w ← w − lr·v
+    (Nesterov: w ← w − lr·(g + momentum·v)). This is PyTorch's formulation; with momentum 0 it
+    is plain w ← w − lr·g.
+
+    Args:
+        learning_rate: step size lr.
+        momentum: momentum coefficient in [0, 1).
+        nesterov: use Nesterov momentum (needs momentum > 0).
+        weight_decay: L2 coefficient added to the gradient (coupled decay).
+    """
+
+    def __init__(self, learning_rate: PositiveFloat = 0.01, momentum: Fraction = 0.0,
+                 nesterov: bool = False, weight_decay: NonNegativeFloat = 0.0):
+        if nesterov and momentum == 0:
+            raise ValueError("nesterov: true needs momentum > 0")
+        super().__init__(learning_rate)
+        self.momentum, self.nesterov, self.weight_decay = momentum, nesterov, weight_decay
+        self.slots = ("velocity",) if momentum else ()
+        self.needs_work = weight_decay > 0 or nesterov
+
+    def _update(self, state, p) -> None:
+        g = p.grad  # rewritten by every backward, so it doubles as scratch here
+        if self.weight_decay:
+            self._add_decay(g, p.data, self.weight_decay, state["_work"])
+        if not self.momentum:
+            g *= self.learning_rate
+            p.data -= g
+            return
+        xp = array_module(g)
+        v = state["velocity"]
+        v *= self.momentum
+        v += g
+        if self.nesterov:  # step = g + momentum·v
+            xp.multiply(v, self.momentum, out=state["_work"])
+            g += state["_work"]
+            g *= self.learning_rate
+        else:  # step = v; v is state, so scale it into g
+            xp.multiply(v, self.learning_rate, out=g)
+        p.data -= g

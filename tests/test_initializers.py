@@ -1,0 +1,81 @@
+"""New initializers: statistics against closed forms (large shapes, sampling tolerance),
+orthogonality, truncation bounds, determinism by seed."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dlrun import registry
+from dlrun.model import Sequential
+
+NEW = ["lecun_uniform", "lecun_normal", "orthogonal", "truncated_normal"]
+
+
+def draw(spec, shape, fan_in=500, fan_out=400, seed=0):
+    return registry.initializers.build(spec)(shape, fan_in, fan_out, np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("spec,var", [("lecun_uniform", 1 / 500), ("lecun_normal", 1 / 500),
+                                      ({"type": "lecun_normal", "gain": 2.0}, 4 / 500)])
+def test_lecun_variance_is_gain_squared_over_fan_in(spec, var):
+    w = draw(spec, (400, 500))  # 200,000 draws: the sample variance is within ~1 % of the truth
+    assert w.var() == pytest.approx(var, rel=0.03)
+    assert abs(w.mean()) < 4 * math.sqrt(var / w.size)
+
+
+def test_lecun_uniform_bound():
+    w = draw("lecun_uniform", (400, 500))
+    a = math.sqrt(3 / 500)
+    assert np.abs(w).max() <= a and np.abs(w).max() > 0.99 * a
+
+
+@pytest.mark.parametrize("shape", [(64, 128), (128, 64), (50, 50), (16, 3, 3, 3), (8, 4, 5)])
+def test_orthogonal(shape):
+    w = draw("orthogonal", shape)
+    assert w.shape == shape
+    m = w.reshape(shape[0], -1)
+    gram = m @ m.T if m.shape[0] <= m.shape[1] else m.T @ m
+    np.testing.assert_allclose(gram, np.eye(len(gram)), atol=1e-12)
+
+
+def test_orthogonal_gain_and_sign_correction():
+    w = draw({"type": "orthogonal", "gain": 2.0}, (10, 6), seed=3)
+    np.testing.assert_allclose(w.T @ w, 4 * np.eye(6), atol=1e-12)
+    # with R's diagonal made positive, Q's first column is A's first column normalised
+    # (Gram–Schmidt); without the sign correction LAPACK's Q_00 would always be ≤ 0
+    a = np.random.default_rng(3).standard_normal((10, 6))
+    np.testing.assert_allclose(w[:, 0], 2 * a[:, 0] / np.linalg.norm(a[:, 0]), rtol=1e-12)
+
+
+def test_orthogonal_needs_two_dimensions_and_reaches_the_layer():
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        draw("orthogonal", (5,))
+    layer = registry.layers.build({"type": "Linear", "units": 4, "weight_initializer": "orthogonal"})
+    Sequential([layer], (9,), dtype=np.float64, seed=0)
+    np.testing.assert_allclose(layer.weight.data @ layer.weight.data.T, np.eye(4), atol=1e-12)
+
+
+def test_truncated_normal_bounds_and_variance():
+    w = draw({"type": "truncated_normal", "mean": 0.5, "std": 0.2}, (400, 500))
+    assert np.abs(w - 0.5).max() <= 0.4
+    assert np.abs(w - 0.5).max() > 0.39  # the tails are kept up to the bound
+    phi = math.exp(-2) / math.sqrt(2 * math.pi)  # the standard normal density at 2
+    mass = math.erf(2 / math.sqrt(2))  # P(|x| <= 2)
+    factor = 1 - 2 * 2 * phi / mass  # variance of N(0,1) truncated to [-2, 2]: about 0.774
+    assert w.var() == pytest.approx(factor * 0.04, rel=0.03)
+    assert w.mean() == pytest.approx(0.5, abs=4 * 0.2 / math.sqrt(w.size))
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_deterministic_by_seed(name):
+    a, b, c = draw(name, (30, 20), seed=7), draw(name, (30, 20), seed=7), draw(name, (30, 20), seed=8)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    assert a.dtype == np.float64
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_documented(name):
+    assert registry.initializers.summary(name).startswith(("w ~", "W ="))
+    assert all(o.doc for o in registry.initializers.options(name))

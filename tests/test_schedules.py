@@ -1,0 +1,134 @@
+"""Learning-rate schedules against their closed forms, and their config validation."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dlrun import registry
+from dlrun.config import load_config
+from dlrun.errors import ConfigError
+from tests.conftest import write
+
+
+def lrs(spec, base=0.1, epochs=10, n=None):
+    s = registry.schedules.build(spec)
+    s.start(base, epochs)
+    return [s.value(e) for e in range(1, (n or epochs) + 1)]
+
+
+def test_step():
+    got = lrs({"type": "step", "step_size": 3, "gamma": 0.5}, n=7)
+    assert got == pytest.approx([0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.025], rel=1e-15)
+
+
+def test_exponential():
+    got = lrs({"type": "exponential", "gamma": 0.9})
+    assert got == pytest.approx([0.1 * 0.9 ** k for k in range(10)], rel=1e-15)
+
+
+def test_cosine_default_period_is_the_run():
+    got = lrs({"type": "cosine"}, base=1.0, epochs=10)
+    assert got[0] == 1.0
+    assert got[5] == pytest.approx(0.5, abs=1e-15)  # epoch 6: cos(π/2)
+    assert got == pytest.approx([0.5 * (1 + math.cos(math.pi * (e - 1) / 10)) for e in range(1, 11)], rel=1e-15)
+
+
+def test_cosine_min_lr_and_period_then_flat():
+    got = lrs({"type": "cosine", "min_lr": 0.01, "period": 4}, base=0.1, epochs=10, n=7)
+    want = [0.01 + 0.09 * 0.5 * (1 + math.cos(math.pi * min(e - 1, 4) / 4)) for e in range(1, 8)]
+    assert got == pytest.approx(want, rel=1e-14)
+    assert got[4:] == pytest.approx([0.01] * 3, rel=1e-14)
+
+
+def test_warmup_alone_then_constant():
+    assert lrs({"type": "warmup", "epochs": 4}, base=1.0, n=6) == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0])
+    got = lrs({"type": "warmup", "epochs": 4, "start_factor": 0.2}, base=1.0, n=4)
+    assert got == pytest.approx([0.2 + 0.8 * e / 4 for e in range(1, 5)])
+
+
+def test_warmup_then_cosine_spans_the_remaining_epochs():
+    got = lrs({"type": "warmup", "epochs": 4, "then": {"type": "cosine"}}, base=1.0, epochs=10)
+    # cosine runs over the 6 epochs after warm-up: its epoch k is run epoch 4 + k
+    want = [0.25, 0.5, 0.75, 1.0] + [0.5 * (1 + math.cos(math.pi * (k - 1) / 6)) for k in range(1, 7)]
+    assert got == pytest.approx(want, rel=1e-14)
+    assert got[7] == pytest.approx(0.5)  # epoch 8 is cosine's epoch 4 of 6: cos(π/2)
+
+
+def test_warmup_then_step():
+    got = lrs({"type": "warmup", "epochs": 2, "then": {"type": "step", "step_size": 2, "gamma": 0.1}}, base=1.0, n=7)
+    assert got == pytest.approx([0.5, 1.0, 1.0, 1.0, 0.1, 0.1, 0.01])
+
+
+def plateau_run(spec, values, base=1.0):
+    s = registry.schedules.build(spec)
+    s.start(base, len(values))
+    used = []
+    for e, v in enumerate(values, start=1):
+        used.append(s.value(e))
+        s.observe(e, {"val_loss": v, "val_accuracy": v, "train_loss": v})
+    return used, s.value(len(values) + 1)
+
+
+def test_reduce_on_plateau_scripted():
+    values = [1.0, 0.9, 0.95, 0.92, 0.8, 0.85, 0.86, 0.87, 0.88]
+    used, after = plateau_run({"type": "reduce_on_plateau", "factor": 0.5, "patience": 2, "min_delta": 0}, values)
+    # epochs 3,4 do not improve on 0.9 -> halve after epoch 4; 6,7 not on 0.8 -> after 7; 8,9 -> after 9
+    assert used == [1.0] * 4 + [0.5] * 3 + [0.25] * 2
+    assert after == 0.125
+
+
+def test_reduce_on_plateau_min_delta_cooldown_min_lr_and_max_mode():
+    # improvements smaller than min_delta do not count
+    used, after = plateau_run({"type": "reduce_on_plateau", "factor": 0.1, "patience": 1, "min_delta": 0.05,
+                               "min_lr": 0.05}, [1.0, 0.99, 0.98, 0.5, 0.49])
+    # 0.99 and 0.98 do not beat 1.0 by 0.05: two reductions, the second clamped at min_lr; 0.49 does
+    # not beat 0.5, but the rate is at min_lr already
+    assert used == [1.0, 1.0, 0.1, 0.05, 0.05] and after == 0.05
+    # cooldown 2 (Keras' counting): the reduction after epoch 2 sets the counter to 2; epoch 3
+    # counts it down to 1 and is ignored, epoch 4 counts it to 0 and waits again -> reduce
+    used, _ = plateau_run({"type": "reduce_on_plateau", "factor": 0.5, "patience": 1, "cooldown": 2,
+                           "min_delta": 0}, [1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    assert used == [1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
+    used, _ = plateau_run({"type": "reduce_on_plateau", "factor": 0.5, "patience": 1, "cooldown": 0,
+                           "min_delta": 0}, [1.0, 1.0, 1.0, 1.0])
+    assert used == [1.0, 1.0, 0.5, 0.25]
+    # val_accuracy: auto mode maximises
+    used, after = plateau_run({"type": "reduce_on_plateau", "monitor": "val_accuracy", "factor": 0.5,
+                               "patience": 1, "min_delta": 0}, [0.5, 0.6, 0.7, 0.65])
+    assert used == [1.0] * 4 and after == 0.5
+
+
+CONFIG = """\
+data: {type: blobs, samples: 60, classes: 3}
+model:
+  - {type: Linear, units: 3}
+loss: SoftmaxCrossEntropy
+optimizer: {type: SGD, learning_rate: 0.1}
+train:
+  epochs: 3
+  schedule: %s
+"""
+
+
+def test_unknown_schedule_is_reported_with_line_and_suggestion(tmp_path):
+    p = write(tmp_path / "c.yaml", CONFIG % "{type: cosin, min_lr: 0.0}")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    text = str(e.value)
+    assert "c.yaml:8" in text and "unknown schedule 'cosin'" in text and "did you mean cosine" in text
+
+
+def test_schedule_options_are_checked_including_nested(tmp_path):
+    p = write(tmp_path / "c.yaml", CONFIG % "{type: warmup, epochs: 0, then: {type: step, gama: 0.5}}")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    text = str(e.value)
+    assert "train.schedule.epochs: expected a positive integer, got 0" in text
+    assert "train.schedule.then.gama" in text and "did you mean gamma" in text
+
+
+def test_schedule_shorthand_and_set_override(tmp_path):
+    p = write(tmp_path / "c.yaml", CONFIG % "exponential")
+    cfg = load_config(p, ["train.schedule.gamma=0.5"])
+    assert cfg.train.schedule == {"type": "exponential", "gamma": 0.5}
