@@ -40,12 +40,17 @@ class TrainSettings:
         batch_size: samples per step; null means the whole training set (full batch).
         shuffle: reshuffle the training data every epoch (seeded by the run seed).
         validation_split: fraction of the data held out for validation (stratified for labels).
+        checkpoint_every: write checkpoints/last.npz (and best.npz) every N epochs, and at the end.
+        monitor: metric that picks checkpoints/best.npz (lowest loss, highest accuracy); null means
+            val_loss with a validation split, else train_loss.
     """
 
     epochs: PositiveInt = 10
     batch_size: PositiveInt | None = 32
     shuffle: bool = True
     validation_split: Fraction = 0.0
+    checkpoint_every: PositiveInt = 1
+    monitor: Literal["val_loss", "val_accuracy", "train_loss", "train_accuracy"] | None = None
 
 
 @dataclass
@@ -99,7 +104,8 @@ class Source:
                 return Location(self.file, self.lines[probe], path)
             if not probe:
                 return Location(self.file, None, path)
-            probe = re.sub(r"(\.[^.\[\]]+|\[\d+\])$", "", probe)
+            parent = re.sub(r"(\.[^.\[\]]+|\[\d+\])$", "", probe)
+            probe = parent if parent != probe else ""  # a top-level key's parent is the root
 
 
 def _join(path: str, key) -> str:
@@ -336,9 +342,32 @@ def dump_yaml(data: Any) -> str:
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
 
 
-def config_from_dict(raw: dict, name: str = "run") -> Config:
-    """Validate an already-parsed config (a checkpoint's recorded config, or one built in Python)."""
-    src = Source(None)
+def config_from_dict(raw: dict, name: str = "run", overrides: list[str] = (), device: str | None = None,
+                     origin: str | None = None) -> Config:
+    """Validate an already-parsed config (a checkpoint's recorded config, or one built in Python).
+
+    ``overrides`` are ``--set`` items and ``device`` the ``--device`` flag, applied first;
+    ``origin`` names where the dict came from in error messages (a checkpoint file).
+    """
+    src = Source(origin)
     raw = copy.deepcopy(raw)
     raw.setdefault("name", name)
+    errors: list[DlrunError] = []
+    for item in overrides:
+        try:
+            apply_override(raw, item, src)
+        except DlrunError as e:
+            errors.append(e)
+    if device is not None:
+        raw["device"] = device
+        src.flags["device"] = "--device"
+    collect(errors)
     return validate(raw, src)
+
+
+def parse_value(text: str, where: str) -> Any:
+    """A command-line value written as YAML (``spiral``, ``{type: spiral, seed: 3}``)."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"cannot parse {text!r} as YAML ({type(e).__name__})", Location(where)) from None
