@@ -63,6 +63,7 @@ def test_corrupt_checkpoints_give_a_clear_error(tmp_path, damage):
     assert "corrupt" in str(e.value) or "not a dlrun checkpoint" in str(e.value)
 
 
+@pytest.mark.slow
 def test_cli_reports_a_truncated_checkpoint_with_exit_2(tmp_path):
     run = train(spiral_config(tmp_path, epochs=1), tmp_path / "runs")
     last = run / "checkpoints" / "last.npz"

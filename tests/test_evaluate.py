@@ -73,6 +73,7 @@ def test_evaluate_on_a_file_matches_predictions_counted_by_hand(run_dir, tmp_pat
         assert res["recall"][k] == pytest.approx(tp / row if row else 0.0)
 
 
+@pytest.mark.slow
 def test_evaluate_on_a_generator_spec_and_bad_data(run_dir):
     r = run_cli("evaluate", run_dir, "--data", "{type: spiral, classes: 3, points_per_class: 10, seed: 9}", "--json")
     assert r.code == 0, r.err

@@ -45,6 +45,7 @@ def test_predict_on_training_inputs_reproduces_summary_accuracy(trained, tmp_pat
     assert acc == summary(run)["final_train_accuracy"]
 
 
+@pytest.mark.slow
 def test_predict_csv_and_npy_to_stdout_and_file_match_an_independent_forward(trained, tmp_path):
     run, tmp, x = trained
     ckpt = checkpoint.resolve(run)
@@ -81,6 +82,7 @@ def test_predict_checks_the_feature_count(trained, tmp_path):
     assert r.code == 2 and "input file not found" in r.err
 
 
+@pytest.mark.slow
 def test_predict_regression_model_writes_values(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, 3))
@@ -124,6 +126,7 @@ class Doubler(Layer):
 '''
 
 
+@pytest.mark.slow
 def test_predict_reloads_plugin_layers_from_the_recorded_path(tmp_path):
     plugin = write(tmp_path / "doubler.py", PLUGIN)
     cfg = write(tmp_path / "p.yaml", """\

@@ -102,6 +102,7 @@ def test_resume_every_n_epochs_drops_rows_after_the_checkpoint(tmp_path):
     _assert_same_state(straight / "checkpoints" / "last.npz", run / "checkpoints" / "last.npz")
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_finished_run_and_bad_arguments(tmp_path):
     run = train(spiral_config(tmp_path, epochs=2), tmp_path / "runs")
     r = run_cli("train", "--resume", run)
@@ -114,6 +115,7 @@ def test_resume_refuses_a_finished_run_and_bad_arguments(tmp_path):
     assert r.code == 2 and "CONFIG" in r.err
 
 
+@pytest.mark.slow
 def test_init_from_uses_weights_with_a_fresh_optimizer(tmp_path):
     """Plain full-batch SGD keeps no state, so init-from + 1 epoch equals resume + 1 epoch;
     with momentum the fresh (zero) velocity makes them differ."""
