@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ def save(path: str | Path, model_arrays: dict, optimizer_arrays: dict | None, me
     arrays = {f"model/{k}": np.asarray(v) for k, v in model_arrays.items()}
     arrays.update({f"optimizer/{k}": np.asarray(v) for k, v in (optimizer_arrays or {}).items()})
     meta = {"format": FORMAT, **meta}
-    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    arrays["meta"] = np.frombuffer(json.dumps(meta, default=str).encode(), dtype=np.uint8)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -59,13 +60,51 @@ def load(path: str | Path) -> tuple[dict, dict, dict]:
             meta = json.loads(bytes(z["meta"]).decode())
     except CheckpointError:
         raise
+    except MemoryError:
+        raise CheckpointError(f"{path}: corrupt checkpoint (an array header asks for more memory than exists)") from None
     except ValueError as e:
         if "allow_pickle" in str(e) or "Object arrays" in str(e):
             raise CheckpointError(f"{path}: the checkpoint contains pickled objects; refusing to load it "
                                   f"(loading would run code)") from None
         raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({e})") from None
-    except (OSError, zipfile.BadZipFile, EOFError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (OSError, zipfile.BadZipFile, EOFError, KeyError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: corrupt checkpoint (the 'meta' record is not a JSON object)")
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: checkpoint format {meta.get('format')!r} is not supported (expected {FORMAT})")
     return model, optim, meta
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: parameter/state arrays, optimizer arrays and the metadata record."""
+
+    path: Path
+    model: dict
+    optimizer: dict
+    meta: dict
+
+
+def read(path: str | Path) -> Checkpoint:
+    """:func:`load` as a :class:`Checkpoint`."""
+    model, optim, meta = load(path)
+    return Checkpoint(Path(path), model, optim, meta)
+
+
+def resolve(target: str | Path) -> Path:
+    """The checkpoint file a command argument names.
+
+    A run directory means its ``checkpoints/best.npz`` when present, else ``checkpoints/last.npz``;
+    a file path is used as given.
+    """
+    p = Path(target)
+    if p.is_dir():
+        for name in ("best.npz", "last.npz"):
+            if (p / "checkpoints" / name).is_file():
+                return p / "checkpoints" / name
+        raise CheckpointError(f"{p}: no checkpoints/best.npz or checkpoints/last.npz in this folder "
+                              f"(expected a run directory written by dlrun train, or a .npz checkpoint)")
+    if not p.exists():
+        raise CheckpointError(f"checkpoint not found: {p} (expected a run directory or a .npz checkpoint)")
+    return p

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import registry
-from .config_yaml import Source, _join, apply_override, dump_yaml, parse_yaml  # noqa: F401  (re-exported)
+from .config_yaml import Source, _join, apply_override, dump_yaml, parse_value, parse_yaml  # noqa: F401  (re-exported)
 from .errors import ConfigError, DlrunError, Location, collect
 from .options import (FilePath, Fraction, NonNegativeFloat, NonNegativeInt, OptionError, PositiveFloat, PositiveInt,
                       check_value, did_you_mean)
@@ -52,6 +52,9 @@ class TrainSettings:
         clip_value: clip every gradient entry to [-clip_value, clip_value].
         schedule: learning-rate schedule, e.g. {type: cosine} (see `dlrun list schedules`).
         early_stopping: stop when a metric stops improving (see EarlyStoppingSettings).
+        checkpoint_every: write checkpoints/last.npz (and best.npz) every N epochs, and at the end.
+        monitor: metric that picks checkpoints/best.npz (lowest loss, highest accuracy); null means
+            val_loss with a validation split, else train_loss.
     """
 
     epochs: PositiveInt = 10
@@ -62,6 +65,8 @@ class TrainSettings:
     clip_value: PositiveFloat | None = None
     schedule: Any = None  # a schedule spec, checked against registry.schedules in validate()
     early_stopping: EarlyStoppingSettings | None = None
+    checkpoint_every: PositiveInt = 1
+    monitor: Literal["val_loss", "val_accuracy", "train_loss", "train_accuracy"] | None = None
 
 
 @dataclass
@@ -252,9 +257,24 @@ def load_config(path: str | Path, overrides: list[str] = (), seed: int | None = 
     return validate(raw, source, p.parent)
 
 
-def config_from_dict(raw: dict, name: str = "run") -> Config:
-    """Validate an already-parsed config (a checkpoint's recorded config, or one built in Python)."""
-    src = Source(None)
+def config_from_dict(raw: dict, name: str = "run", overrides: list[str] = (), device: str | None = None,
+                     origin: str | None = None) -> Config:
+    """Validate an already-parsed config (a checkpoint's recorded config, or one built in Python).
+
+    ``overrides`` are ``--set`` items and ``device`` the ``--device`` flag, applied first;
+    ``origin`` names where the dict came from in error messages (a checkpoint file).
+    """
+    src = Source(origin)
     raw = copy.deepcopy(raw)
     raw.setdefault("name", name)
+    errors: list[DlrunError] = []
+    for item in overrides:
+        try:
+            apply_override(raw, item, src)
+        except DlrunError as e:
+            errors.append(e)
+    if device is not None:
+        raw["device"] = device
+        src.flags["device"] = "--device"
+    collect(errors)
     return validate(raw, src)

@@ -141,3 +141,11 @@ def apply_override(raw: dict, item: str, source: Source) -> None:
 def dump_yaml(data: Any) -> str:
     """YAML text for a resolved config (written into run directories)."""
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
+
+
+def parse_value(text: str, where: str) -> Any:
+    """A command-line value written as YAML (``spiral``, ``{type: spiral, seed: 3}``)."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"cannot parse {text!r} as YAML ({type(e).__name__})", Location(where)) from None

@@ -4,8 +4,10 @@ Layout of a run directory ``RUNS_DIR/<name>-<YYYYmmdd-HHMMSS>/``:
 
 * ``config.yaml``  — the resolved config, including the seed actually used;
 * ``metrics.csv``  — one row per epoch, appended as training goes;
-* ``summary.json`` — final metrics, epochs, seconds;
-* ``checkpoints/last.npz`` — the weights (see :mod:`dlrun.checkpoint`).
+* ``summary.json`` — final metrics, epochs, seconds, the best epoch;
+* ``checkpoints/last.npz`` — the full training state every ``train.checkpoint_every`` epochs
+  and at the end; ``checkpoints/best.npz`` — the state at the best ``train.monitor`` value
+  (see :mod:`dlrun.snapshot` and docs/runs.md).
 """
 from __future__ import annotations
 
@@ -19,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, callbacks as controls, checkpoint
+from . import callbacks as controls, checkpoint, snapshot
 from .backend import get_backend
-from .config import Config, dump_yaml
+from .config import Config, config_from_dict, dump_yaml
 from .data import Dataset, split
-from .errors import DataError, TrainingError
+from .errors import CheckpointError, DataError, TrainingError, UsageError
 from .losses import Loss
 from .model import Sequential
 from .trainer import Callback, History, Trainer
@@ -128,28 +130,111 @@ def prepare(config: Config):
 
 
 def save_checkpoint(path: Path, trainer: Trainer, config: Config) -> Path:
-    meta = {"dlrun_version": __version__, "epoch": trainer.epoch, "step": trainer.step,
-            "config": config.raw, "input_shape": list(trainer.model.input_shape),
-            "dtype": str(trainer.model.dtype)}
-    return checkpoint.save(path, trainer.model.state_arrays(), trainer.optimizer.state_dict(), meta)
+    """Write the trainer's full state (see :mod:`dlrun.snapshot`) to ``path``."""
+    return snapshot.write(path, trainer, config)
 
 
-def train(config: Config, runs_dir: str | Path = "runs", callbacks=()) -> RunResult:
-    """Run ``dlrun train``: build, create the run directory, fit, write summary and checkpoint."""
-    ds, trainer = prepare(config)
-    train_controls = controls.from_config(config, ds.x_val is not None and len(ds.x_val) > 0, trainer.classification)
-    run_dir = new_run_dir(runs_dir, config.name)
-    (run_dir / "config.yaml").write_text(dump_yaml(config.raw))
+def _monitor(config: Config, ds: Dataset, trainer: Trainer) -> tuple[str, str]:
+    has_val = ds.x_val is not None and len(ds.x_val) > 0
+    return snapshot.resolve_monitor(config.train.monitor, has_val, trainer.classification)
+
+
+def _controls(config: Config, ds: Dataset, trainer: Trainer) -> list:
+    """Clipping, schedule and early stopping from ``train:`` (raises before any file is written)."""
+    has_val = ds.x_val is not None and len(ds.x_val) > 0
+    return controls.from_config(config, has_val, trainer.classification)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks, extra: dict,
+         best: dict | None = None, seconds_before: float = 0.0) -> RunResult:
+    """Fit to ``train.epochs`` with metrics and checkpoint writers; write summary.json."""
+    monitor, mode = _monitor(config, ds, trainer)
+    train_controls = _controls(config, ds, trainer)
+    writer = snapshot.CheckpointWriter(run_dir / "checkpoints", config, config.train.checkpoint_every,
+                                       monitor, mode, best, extra)
     t0 = time.perf_counter()
     history = trainer.fit(ds.x, ds.y, ds.x_val, ds.y_val, epochs=config.train.epochs,
-                          callbacks=[RunWriter(run_dir), *train_controls, *callbacks])
-    seconds = time.perf_counter() - t0
-    save_checkpoint(run_dir / "checkpoints" / "last.npz", trainer, config)
+                          callbacks=[RunWriter(run_dir), writer, *train_controls, *callbacks])
+    seconds = time.perf_counter() - t0 + seconds_before
     last = history.last
     summary = {k: last.get(k) for k in ("train_loss", "train_accuracy", "val_loss", "val_accuracy")}
-    summary.update({"epochs": trainer.epoch, "seconds": round(seconds, 4), "seed": config.seed,
-                    "device": config.device, "parameters": trainer.model.num_parameters})
-    tmp = run_dir / ".summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(tmp, run_dir / "summary.json")
+    final = trainer.evaluate(ds.x, ds.y)  # the saved weights, in evaluation mode (what predict sees)
+    summary.update({"final_train_loss": final["loss"], "final_train_accuracy": final["accuracy"],
+                    "epochs": trainer.epoch, "seconds": round(seconds, 4), "seed": config.seed,
+                    "device": config.device, "parameters": trainer.model.num_parameters,
+                    "best": writer.best, **extra})
+    _write_json(run_dir / "summary.json", summary)
     return RunResult(run_dir, summary, history, trainer)
+
+
+def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from: str | Path | None = None) -> RunResult:
+    """Run ``dlrun train``: build, create the run directory, fit, write summary and checkpoints.
+
+    ``init_from`` (a checkpoint or run directory) supplies the initial weights; the optimizer
+    starts fresh. Names and shapes must match the configured model exactly.
+    """
+    ds, trainer = prepare(config)
+    extra = {}
+    if init_from is not None:
+        ckpt = checkpoint.read(checkpoint.resolve(init_from))
+        snapshot.load_weights(trainer.model, ckpt)
+        extra["init_from"] = str(ckpt.path)
+    _monitor(config, ds, trainer)  # fail before any file is written
+    _controls(config, ds, trainer)
+    run_dir = new_run_dir(runs_dir, config.name)
+    (run_dir / "config.yaml").write_text(dump_yaml(config.raw))
+    return _fit(config, ds, trainer, run_dir, callbacks, extra)
+
+
+def resume_config(run_dir: str | Path, overrides=(), device: str | None = None) -> tuple[Config, checkpoint.Checkpoint]:
+    """The config recorded in ``RUN_DIR/checkpoints/last.npz`` (with ``--set`` overrides) and the checkpoint."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UsageError(f"--resume: {run_dir} is not a run directory")
+    path = run_dir / "checkpoints" / "last.npz"
+    if not path.is_file():
+        raise CheckpointError(f"--resume: {path} not found; nothing to resume from (was the run started by dlrun train?)")
+    ckpt = checkpoint.read(path)
+    if "config" not in ckpt.meta:
+        raise CheckpointError(f"{path}: the checkpoint records no config; it cannot be resumed")
+    return config_from_dict(ckpt.meta["config"], overrides=list(overrides), device=device, origin=str(path)), ckpt
+
+
+def _truncate_metrics(path: Path, epoch: int) -> None:
+    """Drop metrics rows after ``epoch`` (written after the last checkpoint) before appending."""
+    if not path.is_file():
+        return
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    keep = rows[:1] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= epoch]
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:
+        csv.writer(f).writerows(keep)
+    os.replace(tmp, path)
+
+
+def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, callbacks=()) -> RunResult:
+    """Continue a run in its own directory from ``last.npz`` up to ``config.train.epochs``."""
+    run_dir = Path(run_dir)
+    ds, trainer = prepare(config)
+    snapshot.restore(trainer, ckpt, config.seed)
+    if trainer.epoch >= config.train.epochs:
+        raise UsageError(f"{run_dir} has already trained {trainer.epoch} of {config.train.epochs} epochs; "
+                         f"raise the total to continue, e.g. --set train.epochs={trainer.epoch + 10}")
+    _monitor(config, ds, trainer)
+    _truncate_metrics(run_dir / "metrics.csv", trainer.epoch)
+    (run_dir / "config.yaml").write_text(dump_yaml(config.raw))
+    before = 0.0
+    try:
+        before = float(json.loads((run_dir / "summary.json").read_text()).get("seconds") or 0.0)
+    except (OSError, ValueError, AttributeError):
+        pass
+    extra = {k: ckpt.meta[k] for k in ("init_from",) if k in ckpt.meta}
+    extra["resumed_from_epoch"] = trainer.epoch
+    return _fit(config, ds, trainer, run_dir, callbacks, extra, ckpt.meta.get("best"), before)

@@ -84,7 +84,7 @@ def test_same_seed_gives_bit_identical_metrics(tmp_path):
     (["train", "{cfg}", "--set", "optimizer.learning_rate=1.0e+30"], 1, "training loss is"),
     (["show", "Linaer"], 2, "did you mean Linear"),
     (["list", "layer"], 2, "did you mean layers?"),
-    (["train"], 2, "Missing argument"),
+    (["train"], 2, "give a CONFIG file to train"),
 ])
 def test_exit_codes_and_one_line_errors(tmp_path, cli, args, code, fragment):
     cfg = write(tmp_path / "tiny.yaml", TINY)

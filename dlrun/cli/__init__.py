@@ -41,7 +41,7 @@ def fail(e: DlrunError) -> int:
     return e.exit_code
 
 
-from . import catalog, gradcheck, train  # noqa: E402,F401  (commands register on import)
+from . import catalog, evaluate, gradcheck, predict, train  # noqa: E402,F401  (commands register on import)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""`dlrun train`."""
+"""`dlrun train` (new runs, --resume, --init-from)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +8,7 @@ import typer
 
 from .. import run
 from ..config import load_config
+from ..errors import UsageError
 from ..plugins import load_plugins
 from ..progress import RichProgress
 from . import app, out
@@ -17,17 +18,32 @@ SET_HELP = "Override a config key by its dotted path, e.g. train.epochs=5 or mod
 
 @app.command("train")
 def train_cmd(
-    config: Path = typer.Argument(..., help="YAML config file."),
+    config: Optional[Path] = typer.Argument(None, help="YAML config file (omit with --resume)."),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP, metavar="KEY=VALUE"),
     device: Optional[str] = typer.Option(None, "--device", help="cpu or gpu (overrides the config)."),
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Folder for run directories."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Random seed (overrides the config)."),
     plugin: list[str] = typer.Option([], "--plugin", help="Python file with user components to load first (repeatable)."),
+    resume: Optional[Path] = typer.Option(None, "--resume", metavar="RUN_DIR",
+                                          help="Continue RUN_DIR from checkpoints/last.npz (optimizer and RNG state "
+                                               "included) up to train.epochs, which --set may raise."),
+    init_from: Optional[Path] = typer.Option(None, "--init-from", metavar="CHECKPOINT",
+                                             help="Start a new run from a checkpoint's (or run directory's) weights, "
+                                                  "with a fresh optimizer."),
 ) -> None:
     """Train the model a config describes; write a new run directory and print its path."""
     load_plugins(plugin)
-    cfg = load_config(config, set_, seed=seed, device=device)
-    result = run.train(cfg, runs_dir, callbacks=[RichProgress(out, cfg.train.epochs)])
+    if resume is not None:
+        if config is not None or init_from is not None or seed is not None:
+            raise UsageError("--resume RUN_DIR takes its config, weights and seed from the run; "
+                             "drop the CONFIG argument, --init-from and --seed (use --set to change settings)")
+        cfg, ckpt = run.resume_config(resume, set_, device)
+        result = run.resume(resume, cfg, ckpt, callbacks=[RichProgress(out, cfg.train.epochs)])
+    else:
+        if config is None:
+            raise UsageError("give a CONFIG file to train, or --resume RUN_DIR to continue a run")
+        cfg = load_config(config, set_, seed=seed, device=device)
+        result = run.train(cfg, runs_dir, callbacks=[RichProgress(out, cfg.train.epochs)], init_from=init_from)
     s = result.summary
     acc = "" if s["train_accuracy"] is None else f" train_accuracy={s['train_accuracy']:.4f}"
     val = "" if s["val_loss"] is None else f" val_loss={s['val_loss']:.4f}" + (

@@ -1,0 +1,57 @@
+"""`dlrun evaluate`: loss, accuracy, per-class precision/recall/F1 and a confusion matrix."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from .. import inference, metrics
+from ..errors import UsageError
+from . import app, err, out
+
+
+@app.command("evaluate")
+def evaluate_cmd(
+    target: Path = typer.Argument(..., metavar="RUN_DIR|CHECKPOINT",
+                                  help="A run directory (its checkpoints/best.npz, else last.npz) or a .npz checkpoint."),
+    data: Optional[str] = typer.Option(None, "--data", metavar="FILE|SPEC",
+                                       help="A data file (CSV/.npy/.npz, labels in the last column) or a generator "
+                                            "spec such as 'spiral' or '{type: spiral, seed: 7}' (default: the "
+                                            "run's validation data)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Samples per forward pass."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu or gpu (default: the device the run used)."),
+) -> None:
+    """Evaluate a trained model on its run's validation data or on given data."""
+    if device is not None and device not in ("cpu", "gpu"):
+        raise UsageError(f"--device: expected cpu or gpu, got {device!r}")
+    restored = inference.open_model(target, device)
+    for w in restored.warnings:
+        err.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
+    x, y, described = inference.evaluation_data(restored, data)
+    result = metrics.evaluate(restored.trainer(batch_size), x, y, batch_size)
+    if as_json:
+        print(json.dumps({"checkpoint": str(restored.path), "data": described, **result.as_dict()}, indent=2))
+        return
+    out.print(f"checkpoint: {restored.path} (epoch {restored.meta.get('epoch')})", highlight=False)
+    out.print(f"data: {described}, {result.samples} samples", highlight=False)
+    acc = "" if result.accuracy is None else f"  accuracy {result.accuracy:.4f}"
+    out.print(f"loss {result.loss:.6g}{acc}", highlight=False)
+    if result.confusion is None:
+        return
+    t = Table(title="per class", title_justify="left")
+    for col in ("class", "precision", "recall", "f1", "support"):
+        t.add_column(col, justify="right")
+    for k, (p, r, f, s) in enumerate(zip(result.precision, result.recall, result.f1, result.support)):
+        t.add_row(str(k), f"{p:.4f}", f"{r:.4f}", f"{f:.4f}", str(s))
+    out.print(t)
+    cm = Table(title="confusion matrix (rows true, columns predicted)", title_justify="left")
+    cm.add_column("true \\ pred", justify="right")
+    for k in range(len(result.confusion)):
+        cm.add_column(str(k), justify="right")
+    for k, row in enumerate(result.confusion):
+        cm.add_row(str(k), *map(str, row))
+    out.print(cm)

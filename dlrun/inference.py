@@ -1,0 +1,177 @@
+"""Using a trained model: rebuild it from a checkpoint alone, read inputs, and tabulate predictions.
+
+The checkpoint records the resolved config, so no YAML file is needed. Plugin layers are
+re-loaded from the path recorded at training time: a missing file is an error, a file whose
+source changed gives a warning (returned, for the CLI to print).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+
+from . import checkpoint, registry, snapshot
+from .config import Config, config_from_dict, parse_value
+from .data import Dataset, _read_csv
+from .errors import CheckpointError, DataError, DlrunError, PluginError, UsageError
+from .model import Sequential
+from .plugins import source_hash
+from .run import build_model, load_data
+from .trainer import Trainer, predict
+
+
+@dataclass
+class Restored:
+    """A model rebuilt from a checkpoint, with its config and loss."""
+
+    path: Path
+    config: Config
+    model: Sequential
+    loss: object
+    meta: dict
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def classification(self) -> bool:
+        return getattr(self.loss, "task", "classification") == "classification"
+
+    def trainer(self, batch_size: int | None = None) -> Trainer:
+        """A trainer for evaluation (loss includes the run's regularization, as val_loss does)."""
+        cfg = self.config
+        return Trainer(self.model, self.loss, cfg.build("optimizer"), cfg.build("regularizer"),
+                       batch_size or cfg.train.batch_size, False, cfg.seed or 0)
+
+
+def check_plugins(meta: dict, path: Path) -> list[str]:
+    """Raise when a recorded plugin file is missing; return warnings for changed sources."""
+    warnings = []
+    for rec in meta.get("plugins") or []:
+        p = Path(rec["path"])
+        defines = ", ".join(rec.get("defines") or []) or "components"
+        if not p.is_file():
+            raise PluginError(f"{path}: the model needs plugin {p} (it defines {defines}), but that file is missing; "
+                              f"put it back at that path")
+        if rec.get("sha256") and source_hash(p) != rec["sha256"]:
+            warnings.append(f"plugin {p} changed since {path.name} was written (sha256 {rec['sha256'][:12]}… → "
+                            f"{source_hash(p)[:12]}…); the model runs with the current code")
+    return warnings
+
+
+def open_model(target: str | Path, device: str | None = None) -> Restored:
+    """Rebuild the model a checkpoint (or a run directory's best/last checkpoint) holds."""
+    path = checkpoint.resolve(target)
+    ckpt = checkpoint.read(path)
+    meta = ckpt.meta
+    if "config" not in meta or "input_shape" not in meta:
+        raise CheckpointError(f"{path}: the checkpoint records no config or input shape; it cannot be rebuilt")
+    warnings = check_plugins(meta, path)
+    try:
+        config = config_from_dict(meta["config"], device=device, origin=f"{path} (recorded config)")
+    except PluginError:
+        raise
+    except DlrunError as e:
+        raise CheckpointError(f"{path}: the recorded config no longer validates with this dlrun: {e}") from None
+    model = build_model(config, meta["input_shape"])
+    snapshot.load_weights(model, ckpt)
+    return Restored(path, config, model, config.build("loss"), meta, warnings)
+
+
+def shape_features(x: np.ndarray, input_shape: tuple, where: str) -> np.ndarray:
+    """Check (and reshape flat rows to) the model's per-sample input shape."""
+    want = int(np.prod(input_shape))
+    if x.ndim == 1 and want == 1:
+        x = x[:, None]
+    if x.ndim < 2:
+        raise DataError(f"{where}: expected one sample per row, got an array of shape {x.shape}")
+    if tuple(x.shape[1:]) == tuple(input_shape):
+        return x
+    got = int(np.prod(x.shape[1:]))
+    if got != want:
+        hint = " (if the last column holds labels, drop it, or use dlrun evaluate)" if got == want + 1 else ""
+        raise DataError(f"{where}: {got} features per sample, but the model expects {want} "
+                        f"(input shape {tuple(input_shape)}){hint}")
+    return x.reshape((len(x),) + tuple(input_shape))
+
+
+def read_features(path: str | Path, input_shape: tuple) -> np.ndarray:
+    """Features from a CSV (header optional, detected) or .npy file, shaped for the model."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"input file not found: {p}")
+    try:
+        if p.suffix.lower() == ".npy":
+            x = np.load(p, allow_pickle=False)
+        else:
+            x, _ = _read_csv(p, None, None)
+    except ValueError as e:
+        raise DataError(f"{p}: cannot read the file ({e})") from None
+    except OSError as e:
+        raise DataError(f"{p}: cannot read the file ({e.strerror or e})") from None
+    if x.dtype.kind not in "biuf":
+        raise DataError(f"{p}: expected numbers, got an array of dtype {x.dtype}")
+    x = shape_features(np.asarray(x, dtype=np.float64), input_shape, str(p))
+    bad = ~np.isfinite(x).reshape(len(x), -1).all(axis=1)
+    if bad.any():
+        raise DataError(f"{p}: sample {int(np.flatnonzero(bad)[0]) + 1}: features contain NaN or inf")
+    return x
+
+
+@dataclass
+class PredictionTable:
+    """Column names, a 2-D array of values (one row per input), and a printf format per column."""
+
+    columns: list[str]
+    values: np.ndarray
+    formats: list[str]
+
+
+def predictions(restored: Restored, x: np.ndarray, proba: bool = False, batch_size: int | None = None) -> PredictionTable:
+    """``prediction`` (class index, or the value(s) for regression) and optional ``proba_<k>`` columns."""
+    if proba and not restored.classification:
+        raise UsageError(f"--proba needs a classification model; this one is trained with "
+                         f"{type(restored.loss).__name__}, a {restored.loss.task} loss")
+    z = predict(restored.model, x, batch_size or restored.config.train.batch_size)
+    loss = restored.loss
+    if restored.classification:
+        cols, vals, fmts = ["prediction"], [np.asarray(loss.predict(z))[:, None].astype(np.float64)], ["%d"]
+        if proba:
+            p = np.asarray(loss.probabilities(z.astype(np.float64)))
+            cols += [f"proba_{k}" for k in range(p.shape[1])]
+            vals.append(p)
+            fmts += ["%.9g"] * p.shape[1]
+        return PredictionTable(cols, np.concatenate(vals, axis=1), fmts)
+    out = np.asarray(loss.predict(z)).reshape(len(z), -1).astype(np.float64)
+    cols = ["prediction"] if out.shape[1] == 1 else [f"prediction_{k}" for k in range(out.shape[1])]
+    return PredictionTable(cols, out, ["%.9g"] * out.shape[1])
+
+
+def write_csv(table: PredictionTable, f: TextIO) -> None:
+    """The table as CSV: a header row, then one row per input."""
+    f.write(",".join(table.columns) + "\n")
+    if len(table.values):
+        np.savetxt(f, table.values, fmt=table.formats, delimiter=",")
+
+
+def evaluation_data(restored: Restored, spec: str | None = None) -> tuple[np.ndarray, np.ndarray, str]:
+    """(x, y, description): the run's validation data, or a data file / generator spec."""
+    cfg = restored.config
+    if spec is None:
+        ds = load_data(cfg)
+        if ds.x_val is not None and len(ds.x_val):
+            return ds.x_val, ds.y_val, f"validation split of {ds.name} (re-created from the recorded config)"
+        return ds.x, ds.y, f"training data of {ds.name} (the run has no validation split)"
+    if Path(spec).is_file():
+        value = {"type": "file", "path": str(Path(spec).resolve()), "task": restored.loss.task}
+    else:
+        value = parse_value(spec, "--data")
+        if isinstance(value, str) and value not in registry.data:
+            raise DataError(f"--data {spec!r}: no such file, and no data generator of that name "
+                            f"(data generators: {', '.join(registry.data.names())})")
+    ds: Dataset = registry.data.build(value, "--data")
+    x, y = ds.x, ds.y
+    if ds.x_val is not None:
+        x, y = np.concatenate([x, ds.x_val]), np.concatenate([y, ds.y_val])
+    x = shape_features(np.asarray(x), restored.model.input_shape, f"--data {spec}")
+    return x, y, f"{ds.name} from --data {spec}"

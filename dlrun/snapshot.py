@@ -1,0 +1,172 @@
+"""A training run's full state <-> a checkpoint: capture, restore, and the checkpoint callback.
+
+A checkpoint records every parameter and declared layer state, the optimizer's buffers and step
+count, the epoch and step, the RNG states (the trainer's shuffling generator and each layer's
+``rng``, as JSON), the resolved config, the dlrun version, and every plugin file with the
+sha256 of its source. Restoring all of it makes a resumed CPU run bit-identical to one that
+never stopped. On GPU, CuPy generators expose no state: layer generators are re-seeded from
+the run seed and the step on resume (deterministic, but a different stream).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__, checkpoint, registry
+from .config import Config
+from .errors import CheckpointError, ConfigError
+from .plugins import source_hash
+from .trainer import Callback, Trainer
+
+
+def rng_state(gen) -> dict | None:
+    """A numpy Generator's bit-generator state (JSON-ready), or None for other generators."""
+    return gen.bit_generator.state if isinstance(gen, np.random.Generator) else None
+
+
+def plugin_records(config: Config) -> list[dict]:
+    """Each plugin file of the config: resolved path, sha256, and the components it registers."""
+    records = []
+    for p in config.plugins:
+        path = Path(p).resolve()
+        defines = sorted(name for reg in registry.REGISTRIES.values() for name in reg._entries
+                         if reg.origin(name) not in ("builtin", None) and Path(reg.origin(name)).resolve() == path)
+        records.append({"path": str(path), "sha256": source_hash(path) if path.is_file() else None,
+                        "defines": defines})
+    return records
+
+
+def capture(trainer: Trainer, config: Config, extra: dict | None = None) -> tuple[dict, dict, dict]:
+    """Host copies of (model arrays, optimizer arrays, meta) for the trainer's current state."""
+    model = trainer.model
+    to_host = model.backend.to_host
+    # copies, not views: a pending best.npz must not follow the live buffers
+    optim = {k: np.array(to_host(v)) for k, v in trainer.optimizer.state_dict().items()}
+    meta = {"dlrun_version": __version__, "epoch": trainer.epoch, "step": trainer.step,
+            "config": config.raw, "input_shape": list(model.input_shape), "dtype": str(model.dtype),
+            "device": model.backend.name,
+            "rng": {"shuffle": rng_state(trainer.shuffle_rng),
+                    "layers": {str(i): rng_state(layer.rng) for i, layer in enumerate(model.layers)
+                               if layer.rng is not None}},
+            "plugins": plugin_records(config), **(extra or {})}
+    return {k: np.array(v) for k, v in model.state_arrays().items()}, optim, meta
+
+
+def write(path: Path, trainer: Trainer, config: Config, extra: dict | None = None) -> Path:
+    """Write the trainer's state to ``path`` atomically."""
+    return checkpoint.save(path, *capture(trainer, config, extra))
+
+
+def check_fits(model, arrays: dict, path) -> None:
+    """Raise CheckpointError listing every parameter whose name or shape differs from the model's."""
+    expected = {k: tuple(v.shape) for k, v in model.state_arrays().items()}
+    got = {k: tuple(np.shape(v)) for k, v in arrays.items()}
+    problems = [f"{k} {expected[k]} is missing from the checkpoint" for k in expected if k not in got]
+    problems += [f"{k} {got[k]} is not in the model" for k in got if k not in expected]
+    problems += [f"{k}: checkpoint {got[k]}, model {expected[k]}" for k in expected
+                 if k in got and got[k] != expected[k]]
+    if problems:
+        more = f"; and {len(problems) - 8} more" if len(problems) > 8 else ""
+        raise CheckpointError(f"{path}: the checkpoint does not fit the model ({len(problems)} mismatched "
+                              f"parameters): " + "; ".join(problems[:8]) + more)
+
+
+def load_weights(model, ckpt: checkpoint.Checkpoint) -> None:
+    """Copy a checkpoint's parameters and layer state into ``model`` (names and shapes must match)."""
+    check_fits(model, ckpt.model, ckpt.path)
+    model.load_state_arrays(ckpt.model)
+
+
+def restore(trainer: Trainer, ckpt: checkpoint.Checkpoint, seed: int) -> None:
+    """Put a trainer back into the state a checkpoint recorded: weights, optimizer, counters, RNGs."""
+    load_weights(trainer.model, ckpt)
+    opt = trainer.optimizer
+    wanted = set(opt.state_dict())
+    if set(ckpt.optimizer) != wanted:
+        missing = sorted(wanted - set(ckpt.optimizer))
+        extra = sorted(set(ckpt.optimizer) - wanted)
+        raise CheckpointError(f"{ckpt.path}: the optimizer state does not fit the configured {opt!r}"
+                              + (f"; missing: {', '.join(missing[:6])}" if missing else "")
+                              + (f"; unexpected: {', '.join(extra[:6])}" if extra else "")
+                              + " (resume with the optimizer the run was trained with)")
+    b = trainer.backend
+    opt.load_state_dict({k: (v if k == "iterations" else b.asarray(v)) for k, v in ckpt.optimizer.items()})
+    meta = ckpt.meta
+    trainer.epoch, trainer.step = int(meta["epoch"]), int(meta["step"])
+    rng = meta.get("rng") or {}
+    if rng.get("shuffle"):
+        trainer.shuffle_rng.bit_generator.state = rng["shuffle"]
+    states = rng.get("layers") or {}
+    layers = trainer.model.layers
+    reseed = np.random.SeedSequence([seed, trainer.step]).spawn(len(layers))
+    for i, layer in enumerate(layers):
+        if layer.rng is None:
+            continue
+        state = states.get(str(i))
+        if state is not None and isinstance(layer.rng, np.random.Generator):
+            layer.rng.bit_generator.state = state
+        else:  # a CuPy generator (no exportable state): a fresh, deterministic stream
+            layer.rng = b.rng(reseed[i])
+
+
+MODES = {"val_loss": "min", "train_loss": "min", "val_accuracy": "max", "train_accuracy": "max"}
+
+
+def resolve_monitor(monitor: str | None, has_val: bool, classification: bool) -> tuple[str, str]:
+    """The metric that picks best.npz and whether lower ("min") or higher ("max") is better."""
+    name = monitor or ("val_loss" if has_val else "train_loss")
+    if name.startswith("val_") and not has_val:
+        raise ConfigError(f"train.monitor: {name} needs validation data; set train.validation_split "
+                          f"or monitor train_loss")
+    if name.endswith("accuracy") and not classification:
+        raise ConfigError(f"train.monitor: {name} needs a classification loss; monitor a loss instead")
+    return name, MODES[name]
+
+
+class CheckpointWriter(Callback):
+    """Writes ``last.npz`` every ``every`` epochs and at the end, and ``best.npz`` by a metric.
+
+    The best state is copied to host memory when the metric improves and written with the next
+    ``last.npz``, so both files always describe a moment the run actually passed through.
+    """
+
+    def __init__(self, folder: Path, config: Config, every: int, monitor: str, mode: str,
+                 best: dict | None = None, extra: dict | None = None):
+        self.folder, self.config, self.every = Path(folder), config, every
+        self.monitor, self.mode = monitor, mode
+        self.best = best if best and best.get("monitor") == monitor else None
+        self.extra = extra or {}
+        self._pending = None
+        self._written_epoch = None
+
+    def on_train_begin(self, trainer):
+        self.trainer = trainer
+        self._written_epoch = trainer.epoch
+
+    def _improved(self, value) -> bool:
+        if value is None or not math.isfinite(value):
+            return False
+        if self.best is None:
+            return True
+        return value < self.best["value"] if self.mode == "min" else value > self.best["value"]
+
+    def on_epoch_end(self, epoch, metrics):
+        value = metrics.get(self.monitor)
+        if self._improved(value):
+            self.best = {"monitor": self.monitor, "mode": self.mode, "value": float(value), "epoch": epoch}
+            self._pending = capture(self.trainer, self.config, {**self.extra, "best": self.best})
+        if epoch % self.every == 0:
+            self.flush()
+
+    def on_train_end(self, history):
+        if self._written_epoch != self.trainer.epoch or self._pending is not None:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._pending is not None:
+            checkpoint.save(self.folder / "best.npz", *self._pending)
+            self._pending = None
+        write(self.folder / "last.npz", self.trainer, self.config, {**self.extra, "best": self.best})
+        self._written_epoch = self.trainer.epoch

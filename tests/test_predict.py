@@ -1,0 +1,150 @@
+"""`dlrun predict`: rebuilt from the checkpoint alone, CSV/.npy in, CSV out (file or stdout)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from checkpoint_helpers import read_csv, spiral_config, summary, train
+from conftest import run_cli, write
+from dlrun import checkpoint
+from dlrun.data import spiral
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("predict")
+    cfg = spiral_config(tmp, epochs=8)
+    run = train(cfg, tmp / "runs")
+    cfg.unlink()  # predict must not need the YAML file
+    x = spiral(classes=3, points_per_class=40, noise=0.2, seed=1).x
+    np.save(tmp / "x.npy", x)
+    np.savetxt(tmp / "x_header.csv", x, delimiter=",", header="x0,x1", comments="", fmt="%.17g")
+    np.savetxt(tmp / "x_plain.csv", x, delimiter=",", fmt="%.17g")
+    return run, tmp, x
+
+
+def _numpy_logits(ckpt_path, x):
+    """Independent forward pass: Linear -> ReLU -> Linear from the stored arrays, in float64."""
+    a = checkpoint.read(ckpt_path).model
+    h = np.maximum(x @ a["0.weight"].astype(np.float64).T + a["0.bias"], 0.0)
+    return h @ a["2.weight"].astype(np.float64).T + a["2.bias"]
+
+
+def test_predict_on_training_inputs_reproduces_summary_accuracy(trained, tmp_path):
+    run, tmp, _ = trained
+    ds = spiral(classes=3, points_per_class=40, noise=0.2, seed=1)
+    from dlrun.data import split
+
+    x_train, y_train, _, _ = split(ds.x, ds.y, 0.25, 3)  # the run's seeded split (seed 3)
+    np.save(tmp_path / "train.npy", x_train)
+    r = run_cli("predict", run / "checkpoints" / "last.npz", "--input", tmp_path / "train.npy")
+    assert r.code == 0, r.err
+    cols, values = read_csv(r.out)
+    assert cols == ["prediction"] and len(values) == len(x_train)
+    acc = float((values[:, 0] == y_train).mean())
+    assert acc == summary(run)["final_train_accuracy"]
+
+
+@pytest.mark.slow
+def test_predict_csv_and_npy_to_stdout_and_file_match_an_independent_forward(trained, tmp_path):
+    run, tmp, x = trained
+    ckpt = checkpoint.resolve(run)
+    assert ckpt.name == "best.npz"  # a run directory means its best checkpoint
+    z = _numpy_logits(ckpt, x)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    outs = []
+    for name in ("x.npy", "x_header.csv", "x_plain.csv"):
+        r = run_cli("predict", run, "--input", tmp / name, "--proba", "--batch-size", "7")
+        assert r.code == 0, r.err
+        outs.append(r.out)
+    assert outs[0] == outs[1] == outs[2]
+    cols, values = read_csv(outs[0])
+    assert cols == ["prediction", "proba_0", "proba_1", "proba_2"]
+    assert np.array_equal(values[:, 0], z.argmax(axis=1))
+    np.testing.assert_allclose(values[:, 1:], p, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(values[:, 1:].sum(axis=1), 1.0, atol=1e-6)
+    out = tmp_path / "pred.csv"
+    r = run_cli("predict", run, "--input", tmp / "x.npy", "--output", out)
+    assert r.code == 0, r.err
+    assert r.out == "" and "predictions written" in r.err
+    cols, plain = read_csv(out.read_text())
+    assert cols == ["prediction"] and np.array_equal(plain[:, 0], values[:, 0])
+
+
+def test_predict_checks_the_feature_count(trained, tmp_path):
+    run, tmp, x = trained
+    np.savetxt(tmp_path / "with_labels.csv", np.c_[x, np.zeros(len(x))], delimiter=",")
+    r = run_cli("predict", run, "--input", tmp_path / "with_labels.csv")
+    assert r.code == 2
+    assert "3 features per sample, but the model expects 2" in r.err and "labels" in r.err
+    r = run_cli("predict", run, "--input", tmp_path / "missing.csv")
+    assert r.code == 2 and "input file not found" in r.err
+
+
+@pytest.mark.slow
+def test_predict_regression_model_writes_values(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 3))
+    y = x @ np.array([1.0, -2.0, 0.5]) + 0.3
+    np.savetxt(tmp_path / "reg.csv", np.c_[x, y], delimiter=",")
+    cfg = write(tmp_path / "reg.yaml", """\
+seed: 0
+data: {type: file, path: reg.csv, task: regression}
+model: [{type: Linear, units: 1}]
+loss: MSE
+optimizer: {type: SGD, learning_rate: 0.1}
+train: {epochs: 3, batch_size: 16}
+""")
+    run = train(cfg, tmp_path / "runs")
+    np.save(tmp_path / "xin.npy", x[:5])
+    r = run_cli("predict", run, "--input", tmp_path / "xin.npy")
+    assert r.code == 0, r.err
+    cols, values = read_csv(r.out)
+    a = checkpoint.read(checkpoint.resolve(run)).model
+    expect = x[:5] @ a["0.weight"].astype(np.float64).T + a["0.bias"]
+    assert cols == ["prediction"]
+    np.testing.assert_allclose(values, expect, rtol=1e-5, atol=1e-6)
+    r = run_cli("predict", run, "--input", tmp_path / "xin.npy", "--proba")
+    assert r.code == 2 and "--proba needs a classification model" in r.err
+
+
+PLUGIN = '''
+from dlrun.layers import Layer
+from dlrun.registry import layers
+
+
+@layers.register()
+class Doubler(Layer):
+    """y = 2x."""
+
+    def forward(self, x, y=None):
+        return 2 * x
+
+    def backward(self, dy):
+        return 2 * dy
+'''
+
+
+@pytest.mark.slow
+def test_predict_reloads_plugin_layers_from_the_recorded_path(tmp_path):
+    plugin = write(tmp_path / "doubler.py", PLUGIN)
+    cfg = write(tmp_path / "p.yaml", """\
+seed: 0
+plugins: [doubler.py]
+data: {type: spiral, classes: 2, points_per_class: 10}
+model: [Doubler, {type: Linear, units: 2}]
+loss: SoftmaxCrossEntropy
+optimizer: SGD
+train: {epochs: 1}
+""")
+    run = train(cfg, tmp_path / "runs")
+    np.save(tmp_path / "x.npy", np.zeros((2, 2)))
+    r = run_cli("predict", run, "--input", tmp_path / "x.npy")
+    assert r.code == 0 and "warning" not in r.err, r.err
+    plugin.write_text(PLUGIN + "\n# edited\n")
+    r = run_cli("predict", run, "--input", tmp_path / "x.npy")
+    assert r.code == 0 and "warning:" in r.err and "changed since" in r.err and str(plugin.resolve()) in r.err
+    plugin.unlink()
+    r = run_cli("predict", run, "--input", tmp_path / "x.npy")
+    assert r.code == 2 and "Doubler" in r.err and "missing" in r.err

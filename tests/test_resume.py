@@ -1,0 +1,144 @@
+"""Exact resume: N epochs + resume for N more equals 2N epochs straight, bit for bit (CPU)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from checkpoint_helpers import metrics_rows, spiral_config, summary, train
+from conftest import run_cli, write
+from dlrun import checkpoint
+
+# A stochastic plugin layer: its noise comes from self.rng, so a resume that did not restore
+# the layer's generator state would diverge from the straight run.
+NOISE = '''
+from dlrun.layers import Layer
+from dlrun.registry import layers
+
+
+@layers.register()
+class TestNoise(Layer):
+    """y = x + 0.1·ε with ε ~ N(0, 1) in training; y = x in evaluation."""
+
+    has_phase = True
+    stochastic = True
+
+    def forward(self, x, y=None):
+        if not self.training:
+            return x
+        return x + (0.1 * self.rng.standard_normal(x.shape)).astype(x.dtype)
+
+    def backward(self, dy):
+        return dy
+'''
+
+NOISY = """\
+name: noisy
+seed: 5
+plugins: [noise_plugin.py]
+data: {type: spiral, classes: 3, points_per_class: 30, noise: 0.2, seed: 2}
+model:
+  - {type: Linear, units: 12, weight_initializer: he_normal}
+  - TestNoise
+  - ReLU
+  - {type: Linear, units: 3}
+loss: SoftmaxCrossEntropy
+optimizer: {type: SGD, learning_rate: 0.3, momentum: 0.9}
+train: {epochs: EPOCHS, batch_size: 16, shuffle: true, validation_split: 0.2}
+"""
+
+
+def _arrays(path):
+    ckpt = checkpoint.read(path)
+    return ckpt.model, ckpt.optimizer, ckpt.meta
+
+
+def _assert_same_state(a, b):
+    ma, oa, meta_a = _arrays(a)
+    mb, ob, meta_b = _arrays(b)
+    assert ma.keys() == mb.keys() and oa.keys() == ob.keys()
+    for k in ma:
+        assert np.array_equal(ma[k], mb[k]), k
+    for k in oa:
+        assert np.array_equal(oa[k], ob[k]), k
+    assert (meta_a["epoch"], meta_a["step"]) == (meta_b["epoch"], meta_b["step"])
+    assert meta_a["rng"] == meta_b["rng"]
+
+
+@pytest.mark.slow
+def test_resume_equals_straight_run_with_stochastic_plugin_layer(tmp_path):
+    write(tmp_path / "noise_plugin.py", NOISE)
+    straight_cfg = write(tmp_path / "straight.yaml", NOISY.replace("EPOCHS", "6"))
+    half_cfg = write(tmp_path / "half.yaml", NOISY.replace("EPOCHS", "3"))
+    straight = train(straight_cfg, tmp_path / "a")
+    half = train(half_cfg, tmp_path / "b")
+    assert len(metrics_rows(half)) == 3
+    r = run_cli("train", "--resume", half, "--set", "train.epochs=6")
+    assert r.code == 0, r.err
+    _assert_same_state(straight / "checkpoints" / "last.npz", half / "checkpoints" / "last.npz")
+    _assert_same_state(straight / "checkpoints" / "best.npz", half / "checkpoints" / "best.npz")
+    assert metrics_rows(straight) == metrics_rows(half)  # metrics appended, bit-identical text
+    s, h = summary(straight), summary(half)
+    for k in ("train_loss", "val_loss", "val_accuracy", "final_train_loss", "final_train_accuracy", "best"):
+        assert s[k] == h[k], k
+    assert h["resumed_from_epoch"] == 3 and h["epochs"] == 6
+    meta = checkpoint.read(half / "checkpoints" / "last.npz").meta
+    assert meta["plugins"][0]["defines"] == ["TestNoise"] and len(meta["plugins"][0]["sha256"]) == 64
+    assert meta["rng"]["layers"]["1"]["bit_generator"] == "PCG64"
+
+
+@pytest.mark.slow
+def test_resume_every_n_epochs_drops_rows_after_the_checkpoint(tmp_path):
+    """With checkpoint_every: 2 an interrupted run's extra metrics rows are replaced on resume."""
+    cfg = spiral_config(tmp_path, epochs=5, extra="")
+    straight = train(cfg, tmp_path / "a", "--set", "train.checkpoint_every=2")
+    run = train(cfg, tmp_path / "b", "--set", "train.checkpoint_every=2", "--set", "train.epochs=3")
+    # simulate a crash after epoch 3's metrics row but before a checkpoint at epoch 3: roll last back to 2
+    assert checkpoint.read(run / "checkpoints" / "last.npz").meta["epoch"] == 3  # written at the end
+    half = train(cfg, tmp_path / "c", "--set", "train.checkpoint_every=2", "--set", "train.epochs=2")
+    (run / "checkpoints" / "last.npz").write_bytes((half / "checkpoints" / "last.npz").read_bytes())
+    r = run_cli("train", "--resume", run, "--set", "train.epochs=5")
+    assert r.code == 0, r.err
+    assert metrics_rows(run) == metrics_rows(straight)
+    _assert_same_state(straight / "checkpoints" / "last.npz", run / "checkpoints" / "last.npz")
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_finished_run_and_bad_arguments(tmp_path):
+    run = train(spiral_config(tmp_path, epochs=2), tmp_path / "runs")
+    r = run_cli("train", "--resume", run)
+    assert r.code == 2 and "already trained 2 of 2 epochs" in r.err and "train.epochs=" in r.err
+    r = run_cli("train", "--resume", run, "--seed", "4")
+    assert r.code == 2 and "--resume" in r.err
+    r = run_cli("train", "--resume", tmp_path / "nowhere")
+    assert r.code == 2 and "not a run directory" in r.err
+    r = run_cli("train")
+    assert r.code == 2 and "CONFIG" in r.err
+
+
+@pytest.mark.slow
+def test_init_from_uses_weights_with_a_fresh_optimizer(tmp_path):
+    """Plain full-batch SGD keeps no state, so init-from + 1 epoch equals resume + 1 epoch;
+    with momentum the fresh (zero) velocity makes them differ."""
+    for momentum, same in ((0.0, True), (0.9, False)):
+        cfg = spiral_config(tmp_path, name=f"m{momentum}", momentum=momentum, epochs=3, batch_size="null",
+                            shuffle="false")
+        base = train(cfg, tmp_path / f"base{momentum}")
+        ckpt = base / "checkpoints" / "last.npz"
+        tuned = train(cfg, tmp_path / f"tuned{momentum}", "--init-from", ckpt, "--set", "train.epochs=1")
+        assert summary(tuned)["init_from"] == str(ckpt)
+        r = run_cli("train", "--resume", base, "--set", "train.epochs=4")
+        assert r.code == 0, r.err
+        a = checkpoint.read(tuned / "checkpoints" / "last.npz").model
+        b = checkpoint.read(base / "checkpoints" / "last.npz").model
+        assert all(np.array_equal(a[k], b[k]) for k in a) is same
+
+
+def test_init_from_refuses_mismatched_parameters(tmp_path):
+    base = train(spiral_config(tmp_path, epochs=1), tmp_path / "runs")
+    other = write(tmp_path / "other.yaml", spiral_config(tmp_path, epochs=1).read_text()
+                  .replace("units: 16", "units: 8"))
+    r = run_cli("train", other, "--runs-dir", tmp_path / "runs2", "--init-from", base)
+    assert r.code == 2
+    assert "does not fit the model" in r.err
+    assert "0.weight: checkpoint (16, 2), model (8, 2)" in r.err and "2.weight: checkpoint (3, 16), model (3, 8)" in r.err
+    assert not (tmp_path / "runs2").exists() or not any((tmp_path / "runs2").iterdir())
