@@ -34,8 +34,10 @@ def save(path: str | Path, model_arrays: dict, optimizer_arrays: dict | None, me
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:  # say which file could not be written
+            e.filename = str(path)
         raise
     return path
 

@@ -89,6 +89,14 @@ class TrainingError(DlrunError):
     """Training started but could not finish (non-finite loss, I/O failure). Exit code 1."""
 
 
+class NonFiniteError(TrainingError):
+    """A loss, activation, gradient or weight became NaN or inf; ``where`` names the first one."""
+
+    def __init__(self, message: str, epoch: int, batch: int | None, where: str | None):
+        super().__init__(message)
+        self.epoch, self.batch, self.where_found = epoch, batch, where
+
+
 class Interrupted(DlrunError):
     """SIGINT or SIGTERM stopped training; exit code 128 + the signal number (130, 143)."""
 
@@ -96,6 +104,7 @@ class Interrupted(DlrunError):
         super().__init__(message)
         self.signum = signum
         self.exit_code = 128 + signum
+        self.immediate = False  # True for a second signal: nothing was saved
 
 
 def collect(errors: list[DlrunError]) -> None:

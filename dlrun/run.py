@@ -23,7 +23,8 @@ from . import __version__, checkpoint
 from .backend import get_backend
 from .config import Config, dump_yaml
 from .data import Dataset, split
-from .errors import DataError, TrainingError
+from .errors import DataError, Interrupted, NonFiniteError, TrainingError
+from .faults import StopOnSignal, catch_signals
 from .model import Sequential
 from .trainer import Callback, History, Trainer
 
@@ -125,28 +126,56 @@ def prepare(config: Config):
     return ds, trainer
 
 
-def save_checkpoint(path: Path, trainer: Trainer, config: Config) -> Path:
+def save_checkpoint(path: Path, trainer: Trainer, config: Config, extra: dict | None = None) -> Path:
     meta = {"dlrun_version": __version__, "epoch": trainer.epoch, "step": trainer.step,
             "config": config.raw, "input_shape": list(trainer.model.input_shape),
-            "dtype": str(trainer.model.dtype)}
+            "dtype": str(trainer.model.dtype), **(extra or {})}
     return checkpoint.save(path, trainer.model.state_arrays(), trainer.optimizer.state_dict(), meta)
 
 
 def train(config: Config, runs_dir: str | Path = "runs", callbacks=()) -> RunResult:
-    """Run ``dlrun train``: build, create the run directory, fit, write summary and checkpoint."""
+    """Run ``dlrun train``: build, create the run directory, fit, write summary and checkpoint.
+
+    SIGINT/SIGTERM stop at a batch boundary and save a checkpoint (Interrupted); a non-finite
+    value stops with NonFiniteError after saving the last good state; a failed write (disk full,
+    no permission) raises TrainingError and leaves the previous checkpoint intact.
+    """
     ds, trainer = prepare(config)
     run_dir = new_run_dir(runs_dir, config.name)
-    (run_dir / "config.yaml").write_text(dump_yaml(config.raw))
-    t0 = time.perf_counter()
-    history = trainer.fit(ds.x, ds.y, ds.x_val, ds.y_val, epochs=config.train.epochs,
-                          callbacks=[RunWriter(run_dir), *callbacks])
-    seconds = time.perf_counter() - t0
-    save_checkpoint(run_dir / "checkpoints" / "last.npz", trainer, config)
+    ckpt = run_dir / "checkpoints" / "last.npz"
+    stop = StopOnSignal()
+    try:
+        with catch_signals(stop), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            (run_dir / "config.yaml").write_text(dump_yaml(config.raw))
+            t0 = time.perf_counter()
+            try:
+                history = trainer.fit(ds.x, ds.y, ds.x_val, ds.y_val, epochs=config.train.epochs,
+                                      callbacks=[RunWriter(run_dir), *callbacks, stop])
+            except Interrupted as e:
+                if e.immediate:
+                    raise
+                save_checkpoint(ckpt, trainer, config, {"interrupted": stop.record()})
+                raise Interrupted(f"{e.message}\ncheckpoint saved: {ckpt}\n"
+                                  f"resume with: dlrun train --resume {run_dir}", e.signum) from None
+            except NonFiniteError as e:
+                if trainer.epoch > 0:  # the guard restored the state after the last good epoch
+                    save_checkpoint(ckpt, trainer, config)
+                    e.message += f"\nthe last good checkpoint (epoch {trainer.epoch}) is {ckpt}"
+                raise
+            seconds = time.perf_counter() - t0
+            save_checkpoint(ckpt, trainer, config)
+    except OSError as e:
+        raise TrainingError(f"cannot write {e.filename or run_dir}: {e.strerror or e} (errno {e.errno}); "
+                            f"any earlier checkpoint in {run_dir} is intact") from None
     last = history.last
     summary = {k: last.get(k) for k in ("train_loss", "train_accuracy", "val_loss", "val_accuracy")}
     summary.update({"epochs": trainer.epoch, "seconds": round(seconds, 4), "seed": config.seed,
                     "device": config.device, "parameters": trainer.model.num_parameters})
     tmp = run_dir / ".summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(tmp, run_dir / "summary.json")
+    try:
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        os.replace(tmp, run_dir / "summary.json")
+    except OSError as e:
+        raise TrainingError(f"cannot write {run_dir / 'summary.json'}: {e.strerror or e}; "
+                            f"the checkpoint {ckpt} is complete") from None
     return RunResult(run_dir, summary, history, trainer)
