@@ -68,6 +68,40 @@ def load(path: str | Path) -> tuple[dict, dict, dict]:
         raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({e})") from None
     except (OSError, zipfile.BadZipFile, EOFError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: corrupt checkpoint (its metadata is a {type(meta).__name__}, not a record)")
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: checkpoint format {meta.get('format')!r} is not supported (expected {FORMAT})")
     return model, optim, meta
+
+
+def _layer_types(specs) -> list[str]:
+    return [s if isinstance(s, str) else s.get("type", "?") if isinstance(s, dict) else "?" for s in specs or []]
+
+
+def check_fits(path, arrays: dict, model, meta: dict | None = None) -> None:
+    """Raise CheckpointError listing every way the checkpoint's arrays do not fit ``model``.
+
+    Compares names (missing, unexpected), shapes, finiteness and, when the checkpoint records its
+    config, the layer types in order (parameter-free layers have no arrays to compare).
+    """
+    expected = {k: np.shape(v) for k, v in model.state_arrays().items()}
+    problems = []
+    if meta and isinstance(meta.get("config"), dict) and isinstance(meta["config"].get("model"), list):
+        saved = _layer_types(meta["config"]["model"])
+        built = [getattr(layer, "registered_name", type(layer).__name__) for layer in model.layers]
+        if saved != built:
+            problems.append(f"layers: the checkpoint has [{', '.join(saved)}], the model has [{', '.join(built)}]")
+    for name, shape in expected.items():
+        if name not in arrays:
+            problems.append(f"{name}: missing from the checkpoint (the model expects shape {shape})")
+        elif tuple(arrays[name].shape) != tuple(shape):
+            problems.append(f"{name}: shape {tuple(arrays[name].shape)} in the checkpoint, {tuple(shape)} in the model")
+        elif arrays[name].dtype.kind not in "fiub":
+            problems.append(f"{name}: dtype {arrays[name].dtype} is not numeric")
+        elif arrays[name].dtype.kind == "f" and not np.isfinite(arrays[name]).all():
+            problems.append(f"{name}: contains NaN or inf")
+    problems += [f"{name}: in the checkpoint but not in the model" for name in arrays if name not in expected]
+    if problems:
+        raise CheckpointError(f"{path} does not fit the model ({len(problems)} problem"
+                              f"{'s' if len(problems) > 1 else ''}):\n" + "\n".join(f"- {p}" for p in problems))

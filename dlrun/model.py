@@ -101,6 +101,9 @@ class Sequential:
 
     def load_state_arrays(self, arrays: dict) -> None:
         """Copy parameters and layer state back from ``state_arrays`` output (shapes must match)."""
+        from .checkpoint import check_fits
+
+        check_fits("checkpoint", arrays, self)  # every mismatch at once, before anything is copied
         for name, p in self.named_parameters():
             p.data[...] = self.backend.asarray(arrays[name], dtype=p.data.dtype)
         for i, layer in enumerate(self.layers):

@@ -43,7 +43,7 @@ def fail(e: DlrunError) -> int:
     return e.exit_code
 
 
-from . import catalog, train  # noqa: E402,F401  (commands register on import)
+from . import catalog, check, train  # noqa: E402,F401  (commands register on import)
 
 
 def main(argv: list[str] | None = None) -> int:
