@@ -70,6 +70,8 @@ def check_config(config: Config, checkpoint_path: str | Path | None = None) -> C
     ckpt = None
     if checkpoint_path is not None:
         arrays, _, meta = checkpoint.load(checkpoint_path)
+        if isinstance(meta.get("input_shape"), list):
+            ds.check_input_shape(tuple(meta["input_shape"]), f"the model in {checkpoint_path}")
         checkpoint.check_fits(checkpoint_path, arrays, model, meta)
         model.load_state_arrays(arrays)
         ckpt = str(checkpoint_path)

@@ -41,10 +41,22 @@ def resolve_seed(config: Config) -> int:
 
 def load_data(config: Config) -> Dataset:
     """Generate or read the data and split off validation data (seeded, stratified)."""
-    ds = config.build("data")
+    try:
+        ds = config.build("data")
+        if ds.x_val is None and config.train.validation_split > 0:
+            x, y, xv, yv = split(ds.x, ds.y, config.train.validation_split, config.seed)
+    except DataError as e:  # errors without a file line get the config line that caused them
+        if e.where is None and "validation_split" in e.message:
+            e.where = config.locate("train.validation_split")
+        elif e.where is None and "not found" in e.message:
+            e.where = config.locate("data")
+        raise
     if ds.x_val is None and config.train.validation_split > 0:
-        x, y, xv, yv = split(ds.x, ds.y, config.train.validation_split, config.seed)
-        ds = Dataset(x, y, xv, yv, name=ds.name)
+        rows = rows_val = None
+        if ds.rows is not None:  # the same split of the file lines, for errors naming a row
+            keep, _, held, _ = split(np.arange(len(ds.x)), ds.y, config.train.validation_split, config.seed)
+            rows, rows_val = ds.rows[keep], ds.rows[held]
+        ds = Dataset(x, y, xv, yv, name=ds.name, rows=rows, rows_val=rows_val)
     if len(ds.x) == 0:
         raise DataError(f"data {ds.name!r} has no training samples")
     return ds
@@ -62,11 +74,13 @@ def check_labels(ds: Dataset, model: Sequential, loss) -> None:
         return
     if ds.y.dtype.kind not in "iu":
         raise DataError(f"data {ds.name!r}: a classification loss needs integer labels, got {ds.y.dtype} targets")
-    classes = ds.num_classes or 0
     out = model.output_shape[-1] if model.output_shape else 1
-    if classes > out:
-        raise DataError(f"data {ds.name!r} has labels up to {classes - 1}, but the model outputs {out} scores "
-                        f"(set the last layer's units to {classes})")
+    for y, val in ((ds.y, False), (ds.y_val, True)):
+        if y is not None and (y >= out).any():
+            i = int(np.flatnonzero(y >= out)[0])
+            raise DataError(f"{ds.where(i, val)}: label {int(y[i])} is out of range: the model outputs {out} "
+                            f"scores, so labels must lie in 0..{out - 1} (set the last layer's units to "
+                            f"{ds.num_classes})")
 
 
 def new_run_dir(runs_dir: str | Path, name: str) -> Path:
