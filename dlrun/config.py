@@ -7,6 +7,7 @@ problem found is reported at once, each with ``file:line: key.path: message``.
 from __future__ import annotations
 
 import copy
+import os
 import re
 import typing
 from dataclasses import dataclass, field, fields
@@ -278,11 +279,12 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
         try:
             load_plugins(plugins)
         except DlrunError as e:
+            e.where = e.where or locate("plugins")
             errors.append(e)
 
     if base_dir is not None and isinstance(raw.get("data"), dict) and isinstance(raw["data"].get("path"), str):
         p = Path(raw["data"]["path"])
-        raw["data"]["path"] = str(p if p.is_absolute() else (base_dir / p))
+        raw["data"]["path"] = str(p if p.is_absolute() else os.path.normpath(base_dir / p))
 
     def component(reg, key):
         if raw.get(key) is None:

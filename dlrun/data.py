@@ -199,6 +199,8 @@ def load_file(path: FilePath, label_column: int = -1, header: bool | None = None
     lines = None
     try:
         if suffix == ".npz":
+            if not zipfile.is_zipfile(p):
+                raise DataError(f"{p}: not an .npz archive (not a zip file); expected arrays saved with numpy.savez")
             with np.load(p, allow_pickle=False) as z:
                 missing = [k for k in (features_key, labels_key) if k not in z.files]
                 if missing:

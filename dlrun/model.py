@@ -49,7 +49,9 @@ class Sequential:
                 shape = tuple(layer.build(shape))
             except ShapeError as e:
                 where = locate(f"model[{i}]") if locate else Location(path=f"model[{i}]")
-                raise ShapeError(f"{type(layer).__name__}: {e.message}", where) from None
+                name = type(layer).__name__
+                msg = e.message if e.message.startswith(name) else f"{name}: {e.message}"
+                raise ShapeError(msg, where) from None
             except (ValueError, TypeError) as e:
                 where = locate(f"model[{i}]") if locate else Location(path=f"model[{i}]")
                 raise ShapeError(f"{type(layer).__name__} cannot take input of shape {shape}: {e}", where) from None
