@@ -47,6 +47,8 @@ def load(path: str | Path) -> tuple[dict, dict, dict]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{path}: corrupt or truncated checkpoint (not an .npz archive)")
     try:
         with np.load(path, allow_pickle=False) as z:
             files = list(z.files)

@@ -46,6 +46,17 @@ def fail(e: DlrunError) -> int:
 from . import catalog, check, train  # noqa: E402,F401  (commands register on import)
 
 
+# typer >= 0.20 vendors its own click: catch its exceptions as well as click's
+try:
+    from typer._click import exceptions as _tc
+except ImportError:  # pragma: no cover - older typer uses click itself
+    _tc = click.exceptions
+_CLICK_ERRORS = (click.ClickException, _tc.ClickException)
+_USAGE_ERRORS = (click.UsageError, _tc.UsageError)
+_EXIT = (click.exceptions.Exit, typer.Exit)
+_ABORT = (click.exceptions.Abort, typer.Abort)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -56,14 +67,16 @@ def main(argv: list[str] | None = None) -> int:
         if debug_enabled():
             traceback.print_exc()
         sys.exit(fail(e))
-    except click.exceptions.Exit as e:
+    except _EXIT as e:
         sys.exit(e.exit_code)
-    except click.ClickException as e:
-        err.print(f"[bold red]error:[/] {e.format_message()}", soft_wrap=True)
-        if isinstance(e, click.UsageError) and e.ctx is not None:
+    except _CLICK_ERRORS as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # the help was printed: nothing else to say
+            sys.exit(e.exit_code)
+        err.print(f"[bold red]error:[/] {e.format_message()}", soft_wrap=True, markup=True, highlight=False)
+        if isinstance(e, _USAGE_ERRORS) and e.ctx is not None:
             err.print(f"  see: {e.ctx.command_path} --help", highlight=False)
         sys.exit(e.exit_code)
-    except click.exceptions.Abort:
+    except _ABORT:
         err.print("interrupted")
         sys.exit(130)
     except KeyboardInterrupt:
