@@ -271,7 +271,7 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
     dtype = check("dtype", Literal["float32", "float64"], "float32")
     plugins = check("plugins", list[FilePath], [])
     if base_dir is not None:
-        plugins = [str((base_dir / p).resolve()) if not Path(p).is_absolute() else p for p in plugins]
+        plugins = [str((base_dir / p).resolve()) if not Path(p).is_absolute() else str(p) for p in plugins]
         raw["plugins"] = plugins
     if plugins:
         from .plugins import load_plugins
