@@ -18,7 +18,7 @@ import yaml
 
 from . import registry
 from .errors import ConfigError, DlrunError, Location, collect
-from .options import FilePath, Fraction, OptionError, PositiveInt, check_value, did_you_mean
+from .options import FilePath, Fraction, NonNegativeInt, OptionError, PositiveInt, check_value, did_you_mean
 
 
 class _Loader(yaml.SafeLoader):
@@ -255,6 +255,8 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
     for k in ("data", "model", "loss", "optimizer"):
         if k not in raw:
             errors.append(ConfigError(f"missing required key {k!r} ({TOP_LEVEL[k]})", locate("")))
+        elif raw[k] is None:
+            errors.append(ConfigError(f"expected a value ({TOP_LEVEL[k]}), got null", locate(k)))
 
     def check(key, hint, default):
         if key not in raw:
@@ -266,7 +268,7 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
             return default
 
     name = check("name", str, Path(source.file).stem if source.file else "run")
-    seed = check("seed", int | None, None)
+    seed = check("seed", NonNegativeInt | None, None)
     device = check("device", Literal["cpu", "gpu"], "cpu")
     dtype = check("dtype", Literal["float32", "float64"], "float32")
     plugins = check("plugins", list[FilePath], [])
