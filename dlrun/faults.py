@@ -42,10 +42,10 @@ class NonFiniteGuard:
         self.params = [np.array(host(p.data)) for _, p in t.model.named_parameters()]
         self.optim = {k: np.array(host(v)) for k, v in t.optimizer.state_dict().items()}
         self.states = [{a: copy.deepcopy(getattr(layer, a)) for a in layer.state} for layer in t.model.layers]
-        self.rngs = []
+        self.rngs = []  # only layers that declare they draw random numbers (copying a generator is slow)
         for layer in t.model.layers:
             try:
-                self.rngs.append(copy.deepcopy(layer.rng))
+                self.rngs.append(copy.deepcopy(layer.rng) if layer.stochastic else layer.rng)
             except Exception:  # a device generator that cannot be copied: replay is then approximate
                 self.rngs.append(layer.rng)
         self.step, self.learning_rate = t.step, t.optimizer.learning_rate
@@ -59,14 +59,17 @@ class NonFiniteGuard:
         for layer, states, rng in zip(t.model.layers, self.states, self.rngs):
             for a, v in states.items():
                 setattr(layer, a, copy.deepcopy(v))
-            layer.rng = copy.deepcopy(rng) if rng is not None else None
+            layer.rng = copy.deepcopy(rng) if layer.stochastic and rng is not None else rng
         t.step, t.optimizer.learning_rate = self.step, self.learning_rate
 
     def healthy(self, train_loss: float) -> bool:
         """True when the epoch's loss and every parameter are finite (one pass over the weights)."""
         if not np.isfinite(train_loss):
             return False
-        return all(_bad(p.data) is None for _, p in self.trainer.model.named_parameters())
+        params = [p.data for _, p in self.trainer.model.named_parameters()]
+        # fast path: a sum is finite when no element is NaN/inf (an overflowing sum of finite
+        # values falls back to the exact elementwise test)
+        return np.isfinite(sum(float(a.sum()) for a in params)) or all(_bad(a) is None for a in params)
 
     def diagnose(self, epoch: int, batches, callbacks=()) -> NonFiniteError:
         """Replay the epoch from the snapshot, checking every step; return the error to raise."""
