@@ -14,7 +14,7 @@ import numpy as np
 from . import checkpoint, run
 from .config import Config
 from .errors import NonFiniteError, ShapeError
-from .faults import _bad
+from .faults import nonfinite_kind
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def check_config(config: Config, checkpoint_path: str | Path | None = None) -> C
             if tuple(h.shape) != (bs,) + model.shapes[i]:
                 raise ShapeError(f"{layer!r}: build() promised output shape {('N',) + model.shapes[i]} but forward "
                                  f"returned {tuple(h.shape)} for a batch of {bs}", where)
-            if (kind := _bad(h)) is not None:
+            if (kind := nonfinite_kind(h)) is not None:
                 raise NonFiniteError(f"model[{i}] {layer!r} produced {kind} in forward on the first batch", 1, 1,
                                      f"model[{i}]")
             mem = 0
@@ -99,7 +99,7 @@ def check_config(config: Config, checkpoint_path: str | Path | None = None) -> C
                     mem += int(a.nbytes)
             activations.append(mem)
         value = loss.forward(h, yb)
-        if (kind := _bad(value)) is not None:
+        if (kind := nonfinite_kind(value)) is not None:
             raise NonFiniteError(f"the loss {loss!r} is {kind} on the first batch", 1, 1, "loss")
         dy = loss.backward()
         for i in reversed(range(len(model.layers))):
@@ -110,10 +110,10 @@ def check_config(config: Config, checkpoint_path: str | Path | None = None) -> C
                 raise ShapeError(f"{layer!r}: backward returned dx of shape {tuple(dy.shape)}, expected the input's "
                                  f"shape {shape_in}", config.locate(f"model[{i}]"))
             for pname, p in layer.params.items():
-                if p.trainable and (kind := _bad(p.grad)) is not None:
+                if p.trainable and (kind := nonfinite_kind(p.grad)) is not None:
                     raise NonFiniteError(f"model[{i}] {layer!r} produced {kind} in backward (the gradient of "
                                          f"{pname}) on the first batch", 1, 1, f"model[{i}]")
-            if (kind := _bad(dy)) is not None:
+            if (kind := nonfinite_kind(dy)) is not None:
                 raise NonFiniteError(f"model[{i}] {layer!r} produced {kind} in backward (dx) on the first batch",
                                      1, 1, f"model[{i}]")
     rows = []

@@ -22,7 +22,7 @@ from .errors import Interrupted, NonFiniteError
 from .trainer import Callback
 
 
-def _bad(a) -> str | None:
+def nonfinite_kind(a) -> str | None:
     """'NaN' or 'inf' when the array (or scalar) holds one (NaN wins), else None."""
     xp = array_module(a)
     if bool(xp.isfinite(a).all()):
@@ -69,7 +69,7 @@ class NonFiniteGuard:
         params = [p.data for _, p in self.trainer.model.named_parameters()]
         # fast path: a sum is finite when no element is NaN/inf (an overflowing sum of finite
         # values falls back to the exact elementwise test)
-        return np.isfinite(sum(float(a.sum()) for a in params)) or all(_bad(a) is None for a in params)
+        return np.isfinite(sum(float(a.sum()) for a in params)) or all(nonfinite_kind(a) is None for a in params)
 
     def diagnose(self, epoch: int, batches, callbacks=()) -> NonFiniteError:
         """Replay the epoch from the snapshot, checking every step; return the error to raise."""
@@ -93,30 +93,30 @@ class NonFiniteGuard:
 
     def _replay_batch(self, xb, yb, callbacks) -> str | None:
         t = self.trainer
-        if (kind := _bad(xb)) is not None:
+        if (kind := nonfinite_kind(xb)) is not None:
             return f"the input batch contains {kind}"
         h = xb
         for i, layer in enumerate(t.model.layers):
             h = layer.forward(h, yb) if layer.needs_labels else layer.forward(h)
-            if (kind := _bad(h)) is not None:
+            if (kind := nonfinite_kind(h)) is not None:
                 return f"model[{i}] {layer!r} produced {kind} in forward (its output)"
         loss = t.loss.forward(h, yb)
-        if (kind := _bad(loss)) is not None:
+        if (kind := nonfinite_kind(loss)) is not None:
             return f"the loss {t.loss!r} is {kind} (its input was finite)"
         dy = t.loss.backward()
-        if (kind := _bad(dy)) is not None:
+        if (kind := nonfinite_kind(dy)) is not None:
             return f"the loss {t.loss!r} produced {kind} in backward"
         layers = list(enumerate(t.model.layers))
         for i, layer in reversed(layers):
             dy = layer.backward(dy)
             for name, p in layer.params.items():
-                if p.trainable and (kind := _bad(p.grad)) is not None:
+                if p.trainable and (kind := nonfinite_kind(p.grad)) is not None:
                     return f"model[{i}] {layer!r} produced {kind} in backward (the gradient of {name})"
-            if (kind := _bad(dy)) is not None:
+            if (kind := nonfinite_kind(dy)) is not None:
                 return f"model[{i}] {layer!r} produced {kind} in backward (dx, the gradient of its input)"
         for p, reg in t._regularized:
             reg.add_gradient(p.data, p.grad)
-            if (kind := _bad(p.grad)) is not None:
+            if (kind := nonfinite_kind(p.grad)) is not None:
                 return f"the regularizer {reg!r} produced {kind} in a gradient"
         for cb in callbacks:
             cb.on_after_backward(t)
@@ -124,7 +124,7 @@ class NonFiniteGuard:
         t.step += 1
         for i, layer in layers:
             for name, p in layer.params.items():
-                if (kind := _bad(p.data)) is not None:
+                if (kind := nonfinite_kind(p.data)) is not None:
                     return (f"the optimizer step made model[{i}].{name} {kind} (gradients were finite: "
                             f"the step overflowed)")
         return None
