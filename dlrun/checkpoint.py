@@ -35,8 +35,10 @@ def save(path: str | Path, model_arrays: dict, optimizer_arrays: dict | None, me
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:  # say which file could not be written
+            e.filename = str(path)
         raise
     return path
 
@@ -46,6 +48,8 @@ def load(path: str | Path) -> tuple[dict, dict, dict]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{path}: corrupt or truncated checkpoint (not an .npz archive)")
     try:
         with np.load(path, allow_pickle=False) as z:
             files = list(z.files)
@@ -108,3 +112,33 @@ def resolve(target: str | Path) -> Path:
     if not p.exists():
         raise CheckpointError(f"checkpoint not found: {p} (expected a run directory or a .npz checkpoint)")
     return p
+def _layer_types(specs) -> list[str]:
+    return [s if isinstance(s, str) else s.get("type", "?") if isinstance(s, dict) else "?" for s in specs or []]
+
+
+def check_fits(path, arrays: dict, model, meta: dict | None = None) -> None:
+    """Raise CheckpointError listing every way the checkpoint's arrays do not fit ``model``.
+
+    Compares names (missing, unexpected), shapes, finiteness and, when the checkpoint records its
+    config, the layer types in order (parameter-free layers have no arrays to compare).
+    """
+    expected = {k: np.shape(v) for k, v in model.state_arrays().items()}
+    problems = []
+    if meta and isinstance(meta.get("config"), dict) and isinstance(meta["config"].get("model"), list):
+        saved = _layer_types(meta["config"]["model"])
+        built = [getattr(layer, "registered_name", type(layer).__name__) for layer in model.layers]
+        if saved != built:
+            problems.append(f"layers: the checkpoint has [{', '.join(saved)}], the model has [{', '.join(built)}]")
+    for name, shape in expected.items():
+        if name not in arrays:
+            problems.append(f"{name}: missing from the checkpoint (the model expects shape {shape})")
+        elif tuple(arrays[name].shape) != tuple(shape):
+            problems.append(f"{name}: shape {tuple(arrays[name].shape)} in the checkpoint, {tuple(shape)} in the model")
+        elif arrays[name].dtype.kind not in "fiub":
+            problems.append(f"{name}: dtype {arrays[name].dtype} is not numeric")
+        elif arrays[name].dtype.kind == "f" and not np.isfinite(arrays[name]).all():
+            problems.append(f"{name}: contains NaN or inf")
+    problems += [f"{name}: in the checkpoint but not in the model" for name in arrays if name not in expected]
+    if problems:
+        raise CheckpointError(f"{path} does not fit the model ({len(problems)} problem"
+                              f"{'s' if len(problems) > 1 else ''}):\n" + "\n".join(f"- {p}" for p in problems))

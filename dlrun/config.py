@@ -7,6 +7,7 @@ problem found is reported at once, each with ``file:line: key.path: message``.
 from __future__ import annotations
 
 import copy
+import os
 import typing
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
@@ -163,6 +164,8 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
     for k in ("data", "model", "loss", "optimizer"):
         if k not in raw:
             errors.append(ConfigError(f"missing required key {k!r} ({TOP_LEVEL[k]})", locate("")))
+        elif raw[k] is None:
+            errors.append(ConfigError(f"expected a value ({TOP_LEVEL[k]}), got null", locate(k)))
 
     def check(key, hint, default):
         if key not in raw:
@@ -174,12 +177,12 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
             return default
 
     name = check("name", str, Path(source.file).stem if source.file else "run")
-    seed = check("seed", int | None, None)
+    seed = check("seed", NonNegativeInt | None, None)
     device = check("device", Literal["cpu", "gpu"], "cpu")
     dtype = check("dtype", Literal["float32", "float64"], "float32")
     plugins = check("plugins", list[FilePath], [])
     if base_dir is not None:
-        plugins = [str((base_dir / p).resolve()) if not Path(p).is_absolute() else p for p in plugins]
+        plugins = [str((base_dir / p).resolve()) if not Path(p).is_absolute() else str(p) for p in plugins]
         raw["plugins"] = plugins
     if plugins:
         from .plugins import load_plugins
@@ -187,11 +190,12 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
         try:
             load_plugins(plugins)
         except DlrunError as e:
+            e.where = e.where or locate("plugins")
             errors.append(e)
 
     if base_dir is not None and isinstance(raw.get("data"), dict) and isinstance(raw["data"].get("path"), str):
         p = Path(raw["data"]["path"])
-        raw["data"]["path"] = str(p if p.is_absolute() else (base_dir / p))
+        raw["data"]["path"] = str(p if p.is_absolute() else os.path.normpath(base_dir / p))
 
     def component(reg, key):
         if raw.get(key) is None:
@@ -253,8 +257,12 @@ def load_config(path: str | Path, overrides: list[str] = (), seed: int | None = 
     if device is not None:
         raw["device"] = device
         source.flags["device"] = "--device"
-    collect(errors)
-    return validate(raw, source, p.parent)
+    try:
+        config = validate(raw, source, p.parent)
+    except DlrunError as e:
+        errors.append(e)
+    collect(errors)  # --set problems and the file's problems, all at once
+    return config
 
 
 def config_from_dict(raw: dict, name: str = "run", overrides: list[str] = (), device: str | None = None,

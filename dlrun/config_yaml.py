@@ -33,6 +33,9 @@ class Source:
     flags: dict[str, str] = field(default_factory=dict)
 
     def locate(self, path: str) -> Location:
+        for flagged, flag in self.flags.items():  # a key created by --set a.b=1 locates "a" too
+            if path and flagged.startswith((path + ".", path + "[")) and path not in self.lines:
+                return Location(flag, None, path)
         probe = path
         while True:
             if probe in self.flags:
@@ -73,10 +76,18 @@ def parse_yaml(text: str, file: str | None = None) -> tuple[Any, Source]:
     try:
         node = yaml.compose(text, Loader=_Loader)
         data = yaml.load(text, Loader=_Loader)
+    except yaml.constructor.ConstructorError as e:
+        mark = e.problem_mark or e.context_mark
+        tag = re.search(r"tag '([^']*)'", e.problem or "")
+        raise ConfigError(
+            f"YAML tag {tag.group(1) if tag else '?'!r} is not allowed: dlrun reads configs with a safe loader "
+            f"that only builds plain values (numbers, strings, lists, mappings), never Python objects",
+            Location(file, mark.line + 1 if mark else None)) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else None
-        raise ConfigError(f"YAML syntax error: {e.problem or e.context}", Location(file, line)) from None
+        col = f" (column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"YAML syntax error{col}: {e.problem or e.context}", Location(file, line)) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"YAML error: {e}", Location(file)) from None
     source = Source(file)

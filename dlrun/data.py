@@ -7,6 +7,7 @@ own validation part; otherwise the trainer splits off ``train.validation_split``
 from __future__ import annotations
 
 import csv
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,24 @@ class Dataset:
     x_val: np.ndarray | None = None
     y_val: np.ndarray | None = None
     name: str = "data"
+    rows: np.ndarray | None = None  # for a CSV file: the file line of each sample in x
+    rows_val: np.ndarray | None = None  # ... and of each sample in x_val
+
+    def where(self, i: int, val: bool = False) -> str:
+        """'file:line' for a CSV, else 'NAME: sample i' (1-based) for sample ``i`` of x (or x_val)."""
+        rows = self.rows_val if val else self.rows
+        if rows is not None:
+            return f"{self.name}:{int(rows[i])}"
+        return f"{self.name}: {'validation ' if val else ''}sample {i + 1}"
+
+    def check_input_shape(self, expected: tuple[int, ...], model: str = "the model") -> None:
+        """Raise DataError when samples do not have the per-sample shape a model takes."""
+        for part, val in ((self.x, False), (self.x_val, True)):
+            if part is not None and tuple(part.shape[1:]) != tuple(expected):
+                got = part.shape[1:]
+                what = f"{got[0]} features" if len(got) == 1 else f"shape {tuple(got)}"
+                want = f"{expected[0]} features" if len(expected) == 1 else f"shape {tuple(expected)}"
+                raise DataError(f"{self.where(0, val)}: each sample has {what}, but {model} takes {want}")
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -63,8 +82,10 @@ def split(x: np.ndarray, y: np.ndarray, fraction: float, seed: int, stratify: bo
     if mask.all() or not mask.any():
         part = "training" if mask.all() else "validation"
         raise DataError(
-            f"validation_split={fraction} of {n} samples leaves no {part} data; "
-            f"choose a fraction between {1 / n:.3g} and {1 - 1 / n:.3g}"
+            f"validation_split={fraction} of {n} samples leaves no {part} data"
+            + (f" (the split is stratified: each class holds out round(count x {fraction}) samples; the smallest "
+               f"class has {int(np.unique(y, return_counts=True)[1].min())})" if stratify and y.dtype.kind in "iu"
+               and y.ndim == 1 else f"; choose a fraction between {1 / n:.3g} and {1 - 1 / n:.3g}")
         )
     return x[~mask], y[~mask], x[mask], y[mask]
 
@@ -94,28 +115,40 @@ def spiral(classes: PositiveInt = 3, points_per_class: PositiveInt = 100,
 
 
 def _read_csv(path: Path, label_column: int | None, header: bool | None):
+    """(features, labels or None, file line of each row); errors name the file and line."""
     with open(path, newline="") as f:
-        rows = list(csv.reader(f))
-    rows = [r for r in rows if r and any(c.strip() for c in r)]
+        reader = csv.reader(f)
+        rows, lines = [], []
+        for r in reader:
+            if r and any(c.strip() for c in r):
+                rows.append(r)
+                lines.append(reader.line_num)
     if not rows:
         raise DataError(f"{path}: the file has no rows")
     if header is None:  # sniff: a first row that is not all numbers is a header
         header = not all(_is_number(c) for c in rows[0])
     start = 1 if header else 0
-    width = len(rows[start]) if len(rows) > start else 0
+    if len(rows) <= start:
+        raise DataError(f"{path}: the file has a header row but no data rows")
+    width = len(rows[start])
+    if label_column is not None and width < 2:
+        raise DataError(f"{path}:{lines[start]}: expected at least 2 columns (features and a label), got {width}")
+    if label_column is not None and not -width <= label_column < width:
+        raise DataError(f"{path}: label_column {label_column} is out of range for {width} columns")
     values = np.empty((len(rows) - start, width))
-    for i, row in enumerate(rows[start:], start=start + 1):
+    for k, (row, line) in enumerate(zip(rows[start:], lines[start:])):
         if len(row) != width:
-            raise DataError(f"{path}:{i}: expected {width} columns (as in row {start + 1}), got {len(row)}")
+            raise DataError(f"{path}:{line}: expected {width} columns (as in line {lines[start]}), got {len(row)}")
         for j, cell in enumerate(row):
             try:
-                values[i - start - 1, j] = float(cell)
+                values[k, j] = float(cell)
             except ValueError:
-                raise DataError(f"{path}:{i}: column {j + 1}: expected a number, got {cell.strip()!r}") from None
+                raise DataError(f"{path}:{line}: column {j + 1}: expected a number, got {cell.strip()!r}") from None
+    line_of = np.asarray(lines[start:], dtype=np.int64)
     if label_column is None:
-        return values, None
+        return values, None, line_of
     lc = label_column % width
-    return np.delete(values, lc, axis=1), values[:, lc]
+    return np.delete(values, lc, axis=1), values[:, lc], line_of
 
 
 def _is_number(s: str) -> bool:
@@ -126,12 +159,17 @@ def _is_number(s: str) -> bool:
     return True
 
 
-def _labels(y: np.ndarray, path: Path, task: str) -> np.ndarray:
+def _labels(y: np.ndarray, task: str, where) -> np.ndarray:
     if task == "regression":
+        bad = ~np.isfinite(y)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise DataError(f"{where(i)}: the target is {y[i]}, expected a finite number")
         return y.astype(np.float64)
-    if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)) or (y < 0).any():
-        bad = int(np.flatnonzero(~np.isfinite(y) | (y != np.round(y)) | (y < 0))[0])
-        raise DataError(f"{path}: sample {bad + 1}: class labels must be integers >= 0, got {float(y[bad]):g}")
+    bad = ~np.isfinite(y) | (y != np.round(y)) | (y < 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise DataError(f"{where(i)}: class labels must be integers >= 0, got {y[i]:g}")
     return y.astype(np.int64)
 
 
@@ -156,28 +194,45 @@ def load_file(path: FilePath, label_column: int = -1, header: bool | None = None
     if task not in ("classification", "regression"):
         raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
     if not p.is_file():
-        raise DataError(f"data file not found: {p}")
+        raise DataError(f"data file not found: {p}" + (" (it is a folder)" if p.is_dir() else ""))
     suffix = p.suffix.lower()
+    lines = None
     try:
         if suffix == ".npz":
+            if not zipfile.is_zipfile(p):
+                raise DataError(f"{p}: not an .npz archive (not a zip file); expected arrays saved with numpy.savez")
             with np.load(p, allow_pickle=False) as z:
                 missing = [k for k in (features_key, labels_key) if k not in z.files]
                 if missing:
-                    raise DataError(f"{p}: no array {missing[0]!r} in the file; it holds {', '.join(z.files)}")
+                    raise DataError(f"{p}: no array {missing[0]!r} in the file; it holds {', '.join(z.files) or 'nothing'}")
                 x, y = np.asarray(z[features_key], dtype=np.float64), np.asarray(z[labels_key])
         elif suffix == ".npy":
             arr = np.load(p, allow_pickle=False)
-            if arr.ndim != 2:
-                raise DataError(f"{p}: expected a 2-D array (samples x columns), got shape {arr.shape}")
+            if arr.ndim != 2 or arr.shape[1] < 2:
+                raise DataError(f"{p}: expected a 2-D array (samples x columns, at least 2), got shape {arr.shape}")
             lc = label_column % arr.shape[1]
             x, y = np.delete(arr, lc, axis=1).astype(np.float64), arr[:, lc]
         else:
-            x, y = _read_csv(p, label_column, header)
-    except (ValueError, OSError) as e:
-        raise DataError(f"{p}: cannot read the file ({e})") from None
-    if len(x) != len(y):
-        raise DataError(f"{p}: {len(x)} feature rows but {len(y)} labels")
+            x, y, lines = _read_csv(p, label_column, header)
+    except DataError:
+        raise
+    except (ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile) as e:
+        hint = " (it holds pickled objects, which dlrun never loads)" if "pickle" in str(e) else ""
+        raise DataError(f"{p}: cannot read the file{hint}: {e}") from None
+    if y.ndim != 1 or len(x) != len(y):
+        raise DataError(f"{p}: {len(x)} feature rows but labels of shape {y.shape}; expected ({len(x)},)")
+    if len(x) == 0:
+        raise DataError(f"{p}: the file holds no samples")
+    ds = Dataset(x, np.zeros(len(x), dtype=np.int64), name=str(p), rows=lines)
     bad = ~np.isfinite(x).reshape(len(x), -1).all(axis=1)
     if bad.any():
-        raise DataError(f"{p}: sample {int(np.flatnonzero(bad)[0]) + 1}: features contain NaN or inf")
-    return Dataset(x, _labels(np.asarray(y, dtype=np.float64), p, task), name=p.stem)
+        i = int(np.flatnonzero(bad)[0])
+        kind = "NaN" if np.isnan(x[i]).any() else "inf"
+        raise DataError(f"{ds.where(i)}: features contain {kind} ({int(bad.sum())} sample"
+                        f"{'s' if bad.sum() > 1 else ''} in all)")
+    try:
+        y = np.asarray(y, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise DataError(f"{p}: labels of dtype {y.dtype} are not numbers") from None
+    ds.y = _labels(y, task, ds.where)
+    return ds

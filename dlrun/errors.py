@@ -68,15 +68,43 @@ class ConfigErrors(ConfigError):
     """Several config problems, reported together."""
 
     def __init__(self, errors: list[DlrunError]):
-        self.errors = list(errors)
+        self.errors = sorted(errors, key=_order)
         super().__init__("; ".join(str(e) for e in self.errors))
 
     def __str__(self) -> str:
         return "\n".join(str(e) for e in self.errors)
 
 
+def _order(e: DlrunError) -> tuple:
+    """Sort key: the file's problems by line, then command-line flags, then the rest."""
+    w = e.where
+    if w is None or w.source is None:
+        return (2, 0)
+    if w.source.startswith("--"):
+        return (1, 0)
+    return (0, w.line or 0)
+
+
 class TrainingError(DlrunError):
     """Training started but could not finish (non-finite loss, I/O failure). Exit code 1."""
+
+
+class NonFiniteError(TrainingError):
+    """A loss, activation, gradient or weight became NaN or inf; ``where`` names the first one."""
+
+    def __init__(self, message: str, epoch: int, batch: int | None, where: str | None):
+        super().__init__(message)
+        self.epoch, self.batch, self.where_found = epoch, batch, where
+
+
+class Interrupted(DlrunError):
+    """SIGINT or SIGTERM stopped training; exit code 128 + the signal number (130, 143)."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+        self.immediate = False  # True for a second signal: nothing was saved
 
 
 def collect(errors: list[DlrunError]) -> None:

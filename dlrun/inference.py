@@ -104,7 +104,7 @@ def read_features(path: str | Path, input_shape: tuple) -> np.ndarray:
         if p.suffix.lower() == ".npy":
             x = np.load(p, allow_pickle=False)
         else:
-            x, _ = _read_csv(p, None, None)
+            x, _, _ = _read_csv(p, None, None)
     except ValueError as e:
         raise DataError(f"{p}: cannot read the file ({e})") from None
     except OSError as e:

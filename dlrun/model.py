@@ -49,7 +49,9 @@ class Sequential:
                 shape = tuple(layer.build(shape))
             except ShapeError as e:
                 where = locate(f"model[{i}]") if locate else Location(path=f"model[{i}]")
-                raise ShapeError(f"{type(layer).__name__}: {e.message}", where) from None
+                name = type(layer).__name__
+                msg = e.message if e.message.startswith(name) else f"{name}: {e.message}"
+                raise ShapeError(msg, where) from None
             except (ValueError, TypeError) as e:
                 where = locate(f"model[{i}]") if locate else Location(path=f"model[{i}]")
                 raise ShapeError(f"{type(layer).__name__} cannot take input of shape {shape}: {e}", where) from None
@@ -101,6 +103,9 @@ class Sequential:
 
     def load_state_arrays(self, arrays: dict) -> None:
         """Copy parameters and layer state back from ``state_arrays`` output (shapes must match)."""
+        from .checkpoint import check_fits
+
+        check_fits("checkpoint", arrays, self)  # every mismatch at once, before anything is copied
         for name, p in self.named_parameters():
             p.data[...] = self.backend.asarray(arrays[name], dtype=p.data.dtype)
         for i, layer in enumerate(self.layers):

@@ -62,6 +62,9 @@ def did_you_mean(name: str, choices) -> str:
         lowered = {str(c).lower(): str(c) for c in choices}
         if str(name).lower() in lowered:
             close = [lowered[str(name).lower()]]
+    if not close:  # initials: lr -> learning_rate, bs -> batch_size
+        close = [str(c) for c in choices
+                 if "_" in str(c) and "".join(w[:1] for w in str(c).split("_")) == str(name).lower()]
     return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 

@@ -25,7 +25,8 @@ from . import callbacks as controls, checkpoint, snapshot
 from .backend import get_backend
 from .config import Config, config_from_dict, dump_yaml
 from .data import Dataset, split
-from .errors import CheckpointError, DataError, TrainingError, UsageError
+from .errors import CheckpointError, DataError, Interrupted, NonFiniteError, TrainingError, UsageError
+from .faults import StopOnSignal, catch_signals
 from .losses import Loss
 from .model import Sequential
 from .trainer import Callback, History, Trainer
@@ -43,10 +44,22 @@ def resolve_seed(config: Config) -> int:
 
 def load_data(config: Config) -> Dataset:
     """Generate or read the data and split off validation data (seeded, stratified)."""
-    ds = config.build("data")
+    try:
+        ds = config.build("data")
+        if ds.x_val is None and config.train.validation_split > 0:
+            x, y, xv, yv = split(ds.x, ds.y, config.train.validation_split, config.seed)
+    except DataError as e:  # errors without a file line get the config line that caused them
+        if e.where is None and "validation_split" in e.message:
+            e.where = config.locate("train.validation_split")
+        elif e.where is None and "not found" in e.message:
+            e.where = config.locate("data")
+        raise
     if ds.x_val is None and config.train.validation_split > 0:
-        x, y, xv, yv = split(ds.x, ds.y, config.train.validation_split, config.seed)
-        ds = Dataset(x, y, xv, yv, name=ds.name)
+        rows = rows_val = None
+        if ds.rows is not None:  # the same split of the file lines, for errors naming a row
+            keep, _, held, _ = split(np.arange(len(ds.x)), ds.y, config.train.validation_split, config.seed)
+            rows, rows_val = ds.rows[keep], ds.rows[held]
+        ds = Dataset(x, y, xv, yv, name=ds.name, rows=rows, rows_val=rows_val)
     if len(ds.x) == 0:
         raise DataError(f"data {ds.name!r} has no training samples")
     return ds
@@ -64,12 +77,20 @@ def check_labels(ds: Dataset, model: Sequential, loss) -> None:
         return
     if ds.y.dtype.kind not in "iu":
         raise DataError(f"data {ds.name!r}: a classification loss needs integer labels, got {ds.y.dtype} targets")
-    classes = ds.num_classes or 0
     out = model.output_shape[-1] if model.output_shape else 1
+    classes = ds.num_classes or 0
     check = getattr(loss, "check_outputs", None)  # plugin losses need not subclass Loss
     problem = check(classes, out) if check else Loss.check_outputs(loss, classes, out)
-    if problem:
-        raise DataError(f"data {ds.name!r} {problem}")
+    if not problem:
+        return
+    limit = max(out, 2) if out == 1 else out  # one logit scores labels 0 and 1
+    for y, val in ((ds.y, False), (ds.y_val, True)):
+        if y is not None and (y >= limit).any():
+            i = int(np.flatnonzero(y >= limit)[0])
+            raise DataError(f"{ds.where(i, val)}: label {int(y[i])} is out of range: the model outputs {out} "
+                            f"scores, so labels must lie in 0..{limit - 1} (set the last layer's units to "
+                            f"{ds.num_classes})")
+    raise DataError(f"data {ds.name!r} {problem}")
 
 
 def new_run_dir(runs_dir: str | Path, name: str) -> Path:
@@ -129,9 +150,9 @@ def prepare(config: Config):
     return ds, trainer
 
 
-def save_checkpoint(path: Path, trainer: Trainer, config: Config) -> Path:
+def save_checkpoint(path: Path, trainer: Trainer, config: Config, extra: dict | None = None) -> Path:
     """Write the trainer's full state (see :mod:`dlrun.snapshot`) to ``path``."""
-    return snapshot.write(path, trainer, config)
+    return snapshot.write(path, trainer, config, extra)
 
 
 def _monitor(config: Config, ds: Dataset, trainer: Trainer) -> tuple[str, str]:
@@ -143,6 +164,13 @@ def _controls(config: Config, ds: Dataset, trainer: Trainer) -> list:
     """Clipping, schedule and early stopping from ``train:`` (raises before any file is written)."""
     has_val = ds.x_val is not None and len(ds.x_val) > 0
     return controls.from_config(config, has_val, trainer.classification)
+
+
+def _write_config(run_dir: Path, config: Config) -> None:
+    try:
+        (run_dir / "config.yaml").write_text(dump_yaml(config.raw))
+    except OSError as e:
+        raise TrainingError(f"cannot write {run_dir / 'config.yaml'}: {e.strerror or e}") from None
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -158,10 +186,34 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
     train_controls = _controls(config, ds, trainer)
     writer = snapshot.CheckpointWriter(run_dir / "checkpoints", config, config.train.checkpoint_every,
                                        monitor, mode, best, extra)
-    t0 = time.perf_counter()
-    history = trainer.fit(ds.x, ds.y, ds.x_val, ds.y_val, epochs=config.train.epochs,
-                          callbacks=[RunWriter(run_dir), writer, *train_controls, *callbacks])
-    seconds = time.perf_counter() - t0 + seconds_before
+    ckpt = run_dir / "checkpoints" / "last.npz"
+    stop = StopOnSignal()
+    try:
+        with catch_signals(stop), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            t0 = time.perf_counter()
+            try:
+                history = trainer.fit(ds.x, ds.y, ds.x_val, ds.y_val, epochs=config.train.epochs,
+                                      callbacks=[RunWriter(run_dir), writer, *train_controls, *callbacks, stop])
+            except Interrupted as e:
+                if e.immediate:
+                    raise
+                # back to the end of the last finished epoch, so that --resume continues exactly
+                # as an uninterrupted run would (the partial epoch is run again)
+                trainer.rewind_epoch()
+                writer.flush()
+                save_checkpoint(ckpt, trainer, config, {"interrupted": stop.record()})
+                raise Interrupted(f"{e.message}\ncheckpoint of epoch {trainer.epoch} saved: {ckpt}\n"
+                                  f"resume with: dlrun train --resume {run_dir}", e.signum) from None
+            except NonFiniteError as e:
+                if trainer.epoch > 0:  # the guard restored the state after the last good epoch
+                    writer.flush()
+                    save_checkpoint(ckpt, trainer, config)
+                    e.message += f"\nthe last good checkpoint (epoch {trainer.epoch}) is {ckpt}"
+                raise
+            seconds = time.perf_counter() - t0 + seconds_before
+    except OSError as e:
+        raise TrainingError(f"cannot write {e.filename or run_dir}: {e.strerror or e} (errno {e.errno}); "
+                            f"any earlier checkpoint in {run_dir} is intact") from None
     last = history.last
     summary = {k: last.get(k) for k in ("train_loss", "train_accuracy", "val_loss", "val_accuracy")}
     final = trainer.evaluate(ds.x, ds.y)  # the saved weights, in evaluation mode (what predict sees)
@@ -169,7 +221,11 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
                     "epochs": trainer.epoch, "seconds": round(seconds, 4), "seed": config.seed,
                     "device": config.device, "parameters": trainer.model.num_parameters,
                     "best": writer.best, **extra})
-    _write_json(run_dir / "summary.json", summary)
+    try:
+        _write_json(run_dir / "summary.json", summary)
+    except OSError as e:
+        raise TrainingError(f"cannot write {run_dir / 'summary.json'}: {e.strerror or e}; "
+                            f"the checkpoint {ckpt} is complete") from None
     return RunResult(run_dir, summary, history, trainer)
 
 
@@ -188,7 +244,7 @@ def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from
     _monitor(config, ds, trainer)  # fail before any file is written
     _controls(config, ds, trainer)
     run_dir = new_run_dir(runs_dir, config.name)
-    (run_dir / "config.yaml").write_text(dump_yaml(config.raw))
+    _write_config(run_dir, config)
     return _fit(config, ds, trainer, run_dir, callbacks, extra)
 
 
@@ -229,7 +285,7 @@ def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, cal
                          f"raise the total to continue, e.g. --set train.epochs={trainer.epoch + 10}")
     _monitor(config, ds, trainer)
     _truncate_metrics(run_dir / "metrics.csv", trainer.epoch)
-    (run_dir / "config.yaml").write_text(dump_yaml(config.raw))
+    _write_config(run_dir, config)
     before = 0.0
     try:
         before = float(json.loads((run_dir / "summary.json").read_text()).get("seconds") or 0.0)

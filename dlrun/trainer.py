@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import TrainingError
 from .model import Sequential
 
 
@@ -89,16 +88,21 @@ class Trainer:
         for cb in callbacks:
             cb.on_train_begin(self)
         xp = self.backend.xp
+        from .faults import NonFiniteGuard
+
+        self._guard = guard = NonFiniteGuard(self)
         while self.epoch < epochs:
             epoch = self.epoch + 1
             for cb in callbacks:
                 cb.on_epoch_begin(epoch, batches)
             t0 = time.perf_counter()
             self.model.train()
+            shuffle_state = self.shuffle_rng.bit_generator.state
             order = self.shuffle_rng.permutation(n) if self.shuffle else None
             order_d = self.backend.asarray(order) if order is not None else None
             loss_sum = xp.zeros((), dtype=np.float64)
             correct = xp.zeros((), dtype=np.int64)
+            guard.mark(shuffle_state)
             for b in range(batches):
                 s, e = b * bs, min((b + 1) * bs, n)
                 if order_d is None:
@@ -120,9 +124,8 @@ class Trainer:
                 for cb in callbacks:
                     cb.on_batch_end(epoch, b + 1)
             train_loss = float(loss_sum) / n
-            if not math.isfinite(train_loss):
-                raise TrainingError(f"epoch {epoch}: the training loss is {train_loss}; lower the learning rate "
-                                    f"or check the data for extreme values")
+            if not guard.healthy(train_loss):  # replay the epoch to name the first non-finite value
+                raise guard.diagnose(epoch, self._epoch_batches(xd, yd, order_d, bs), callbacks)
             self.epoch = epoch
             row = {"epoch": epoch, "train_loss": train_loss + self._penalty(),
                    "train_accuracy": float(correct) / n if self.classification else None}
@@ -142,6 +145,18 @@ class Trainer:
         for cb in callbacks:
             cb.on_train_end(history.rows)
         return history
+
+    def rewind_epoch(self) -> None:
+        """Undo a partly run epoch (after an interrupt): back to the state its first batch saw."""
+        guard = getattr(self, "_guard", None)
+        if guard is not None and getattr(guard, "params", None) is not None:
+            guard.restore(rewind_shuffle=True)
+
+    def _epoch_batches(self, xd, yd, order_d, bs: int):
+        """The batches of one epoch in the order ``fit`` drew them (for the non-finite replay)."""
+        for s in range(0, len(xd), bs):
+            idx = slice(s, s + bs) if order_d is None else order_d[s:s + bs]
+            yield xd[idx], yd[idx]
 
     def _batches(self, n: int, batch_size: int | None):
         bs = n if batch_size is None else max(1, min(batch_size, n))

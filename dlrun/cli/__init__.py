@@ -17,7 +17,7 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException, NoArgsIsHelpError, UsageError as ClickUsageError
 from rich.console import Console
 
-from ..errors import DlrunError
+from ..errors import ConfigErrors, DlrunError, Interrupted
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Train, gradient-check and use neural networks defined in YAML.")
@@ -25,8 +25,11 @@ out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 
+_argv: list[str] = []
+
+
 def debug_enabled() -> bool:
-    return "--debug" in sys.argv or os.environ.get("DLRUN_DEBUG") == "1"
+    return "--debug" in (_argv or sys.argv) or os.environ.get("DLRUN_DEBUG") == "1"
 
 
 @app.callback()
@@ -36,17 +39,21 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for
 
 def fail(e: DlrunError) -> int:
     """Print an error as lines of 'error: ...' on stderr and return its exit code."""
-    for line in str(e).splitlines() or [type(e).__name__]:
-        err.print(f"[bold red]error:[/] {line}", markup=True, highlight=False, soft_wrap=True)
+    label = "interrupted" if isinstance(e, Interrupted) else "error"
+    for i, line in enumerate(str(e).splitlines() or [type(e).__name__]):
+        # several config problems: one 'error:' each; one error over several lines: indent the rest
+        head = f"[bold red]{label}:[/]" if i == 0 or isinstance(e, ConfigErrors) else " "
+        err.print(f"{head} {line}", markup=True, highlight=False, soft_wrap=True)
     return e.exit_code
 
 
-from . import catalog, evaluate, gradcheck, predict, train  # noqa: E402,F401  (commands register on import)
+from . import catalog, check, evaluate, gradcheck, predict, train  # noqa: E402,F401  (commands register on import)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the app and maps every outcome to an exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    _argv[:] = args
     try:
         code = app(args=args, standalone_mode=False, prog_name="dlrun")  # typer.Exit(n) returns n here
     except DlrunError as e:

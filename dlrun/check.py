@@ -1,0 +1,128 @@
+"""`dlrun check`: validate a config end to end on one batch, without training or writing files.
+
+The config is validated, the data loaded and split, the model built, one batch drawn and run
+forward, through the loss and backward, layer by layer. Each layer's output and gradients are
+checked for the shape its ``build`` promised and for NaN/inf, and its memory is measured.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import checkpoint, run
+from .config import Config
+from .errors import NonFiniteError, ShapeError
+from .faults import nonfinite_kind
+
+
+@dataclass(frozen=True)
+class LayerReport:
+    """One layer on the checked batch; memory in bytes.
+
+    ``activation_bytes`` counts the layer's output plus the arrays it cached for backward
+    (inputs, masks), each array once across the model.
+    """
+
+    index: int
+    name: str
+    output_shape: tuple[int, ...]
+    params: int
+    param_bytes: int
+    grad_bytes: int
+    activation_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.param_bytes + self.grad_bytes + self.activation_bytes
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """What `dlrun check` found."""
+
+    data: str
+    train_samples: int
+    val_samples: int
+    input_shape: tuple[int, ...]
+    batch_size: int
+    layers: list[LayerReport]
+    loss: float
+    device: str
+    dtype: str
+    checkpoint: str | None = None
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(r.total_bytes for r in self.layers)
+
+
+def _arrays(obj) -> list:
+    """Arrays an object holds as attributes (numpy or cupy), for the memory count."""
+    return [v for v in vars(obj).values() if hasattr(v, "nbytes") and hasattr(v, "shape")]
+
+
+def check_config(config: Config, checkpoint_path: str | Path | None = None) -> CheckReport:
+    """Build everything a run needs and run one forward/backward; raise the first problem."""
+    ds, trainer = run.prepare(config)
+    model, loss, b = trainer.model, trainer.loss, trainer.backend
+    ckpt = None
+    if checkpoint_path is not None:
+        arrays, _, meta = checkpoint.load(checkpoint_path)
+        if isinstance(meta.get("input_shape"), list):
+            ds.check_input_shape(tuple(meta["input_shape"]), f"the model in {checkpoint_path}")
+        checkpoint.check_fits(checkpoint_path, arrays, model, meta)
+        model.load_state_arrays(arrays)
+        ckpt = str(checkpoint_path)
+    n = len(ds.x)
+    bs = min(config.train.batch_size or n, n)
+    xb, yb = trainer._to_device(ds.x[:bs], ds.y[:bs])
+    counted: set[int] = {id(p.data) for _, p in model.named_parameters()}
+    counted |= {id(p.grad) for _, p in model.named_parameters()}
+    activations = []
+    h = xb
+    with np.errstate(all="ignore"):
+        for i, layer in enumerate(model.layers):
+            h = layer.forward(h, yb) if layer.needs_labels else layer.forward(h)
+            where = config.locate(f"model[{i}]")
+            if tuple(h.shape) != (bs,) + model.shapes[i]:
+                raise ShapeError(f"{layer!r}: build() promised output shape {('N',) + model.shapes[i]} but forward "
+                                 f"returned {tuple(h.shape)} for a batch of {bs}", where)
+            if (kind := nonfinite_kind(h)) is not None:
+                raise NonFiniteError(f"model[{i}] {layer!r} produced {kind} in forward on the first batch", 1, 1,
+                                     f"model[{i}]")
+            mem = 0
+            for a in [h, *_arrays(layer)]:
+                if id(a) not in counted:
+                    counted.add(id(a))
+                    mem += int(a.nbytes)
+            activations.append(mem)
+        value = loss.forward(h, yb)
+        if (kind := nonfinite_kind(value)) is not None:
+            raise NonFiniteError(f"the loss {loss!r} is {kind} on the first batch", 1, 1, "loss")
+        dy = loss.backward()
+        for i in reversed(range(len(model.layers))):
+            layer = model.layers[i]
+            shape_in = (bs,) + (model.shapes[i - 1] if i else model.input_shape)
+            dy = layer.backward(dy)
+            if tuple(dy.shape) != shape_in:
+                raise ShapeError(f"{layer!r}: backward returned dx of shape {tuple(dy.shape)}, expected the input's "
+                                 f"shape {shape_in}", config.locate(f"model[{i}]"))
+            for pname, p in layer.params.items():
+                if p.trainable and (kind := nonfinite_kind(p.grad)) is not None:
+                    raise NonFiniteError(f"model[{i}] {layer!r} produced {kind} in backward (the gradient of "
+                                         f"{pname}) on the first batch", 1, 1, f"model[{i}]")
+            if (kind := nonfinite_kind(dy)) is not None:
+                raise NonFiniteError(f"model[{i}] {layer!r} produced {kind} in backward (dx) on the first batch",
+                                     1, 1, f"model[{i}]")
+    rows = []
+    for i, (layer, act) in enumerate(zip(model.layers, activations)):
+        ps = list(layer.params.values())
+        rows.append(LayerReport(i, repr(layer), model.shapes[i], sum(p.size for p in ps),
+                                sum(int(p.data.nbytes) for p in ps),
+                                sum(int(p.grad.nbytes) for p in ps if p.grad is not None), act))
+    return CheckReport(ds.name, n, 0 if ds.x_val is None else len(ds.x_val), model.input_shape, bs, rows,
+                       float(value), b.name, str(model.dtype), ckpt)
+
+

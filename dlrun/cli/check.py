@@ -1,0 +1,50 @@
+"""`dlrun check`: validate a config on one batch and show shapes, parameters and memory."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from ..check import check_config
+from ..config import load_config
+from ..plugins import load_plugins
+from . import app, out
+from .catalog import PLUGIN_HELP
+from .train import SET_HELP
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@app.command("check")
+def check_cmd(
+    config: Path = typer.Argument(..., help="YAML config file."),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP, metavar="KEY=VALUE"),
+    plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu or gpu (overrides the config)."),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Also check that this checkpoint fits the model."),
+) -> None:
+    """Validate a config, build the model and run one batch forward and backward; train nothing, write nothing."""
+    load_plugins(plugin)
+    cfg = load_config(config, set_, device=device)
+    r = check_config(cfg, checkpoint)
+    t = Table(title="model", title_justify="left")
+    for col in ("#", "layer", "output shape", "params", "param mem", "grad mem", "activation mem"):
+        t.add_column(col, justify="left" if col in ("layer", "output shape") else "right")
+    for row in r.layers:
+        t.add_row(str(row.index), row.name, str(("N",) + row.output_shape).replace("'", ""), f"{row.params:,}",
+                  _bytes(row.param_bytes), _bytes(row.grad_bytes), _bytes(row.activation_bytes))
+    t.caption = (f"input (N, {', '.join(map(str, r.input_shape))}) · batch N={r.batch_size} · {r.device} · {r.dtype} · "
+                 f"memory {_bytes(r.total_bytes)} (parameters + gradients + activations)")
+    out.print(t)
+    out.print(f"data {r.data!r}: {r.train_samples} training and {r.val_samples} validation samples")
+    if r.checkpoint:
+        out.print(f"checkpoint {r.checkpoint} fits the model")
+    out.print(f"one batch forward, loss {r.loss:.4f}, backward: OK (nothing trained, nothing written)")

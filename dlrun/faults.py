@@ -1,0 +1,193 @@
+"""Training faults: where a non-finite value first appeared, and a clean stop on SIGINT/SIGTERM.
+
+Non-finite values are detected once per epoch, not per batch, so the normal path pays nothing
+per batch: the guard copies the parameters and optimizer state to the host when an epoch starts
+and, when it ends, checks that the epoch's summed loss and every parameter are finite. When one
+is not, it restores the copy and replays the epoch batch by batch, checking each layer's output
+(forward), each ``dx`` and parameter gradient (backward) and the updated parameters, and names
+the first that is not finite. It then restores the copy again, so the model holds the last good
+state (the end of the previous epoch).
+"""
+from __future__ import annotations
+
+import copy
+import signal
+import threading
+from contextlib import contextmanager
+
+import numpy as np
+
+from .backend import array_module
+from .errors import Interrupted, NonFiniteError
+from .trainer import Callback
+
+
+def nonfinite_kind(a) -> str | None:
+    """'NaN' or 'inf' when the array (or scalar) holds one (NaN wins), else None."""
+    xp = array_module(a)
+    if bool(xp.isfinite(a).all()):
+        return None
+    return "NaN" if bool(xp.isnan(a).any()) else "inf"
+
+
+class NonFiniteGuard:
+    """Per-epoch snapshot of a trainer's state, the end-of-epoch check, and the diagnosing replay."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.params = None
+        self.shuffle_state = None
+
+    def mark(self, shuffle_state: dict | None = None) -> None:
+        """Copy everything a batch changes to the host (called when an epoch starts).
+
+        ``shuffle_state`` is the shuffling generator's state before it drew this epoch's order.
+        """
+        t, host = self.trainer, self.trainer.backend.to_host
+        self.shuffle_state = shuffle_state
+        self.params = [np.array(host(p.data)) for _, p in t.model.named_parameters()]
+        self.optim = {k: np.array(host(v)) for k, v in t.optimizer.state_dict().items()}
+        self.states = [{a: copy.deepcopy(getattr(layer, a)) for a in layer.state} for layer in t.model.layers]
+        self.rngs = []  # only layers that declare they draw random numbers (copying a generator is slow)
+        for layer in t.model.layers:
+            try:
+                self.rngs.append(copy.deepcopy(layer.rng) if layer.stochastic else layer.rng)
+            except Exception:  # a device generator that cannot be copied: replay is then approximate
+                self.rngs.append(layer.rng)
+        self.step, self.learning_rate = t.step, t.optimizer.learning_rate
+
+    def restore(self, rewind_shuffle: bool = False) -> None:
+        """Put the state copied by :meth:`mark` back (and the shuffling generator, if asked)."""
+        t = self.trainer
+        if rewind_shuffle and self.shuffle_state is not None:
+            t.shuffle_rng.bit_generator.state = self.shuffle_state
+        for (_, p), saved in zip(t.model.named_parameters(), self.params):
+            p.data[...] = t.backend.asarray(saved, dtype=p.data.dtype)
+        t.optimizer.load_state_dict({k: t.backend.asarray(v) if v.ndim else v for k, v in self.optim.items()})
+        for layer, states, rng in zip(t.model.layers, self.states, self.rngs):
+            for a, v in states.items():
+                setattr(layer, a, copy.deepcopy(v))
+            layer.rng = copy.deepcopy(rng) if layer.stochastic and rng is not None else rng
+        t.step, t.optimizer.learning_rate = self.step, self.learning_rate
+
+    def healthy(self, train_loss: float) -> bool:
+        """True when the epoch's loss and every parameter are finite (one pass over the weights)."""
+        if not np.isfinite(train_loss):
+            return False
+        params = [p.data for _, p in self.trainer.model.named_parameters()]
+        # fast path: a sum is finite when no element is NaN/inf (an overflowing sum of finite
+        # values falls back to the exact elementwise test)
+        return np.isfinite(sum(float(a.sum()) for a in params)) or all(nonfinite_kind(a) is None for a in params)
+
+    def diagnose(self, epoch: int, batches, callbacks=()) -> NonFiniteError:
+        """Replay the epoch from the snapshot, checking every step; return the error to raise."""
+        t = self.trainer
+        self.restore()
+        where = None
+        with np.errstate(all="ignore"):
+            for b, (xb, yb) in enumerate(batches, start=1):
+                where = self._replay_batch(xb, yb, callbacks)
+                if where:
+                    break
+        self.restore()  # leave the last good state in the model (the end of the previous epoch)
+        kept = (f"the model holds the state after epoch {epoch - 1}" if epoch > 1
+                else "no epoch finished, so there is no good state to keep")
+        if where is None:
+            return NonFiniteError(f"epoch {epoch}: the training loss or a weight became non-finite, but a replay "
+                                  f"of the epoch did not reproduce it (a stochastic layer?); {kept}",
+                                  epoch, None, None)
+        return NonFiniteError(f"epoch {epoch}, batch {b}: {where}; {kept}. Lower the learning rate, "
+                              f"clip gradients or check the data and the named layer", epoch, b, where)
+
+    def _replay_batch(self, xb, yb, callbacks) -> str | None:
+        t = self.trainer
+        if (kind := nonfinite_kind(xb)) is not None:
+            return f"the input batch contains {kind}"
+        h = xb
+        for i, layer in enumerate(t.model.layers):
+            h = layer.forward(h, yb) if layer.needs_labels else layer.forward(h)
+            if (kind := nonfinite_kind(h)) is not None:
+                return f"model[{i}] {layer!r} produced {kind} in forward (its output)"
+        loss = t.loss.forward(h, yb)
+        if (kind := nonfinite_kind(loss)) is not None:
+            return f"the loss {t.loss!r} is {kind} (its input was finite)"
+        dy = t.loss.backward()
+        if (kind := nonfinite_kind(dy)) is not None:
+            return f"the loss {t.loss!r} produced {kind} in backward"
+        layers = list(enumerate(t.model.layers))
+        for i, layer in reversed(layers):
+            dy = layer.backward(dy)
+            for name, p in layer.params.items():
+                if p.trainable and (kind := nonfinite_kind(p.grad)) is not None:
+                    return f"model[{i}] {layer!r} produced {kind} in backward (the gradient of {name})"
+            if (kind := nonfinite_kind(dy)) is not None:
+                return f"model[{i}] {layer!r} produced {kind} in backward (dx, the gradient of its input)"
+        for p, reg in t._regularized:
+            reg.add_gradient(p.data, p.grad)
+            if (kind := nonfinite_kind(p.grad)) is not None:
+                return f"the regularizer {reg!r} produced {kind} in a gradient"
+        for cb in callbacks:
+            cb.on_after_backward(t)
+        t.optimizer.step()
+        t.step += 1
+        for i, layer in layers:
+            for name, p in layer.params.items():
+                if (kind := nonfinite_kind(p.data)) is not None:
+                    return (f"the optimizer step made model[{i}].{name} {kind} (gradients were finite: "
+                            f"the step overflowed)")
+        return None
+
+
+class StopOnSignal(Callback):
+    """Turns SIGINT/SIGTERM (caught by :func:`catch_signals`) into Interrupted at a batch boundary."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.epoch = self.batch = self.batches = 0
+
+    def on_epoch_begin(self, epoch, batches):
+        self.epoch, self.batch, self.batches = epoch, 0, batches
+
+    def on_batch_end(self, epoch, batch):
+        self.batch = batch
+        if self.signum is not None and batch < self.batches:  # the last batch stops at epoch end
+            self._stop()
+
+    def on_epoch_end(self, epoch, metrics):
+        if self.signum is not None:
+            self._stop()
+
+    def record(self) -> dict:
+        """Where training stopped, for the checkpoint's metadata."""
+        return {"signal": signal.Signals(self.signum).name, "epoch": self.epoch,
+                "batches_done": self.batch, "batches": self.batches}
+
+    def _stop(self):
+        done = "at the end of" if self.batch >= self.batches else f"after batch {self.batch} of {self.batches} of"
+        raise Interrupted(f"{signal.Signals(self.signum).name} received: training stopped {done} epoch {self.epoch}",
+                          self.signum)
+
+
+@contextmanager
+def catch_signals(stop: StopOnSignal):
+    """While active, SIGINT/SIGTERM set ``stop.signum``; a second one stops at once, unsaved."""
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.getsignal(s) for s in sigs}
+
+    def handler(signum, frame):
+        if stop.signum is not None:
+            err = Interrupted(f"second {signal.Signals(signum).name}: stopped at once without saving", signum)
+            err.immediate = True
+            raise err
+        stop.signum = signum
+
+    for s in sigs:
+        signal.signal(s, handler)
+    try:
+        yield stop
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

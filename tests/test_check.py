@@ -1,0 +1,57 @@
+"""`dlrun check`: one batch forward/backward, per-layer shapes, parameters and memory."""
+from __future__ import annotations
+
+from conftest import ROOT, run_cli, write
+from dlrun.check import check_config
+from dlrun.config import load_config
+
+VALID = ROOT / "tests/corpus/configs/valid.yaml"  # spiral 2x10, Linear(4)-ReLU-Linear(2), batch 8
+
+
+def test_report_counts_parameters_and_memory_by_hand():
+    r = check_config(load_config(VALID))
+    assert (r.batch_size, r.train_samples, r.input_shape) == (8, 20, (2,))
+    lin0, relu, lin2 = r.layers
+    assert (lin0.output_shape, lin0.params, lin0.param_bytes, lin0.grad_bytes) == ((4,), 12, 48, 48)
+    # output 8x4 float32 plus the cached input 8x2 float32
+    assert lin0.activation_bytes == 8 * 4 * 4 + 8 * 2 * 4
+    # output 8x4 float32 plus the boolean mask 8x4; its input is Linear's output, counted already
+    assert (relu.params, relu.activation_bytes) == (0, 8 * 4 * 4 + 8 * 4)
+    assert (lin2.params, lin2.activation_bytes) == (10, 8 * 2 * 4)
+    assert r.total_bytes == sum(x.param_bytes + x.grad_bytes + x.activation_bytes for x in r.layers)
+    assert 0 < r.loss < 5
+
+
+def test_cli_check_prints_table_and_writes_nothing(tmp_path):
+    before = set(tmp_path.iterdir())
+    r = run_cli("check", VALID, "--set", "train.batch_size=5", cwd=tmp_path)
+    assert r.code == 0, r.err
+    assert "batch N=5" in r.out and "Linear(units=4)" in r.out and "(N, 4)" in r.out
+    assert "nothing trained, nothing written" in r.out
+    assert set(tmp_path.iterdir()) == before
+
+
+LIAR = '''
+from dlrun.layers import Layer
+from dlrun.registry import layers
+
+
+@layers.register()
+class Liar(Layer):
+    """y = x[:, :1], though build() says the shape is unchanged."""
+
+    def forward(self, x, y=None):
+        return x[:, :1]
+
+    def backward(self, dy):
+        return dy
+'''
+
+
+def test_check_catches_a_layer_whose_build_lies(tmp_path):
+    plugin = write(tmp_path / "liar.py", LIAR)
+    cfg = write(tmp_path / "c.yaml", "data: {type: spiral, classes: 2, points_per_class: 5}\n"
+                "model:\n  - Liar\n  - {type: Linear, units: 2}\nloss: SoftmaxCrossEntropy\noptimizer: SGD\n")
+    r = run_cli("check", cfg, "--plugin", plugin)
+    assert r.code == 2, r.err
+    assert "c.yaml:3: model[0]: Liar(): build() promised output shape ('N', 2) but forward returned (10, 1)" in r.err

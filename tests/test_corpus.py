@@ -1,0 +1,194 @@
+"""The error corpus: broken configs, data files, command lines and checkpoints.
+
+Each case runs the real CLI and asserts the exit code, that stderr names the problem (file:line,
+key path or file and row) and that no traceback is printed.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, run_cli
+
+C = "tests/corpus/configs"
+D = "tests/corpus/data"
+
+# (case, argv, exit code, fragments that must all appear in stderr)
+CASES = [
+    # -- config files -----------------------------------------------------------------------
+    ("yaml_syntax", ["check", f"{C}/yaml_syntax.yaml"], 2, ["yaml_syntax.yaml:3", "YAML syntax error"]),
+    ("yaml_tab", ["check", f"{C}/yaml_tab.yaml"], 2, ["yaml_tab.yaml:3", "'\\t'"]),
+    ("python_tag", ["check", f"{C}/python_tag.yaml"], 2, ["python_tag.yaml:1", "python/object/apply:os.system", "not allowed"]),
+    ("custom_tag", ["check", f"{C}/custom_tag.yaml"], 2, ["custom_tag.yaml:6", "'!include' is not allowed"]),
+    ("duplicate_key", ["check", f"{C}/duplicate_key.yaml"], 2, ["duplicate_key.yaml:9", "duplicate key 'loss'"]),
+    ("not_mapping", ["check", f"{C}/not_mapping.yaml"], 2, ["not_mapping.yaml:1", "expected a mapping"]),
+    ("empty", ["check", f"{C}/empty.yaml"], 2, ["missing required key 'data'", "missing required key 'optimizer'"]),
+    ("unknown_top_key", ["check", f"{C}/unknown_top_key.yaml"], 2, ["unknown_top_key.yaml:7: optimiser", "did you mean optimizer?"]),
+    ("unknown_layer", ["check", f"{C}/unknown_layer.yaml"], 2, ["unknown_layer.yaml:4: model[1]", "'Relu'", "did you mean ReLU?"]),
+    ("unknown_option", ["check", f"{C}/unknown_option.yaml"], 2, ["unknown_option.yaml:3: model[0].unit:", "did you mean units?"]),
+    ("missing_option", ["check", f"{C}/missing_option.yaml"], 2, ["missing_option.yaml:3: model[0]", "needs option 'units'"]),
+    ("unknown_loss", ["check", f"{C}/unknown_loss.yaml"], 2, ["unknown_loss.yaml:6: loss", "SoftmaxCrossEntropy?"]),
+    ("unknown_optimizer", ["check", f"{C}/unknown_optimizer.yaml"], 2, ["unknown_optimizer.yaml:7: optimizer", "did you mean SGD?"]),
+    ("unknown_initializer", ["check", f"{C}/unknown_initializer.yaml"], 2, ["unknown_initializer.yaml:3: model[0].weight_initializer", "he_normal"]),
+    ("unknown_data", ["check", f"{C}/unknown_data.yaml"], 2, ["unknown_data.yaml:1: data.type", "did you mean spiral?"]),
+    ("type_units", ["check", f"{C}/type_units.yaml"], 2, ["type_units.yaml:3: model[0].units", "expected a positive integer, got 'ten'"]),
+    ("type_epochs", ["check", f"{C}/type_epochs.yaml"], 2, ["type_epochs.yaml:9: train.epochs", "got 2.5"]),
+    ("type_shuffle", ["check", f"{C}/type_shuffle.yaml"], 2, ["type_shuffle.yaml:9: train.shuffle", "expected true or false, got 3"]),
+    ("negative_lr", ["check", f"{C}/negative_lr.yaml"], 2, ["negative_lr.yaml:9: optimizer.learning_rate", "> 0, got -0.1"]),
+    ("nan_lr", ["check", f"{C}/nan_lr.yaml"], 2, ["nan_lr.yaml:9: optimizer.learning_rate", "got nan"]),
+    ("zero_units", ["check", f"{C}/zero_units.yaml"], 2, ["zero_units.yaml:3: model[0].units", "got 0"]),
+    ("rate_one", ["check", f"{C}/rate_one.yaml"], 2, ["rate_one.yaml:5: model[1].rate", "< 1, got 1.0"]),
+    ("k_zero", ["check", f"{C}/k_zero.yaml"], 2, ["k_zero.yaml:5: model[1].k", "> 0 and <= 1, got 0"]),
+    ("k_above_one", ["check", f"{C}/k_above_one.yaml"], 2, ["k_above_one.yaml:5: model[1].k", "got 1.5"]),
+    ("split_one", ["check", f"{C}/split_one.yaml"], 2, ["split_one.yaml:9: train.validation_split", "< 1, got 1.0"]),
+    ("model_not_list", ["check", f"{C}/model_not_list.yaml"], 2, ["model_not_list.yaml:2: model", "non-empty list"]),
+    ("model_empty", ["check", f"{C}/model_empty.yaml"], 2, ["model_empty.yaml:2: model", "got []"]),
+    ("layer_no_type", ["check", f"{C}/layer_no_type.yaml"], 2, ["layer_no_type.yaml:3: model[0]", "'type' key"]),
+    ("shape_linear_images", ["check", f"{C}/shape_linear_images.yaml"], 2, ["shape_linear_images.yaml:3: model[0]", "(1, 8, 8)", "Flatten"]),
+    ("shape_softmax_rank", ["check", f"{C}/shape_softmax_rank.yaml"], 2, ["shape_softmax_rank.yaml:4: model[1]", "Linear expects"]),
+    ("bad_device", ["check", f"{C}/bad_device.yaml"], 2, ["bad_device.yaml:1: device", "got 'tpu'"]),
+    ("bad_dtype", ["check", f"{C}/bad_dtype.yaml"], 2, ["bad_dtype.yaml:1: dtype", "got 'float16'"]),
+    ("bad_seed", ["check", f"{C}/bad_seed.yaml"], 2, ["bad_seed.yaml:1: seed", "expected an integer"]),
+    ("plugin_missing", ["check", f"{C}/plugin_missing.yaml"], 2, ["plugin_missing.yaml:1: plugins", "nothere.py"]),
+    ("plugin_unknown_name", ["check", f"{C}/plugin_unknown_name.yaml"], 2, ["plugin_unknown_name.yaml:5: model[1]", "did you mean Ranged?"]),
+    ("train_not_mapping", ["check", f"{C}/train_not_mapping.yaml"], 2, ["train_not_mapping.yaml:8: train", "got 5"]),
+    # -- data files -------------------------------------------------------------------------
+    ("data_missing", ["check", f"{C}/data_missing_csv.yaml"], 2, ["data_missing_csv.yaml:1: data", "not found", "missing.csv"]),
+    ("data_non_numeric", ["check", f"{C}/data_non_numeric_csv.yaml"], 2, [f"{D}/non_numeric.csv:4", "column 2", "'abc'"]),
+    ("data_ragged", ["check", f"{C}/data_ragged_csv.yaml"], 2, [f"{D}/ragged.csv:3", "expected 3 columns", "got 2"]),
+    ("data_nan", ["check", f"{C}/data_nan_csv.yaml"], 2, [f"{D}/nan.csv:3", "NaN"]),
+    ("data_inf", ["check", f"{C}/data_inf_csv.yaml"], 2, [f"{D}/inf.csv:2", "inf"]),
+    ("data_label_fraction", ["check", f"{C}/data_label_fraction_csv.yaml"], 2, [f"{D}/label_fraction.csv:3", "integers", "1.5"]),
+    ("data_label_negative", ["check", f"{C}/data_label_negative_csv.yaml"], 2, [f"{D}/label_negative.csv:2", "got -1"]),
+    ("data_label_range", ["check", f"{C}/data_label_range_csv.yaml"], 2, [f"{D}/label_range.csv:3", "label 5 is out of range", "outputs 2"]),
+    ("data_header_only", ["check", f"{C}/data_header_only_csv.yaml"], 2, [f"{D}/header_only.csv", "no data rows"]),
+    ("data_empty", ["check", f"{C}/data_empty_csv.yaml"], 2, [f"{D}/empty.csv", "no rows"]),
+    ("data_garbage_npz", ["check", f"{C}/data_garbage_npz.yaml"], 2, [f"{D}/garbage.npz", "not a zip"]),
+    ("data_missing_key", ["check", f"{C}/data_missing_key_npz.yaml"], 2, [f"{D}/missing_key.npz", "no array 'x'", "features, y"]),
+    ("data_pickled", ["check", f"{C}/data_pickled_npy.yaml"], 2, [f"{D}/pickled.npy", "pickled"]),
+    ("data_split_empty", ["check", f"{C}/data_split_empty.yaml"], 2, ["data_split_empty.yaml:6: train.validation_split", "no validation data"]),
+    ("data_regression_nan", ["check", f"{C}/data_regression_nan_target.yaml"], 2, [f"{D}/nan.csv:3", "finite"]),
+    ("data_label_column", ["check", f"{C}/data_one_column.yaml"], 2, [f"{D}/one_row.csv", "label_column 5"]),
+    # -- command lines ----------------------------------------------------------------------
+    ("set_no_equals", ["check", f"{C}/valid.yaml", "--set", "train.epochs"], 2, ["--set", "expected KEY=VALUE"]),
+    ("set_unknown_key", ["check", f"{C}/valid.yaml", "--set", "trian.epochs=3"], 2, ["--set trian.epochs=3: trian", "did you mean train?"]),
+    ("set_index_range", ["check", f"{C}/valid.yaml", "--set", "model[9].units=3"], 2, ["--set model[9].units=3: model[9]", "out of range"]),
+    ("set_bad_value", ["check", f"{C}/valid.yaml", "--set", "model[0].units=-3"], 2, ["--set model[0].units=-3: model[0].units", "got -3"]),
+    ("set_abbrev", ["check", f"{C}/valid.yaml", "--set", "optimizer.lr=0.5"], 2, ["optimizer.lr", "did you mean learning_rate?"]),
+    ("set_python_tag", ["check", f"{C}/valid.yaml", "--set", "train.epochs=!!python/object/apply:os.getcwd []"], 2, ["train.epochs", "expected a positive integer"]),
+    ("set_and_file_together", ["check", f"{C}/zero_units.yaml", "--set", "train.epochs=0"], 2, ["zero_units.yaml:3: model[0].units", "--set train.epochs=0: train.epochs"]),
+    ("set_negative_seed", ["check", f"{C}/valid.yaml", "--set", "seed=-1"], 2, ["--set seed=-1: seed", ">= 0, got -1"]),
+    ("set_data_null", ["check", f"{C}/valid.yaml", "--set", "data=null"], 2, ["--set data=null: data", "got null"]),
+    ("config_not_found", ["check", "nothere.yaml"], 2, ["config file not found: nothere.yaml"]),
+    ("unknown_command", ["trian", f"{C}/valid.yaml"], 2, ["No such command 'trian'"]),
+    ("device_flag", ["check", f"{C}/valid.yaml", "--device", "tpu"], 2, ["--device: device", "got 'tpu'"]),
+    ("show_unknown", ["show", "Relu"], 2, ["did you mean ReLU?"]),
+    ("list_unknown_kind", ["list", "layer"], 2, ["unknown kind 'layer'", "did you mean layers?"]),
+    ("plugin_flag_missing", ["check", f"{C}/valid.yaml", "--plugin", "nothere.py"], 2, ["plugin file not found: nothere.py"]),
+    ("runs_dir_is_file", ["train", f"{C}/valid.yaml", "--runs-dir", f"{D}/good.csv/runs"], 1, ["cannot create the runs directory", "good.csv"]),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,argv,code,fragments", CASES, ids=[c[0] for c in CASES])
+def test_corpus_case(case, argv, code, fragments):
+    r = run_cli(*argv)
+    assert r.code == code, (r.code, r.err)
+    for f in fragments:
+        assert f in r.err, f"{f!r} not in stderr:\n{r.err}"
+    assert "Traceback" not in r.err + r.out
+
+
+def test_corpus_is_large_enough():
+    assert len(CASES) + len(CHECKPOINT_CASES) >= 40
+    assert len({c[0] for c in CASES}) == len(CASES)
+
+
+def test_errors_are_sorted_by_line():
+    r = run_cli("check", f"{C}/several_errors.yaml")
+    lines = [int(l.split("several_errors.yaml:")[1].split(":")[0]) for l in r.err.splitlines()]
+    assert r.code == 2 and lines == sorted(lines) and len(lines) == 4, r.err
+
+
+def test_debug_shows_traceback_as_a_global_option():
+    r = run_cli("--debug", "check", f"{C}/negative_lr.yaml")
+    assert r.code == 2
+    assert "Traceback" in r.err and "ConfigError" in r.err
+    assert "negative_lr.yaml:9: optimizer.learning_rate" in r.err
+
+
+def test_valid_config_passes_check():
+    r = run_cli("check", f"{C}/valid.yaml")
+    assert r.code == 0, r.err
+    assert "nothing trained, nothing written" in r.out
+
+
+# -- checkpoints: made from a real run, then broken --------------------------------------------
+def _good_checkpoint(tmp_path):
+    r = run_cli("train", f"{C}/valid.yaml", "--runs-dir", tmp_path / "runs")
+    assert r.code == 0, r.err
+    return next((tmp_path / "runs").glob("*/checkpoints/last.npz"))
+
+
+def _truncate(src, dst):
+    dst.write_bytes(src.read_bytes()[: src.stat().st_size // 2])
+
+
+def _flip(src, dst):
+    b = bytearray(src.read_bytes())
+    for i in range(len(b) // 3, len(b) // 3 + 64):
+        b[i] ^= 0xFF
+    dst.write_bytes(bytes(b))
+
+
+def _text(src, dst):
+    dst.write_text("not a checkpoint\n")
+
+
+def _pickled(src, dst):
+    np.savez(dst, **{"model/0.weight": np.array([{"x": 1}], dtype=object), "meta": np.frombuffer(b"{}", np.uint8)})
+
+
+def _no_meta(src, dst):
+    np.savez(dst, **{"model/0.weight": np.zeros((4, 2), np.float32)})
+
+
+def _meta_list(src, dst):
+    np.savez(dst, **{"meta": np.frombuffer(b"[1, 2]", np.uint8)})
+
+
+CHECKPOINT_CASES = [
+    ("ckpt_missing", None, [], 2, ["checkpoint not found"]),
+    ("ckpt_truncated", _truncate, [], 2, ["corrupt or truncated"]),
+    ("ckpt_flipped_bytes", _flip, [], 2, ["corrupt or truncated"]),
+    ("ckpt_text", _text, [], 2, ["corrupt or truncated"]),
+    ("ckpt_pickled", _pickled, [], 2, ["pickled objects; refusing"]),
+    ("ckpt_no_meta", _no_meta, [], 2, ["not a dlrun checkpoint"]),
+    ("ckpt_meta_not_record", _meta_list, [], 2, ["record is not a JSON object"]),
+    ("ckpt_other_model", "copy", ["--set", "model[0].units=5", "--set", "model[1]=Tanh"], 2,
+     ["does not fit the model (4 problems)", "0.weight: shape (4, 2) in the checkpoint, (5, 2) in the model",
+      "layers: the checkpoint has [Linear, ReLU, Linear], the model has [Linear, Tanh, Linear]"]),
+    ("ckpt_other_features", "copy", ["--set", f"data={{type: file, path: {ROOT / D / 'four_features.csv'}}}"], 2,
+     ["four_features.csv:1: each sample has 4 features, but the model in", "takes 2 features"]),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,make,extra,code,fragments", CHECKPOINT_CASES, ids=[c[0] for c in CHECKPOINT_CASES])
+def test_checkpoint_case(tmp_path, case, make, extra, code, fragments):
+    dst = tmp_path / "broken.npz"
+    if make == "copy":
+        dst = _good_checkpoint(tmp_path)
+    elif make is not None:
+        make(_good_checkpoint(tmp_path), dst)
+    r = run_cli("check", f"{C}/valid.yaml", "--checkpoint", dst, *extra)
+    assert r.code == code, (r.code, r.err)
+    for f in fragments:
+        assert f in r.err, f"{f!r} not in stderr:\n{r.err}"
+    assert "Traceback" not in r.err + r.out
+
+
+def test_good_checkpoint_fits(tmp_path):
+    r = run_cli("check", f"{C}/valid.yaml", "--checkpoint", _good_checkpoint(tmp_path))
+    assert r.code == 0, r.err
+    assert "fits the model" in r.out
