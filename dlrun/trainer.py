@@ -74,6 +74,12 @@ class Trainer:
         ydt = np.int64 if self.classification else self.model.dtype
         return x, (b.asarray(np.ascontiguousarray(y), dtype=ydt) if y is not None else None)
 
+    def _fast_loss(self, on: bool) -> None:
+        """Let the loss reuse its buffers while this loop owns its gradient (custom losses may not have any)."""
+        pool = getattr(self.loss, "buffers", None)
+        if pool is not None:
+            pool.enabled = on
+
     def _penalty(self) -> float:
         return sum(reg.penalty(p.data) for p, reg in self._regularized) if self._regularized else 0.0
 
@@ -94,7 +100,8 @@ class Trainer:
             for cb in callbacks:
                 cb.on_epoch_begin(epoch, batches)
             t0 = time.perf_counter()
-            self.model.train()
+            self.model.train(fast=True)  # this loop consumes outputs at once: buffers, no input grad
+            self._fast_loss(True)
             order = self.shuffle_rng.permutation(n) if self.shuffle else None
             order_d = self.backend.asarray(order) if order is not None else None
             loss_sum = xp.zeros((), dtype=np.float64)
@@ -119,6 +126,8 @@ class Trainer:
                 self.step += 1
                 for cb in callbacks:
                     cb.on_batch_end(epoch, b + 1)
+            self.model.train()
+            self._fast_loss(False)
             train_loss = float(loss_sum) / n
             if not math.isfinite(train_loss):
                 raise TrainingError(f"epoch {epoch}: the training loss is {train_loss}; lower the learning rate "
