@@ -68,7 +68,7 @@ class SoftmaxCrossEntropy(Loss):
         xp.log(s, out=s)
         s += m
         s -= z[rows, y]
-        return s.mean()
+        return s.sum() * (1.0 / n)  # ndarray.mean() costs ~3x more Python for small arrays
 
     def backward(self):
         xp = array_module(self._p)

@@ -16,10 +16,17 @@ from .registry import optimizers
 
 
 class Optimizer:
-    """Base class. Subclasses implement ``_update(name, param)``; ``learning_rate`` may be
-    changed between steps (schedules)."""
+    """Base class. Subclasses implement ``_update(state, param)``; ``learning_rate`` may be
+    changed between steps (schedules).
+
+    An optimizer whose update is purely elementwise sets ``elementwise = True``: ``step`` then
+    applies ``_update`` to cache-sized blocks of large parameters (views of the parameter, its
+    gradient and its state), so the update's several passes hit L2 cache instead of memory.
+    """
 
     slots: tuple[str, ...] = ()
+    elementwise: bool = False
+    block_size: int = 1 << 17  # elements per block (0.5 MiB per float32 array)
 
     def __init__(self, learning_rate: float):
         self.learning_rate = learning_rate
@@ -36,7 +43,29 @@ class Optimizer:
         """Apply one update to every trainable parameter."""
         self.iterations += 1
         for name, p in self.params:
-            self._update(self.state[name], p)
+            if self.elementwise and p.data.size > self.block_size:
+                for state, part in self._blocks(name, p):
+                    self._update(state, part)
+            else:
+                self._update(self.state[name], p)
+
+    def _blocks(self, name: str, p) -> list:
+        """(state views, Parameter of views) per block of ``p``; rebuilt if a layer replaced an array."""
+        cache = self.__dict__.setdefault("_block_cache", {})
+        hit = cache.get(name)
+        if hit is not None and hit[0] is p.data and hit[1] is p.grad:
+            return hit[2]
+        arrays = [p.data, p.grad, *self.state[name].values()]
+        if not all(a.flags.c_contiguous for a in arrays):
+            blocks = [(self.state[name], p)]
+        else:
+            flat = [a.reshape(-1) for a in arrays]
+            keys = list(self.state[name])
+            blocks = [({k: f[s:s + self.block_size] for k, f in zip(keys, flat[2:])},
+                       type(p)(flat[0][s:s + self.block_size], flat[1][s:s + self.block_size]))
+                      for s in range(0, p.data.size, self.block_size)]
+        cache[name] = (p.data, p.grad, blocks)
+        return blocks
 
     def _update(self, state: dict, p) -> None:
         raise NotImplementedError
@@ -77,6 +106,8 @@ class SGD(Optimizer):
         weight_decay: L2 coefficient added to the gradient (coupled decay).
     """
 
+    elementwise = True
+
     def __init__(self, learning_rate: PositiveFloat = 0.01,
                  momentum: Annotated[float, Range(0, 1, max_inclusive=False)] = 0.0,
                  nesterov: bool = False, weight_decay: NonNegativeFloat = 0.0):
@@ -91,16 +122,20 @@ class SGD(Optimizer):
         if self.weight_decay:
             g += self.weight_decay * p.data  # grads are rewritten every backward: safe in place
         if not self.momentum:
-            p.data -= self.learning_rate * g
+            g *= self.learning_rate  # g is rewritten by every backward: it doubles as scratch
+            p.data -= g
             return
+        xp = array_module(g)
         v = state["velocity"]
         v *= self.momentum
         v += g
-        if self.nesterov:
-            g += self.momentum * v
-            p.data -= self.learning_rate * g
+        if self.nesterov:  # w -= lr·(g + momentum·v), in two in-place steps through g
+            g *= self.learning_rate
+            p.data -= g
+            xp.multiply(v, self.learning_rate * self.momentum, out=g)
         else:
-            p.data -= self.learning_rate * v
+            xp.multiply(v, self.learning_rate, out=g)
+        p.data -= g
 
 
 @optimizers.register()
@@ -119,6 +154,7 @@ class Adam(Optimizer):
     """
 
     slots = ("m", "v")
+    elementwise = True
 
     def __init__(self, learning_rate: PositiveFloat = 0.001,
                  beta1: Annotated[float, Range(0, 1, max_inclusive=False)] = 0.9,

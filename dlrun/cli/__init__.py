@@ -37,7 +37,7 @@ def fail(e: DlrunError) -> int:
     return e.exit_code
 
 
-from . import catalog, train  # noqa: E402,F401  (commands register on import)
+from . import catalog, time, train  # noqa: E402,F401  (commands register on import)
 
 
 def main(argv: list[str] | None = None) -> int:
