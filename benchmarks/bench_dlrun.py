@@ -33,7 +33,7 @@ def build(w: Workload):
 
 
 def prepare(w: Workload):
-    """Return ``run() -> (seconds, final_loss)`` and the workload's GEMM FLOPs."""
+    """Return ``run() -> (wall seconds, CPU seconds, final_loss)`` and the workload's GEMM FLOPs."""
     trainer, x, y, epochs, _ = build(w)
     model, opt = trainer.model, trainer.optimizer
     init = {k: v.copy() for k, v in model.state_arrays().items()}
@@ -43,8 +43,8 @@ def prepare(w: Workload):
         model.load_state_arrays(init)
         opt.load_state_dict(opt0)
         trainer.epoch = trainer.step = 0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         hist = trainer.fit(x, y, epochs=epochs)
-        return time.perf_counter() - t0, hist.last["train_loss"]
+        return time.perf_counter() - t0, time.process_time() - c0, hist.last["train_loss"]
 
     return run, gemm_flops(model, len(x) * epochs)

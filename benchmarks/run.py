@@ -83,6 +83,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", default=",".join([*WORKLOADS, "gradcheck"]),
                     help="comma-separated workloads (" + ", ".join([*WORKLOADS, "gradcheck"]) + ")")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="tabulate wall time (default) or process CPU time (steadier on a busy machine at 1 thread)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     a = ap.parse_args()
     names = [n for n in a.only.split(",") if n]
@@ -114,7 +116,7 @@ def main() -> None:
             if not ok:
                 row[impl] = {"available": False, "reason": results[0]["reason"]}
                 continue
-            s = summarise([r["times"] for r in ok])
+            s = summarise([r["times" if a.clock == "wall" else "cpu_times"] for r in ok])
             s.update(available=True, rss_mib=max(r["rss_mib"] for r in ok), final_loss=ok[-1].get("final_loss"))
             flops = next((r.get("gemm_flops") for r in raw[n].get("dlrun", []) if r.get("gemm_flops")), None)
             if flops:
@@ -128,7 +130,7 @@ def main() -> None:
             row["rss_ratio"] = d["rss_mib"] / t["rss_mib"]
         rows.append(row)
     result = {"when": datetime.now().isoformat(timespec="seconds"), "machine": info, "gemm_peak_gflops": peaks,
-              "rounds": a.rounds, "repeats": a.repeats, "rows": rows}
+              "rounds": a.rounds, "repeats": a.repeats, "clock": a.clock, "rows": rows, "raw": raw}
     a.out.mkdir(parents=True, exist_ok=True)
     stem = a.out / f"bench-{datetime.now():%Y%m%d-%H%M%S}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")

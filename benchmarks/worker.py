@@ -79,12 +79,13 @@ def train(impl: str, name: str, threads: int, repeats: int) -> dict:
 
         run, flops = bench_dlrun.prepare(w)
     run()  # warm-up
-    times, losses = [], []
+    times, cpu, losses = [], [], []
     for _ in range(repeats):
-        t, loss = run()
+        t, c, loss = run()
         times.append(t)
+        cpu.append(c)
         losses.append(loss)
-    return {"available": True, "times": times, "final_loss": losses[-1], "gemm_flops": flops}
+    return {"available": True, "times": times, "cpu_times": cpu, "final_loss": losses[-1], "gemm_flops": flops}
 
 
 def gradcheck(repeats: int) -> dict:
@@ -94,16 +95,19 @@ def gradcheck(repeats: int) -> dict:
                            cwd=HERE.parent)
     if " gradcheck " not in probe.stdout:
         return {"available": False, "reason": "not available: no `dlrun gradcheck` command"}
-    times = []
+    times, cpu = [], []
     for i in range(repeats + 1):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=HERE.parent)
         dt = time.perf_counter() - t0
         if p.returncode != 0:
             return {"available": False, "reason": f"`dlrun gradcheck --all` exited {p.returncode}"}
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if i:
             times.append(dt)
-    return {"available": True, "times": times, "rss_mib": rss_mib(resource.RUSAGE_CHILDREN)}
+            cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return {"available": True, "times": times, "cpu_times": cpu, "rss_mib": rss_mib(resource.RUSAGE_CHILDREN)}
 
 
 def main() -> None:

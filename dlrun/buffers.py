@@ -13,7 +13,7 @@ from __future__ import annotations
 class BufferPool:
     """Scratch arrays keyed by (name, shape, dtype), handed out while ``enabled``."""
 
-    __slots__ = ("enabled", "_arrays")
+    __slots__ = ("enabled", "_arrays")  # scratch arrays and cached constants
 
     def __init__(self) -> None:
         self.enabled = False
@@ -27,6 +27,14 @@ class BufferPool:
         a = self._arrays.get(key)
         if a is None:
             a = self._arrays[key] = xp.empty(shape, dtype)
+        return a
+
+    def ones(self, xp, n: int, dtype):
+        """A cached vector of n ones (a constant: safe to share whether or not the pool is enabled)."""
+        key = ("ones", n, dtype, xp.__name__)
+        a = self._arrays.get(key)
+        if a is None:
+            a = self._arrays[key] = xp.ones(n, dtype)
         return a
 
     def clear(self) -> None:

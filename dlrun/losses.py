@@ -62,19 +62,20 @@ class SoftmaxCrossEntropy(Loss):
         xp.exp(p, out=p)
         s = _row_reduce(xp, xp.add, p, get(xp, "s", (n,), z.dtype)) if c <= _FEW_CLASSES else p.sum(axis=1)
         p /= s[:, None]
-        rows = xp.arange(n)
-        self._p, self._y, self._rows = p, y, rows
+        flat = xp.arange(0, n * c, c)  # flat index of (i, y_i): 1-D take/setitem are ~4x cheaper than [rows, y]
+        flat += y
+        self._p, self._flat = p, flat
         # log-sum-exp form: -log p_y = log Σ exp(z - m) - (z_y - m); never log(0)
         xp.log(s, out=s)
         s += m
-        s -= z[rows, y]
+        s -= z.reshape(-1).take(flat)
         return s.sum() * (1.0 / n)  # ndarray.mean() costs ~3x more Python for small arrays
 
     def backward(self):
         xp = array_module(self._p)
         scale = 1.0 / self._p.shape[0]  # a Python float keeps float32 float32
         d = xp.multiply(self._p, scale, out=self.buffers.get(xp, "d", self._p.shape, self._p.dtype))
-        d[self._rows, self._y] -= scale
+        d.reshape(-1)[self._flat] -= scale  # d is contiguous: the reshape is a view
         return d
 
     def probabilities(self, z):
