@@ -111,7 +111,7 @@ def main() -> None:
                 print(f"round {rnd + 1}/{a.rounds} {n:<10} {impl:<6} {state}", flush=True)
     rows = []
     for n in names:
-        row = {"workload": n, "title": WORKLOADS[n].title if n in WORKLOADS else "`dlrun gradcheck --all` (process wall time)"}
+        row = {"workload": n, "title": WORKLOADS[n].title if n in WORKLOADS else "`dlrun gradcheck --all` (whole command, child process)"}
         for impl, results in raw[n].items():
             ok = [r for r in results if r.get("available")]
             if not ok:
