@@ -8,13 +8,21 @@ from __future__ import annotations
 from .backend import array_module
 from .errors import ShapeError
 from .options import PositiveFloat
+from .buffers import BufferPool
 from .registry import losses
+
+_FEW_CLASSES = 16  # up to this many columns, column-wise ufuncs beat an axis-1 reduction
 
 
 class Loss:
     """Base class for losses."""
 
     task = "classification"
+
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls)
+        self.buffers = BufferPool()  # enabled by the trainer while it owns the gradients (see dlrun.buffers)
+        return self
 
     def forward(self, z, y):
         raise NotImplementedError
@@ -56,26 +64,46 @@ class SoftmaxCrossEntropy(Loss):
 
     def forward(self, z, y):
         xp = array_module(z)
-        n = z.shape[0]
-        rows = xp.arange(n)
-        shifted = z - z.max(axis=1, keepdims=True)
-        p = xp.exp(shifted)
-        s = p.sum(axis=1, keepdims=True)
-        p /= s
-        self._p, self._y, self._rows = p, y, rows
+        n, c = z.shape
+        get = self.buffers.get
+        m = _row_reduce(xp, xp.maximum, z, get(xp, "m", (n,), z.dtype)) if c <= _FEW_CLASSES else z.max(axis=1)
+        p = xp.subtract(z, m[:, None], out=get(xp, "p", z.shape, z.dtype))
+        xp.exp(p, out=p)
+        s = _row_reduce(xp, xp.add, p, get(xp, "s", (n,), z.dtype)) if c <= _FEW_CLASSES else p.sum(axis=1)
+        p /= s[:, None]
+        flat = xp.arange(0, n * c, c)  # flat index of (i, y_i): 1-D take/setitem are ~4x cheaper than [rows, y]
+        flat += y
+        self._p, self._flat = p, flat
         # log-sum-exp form: -log p_y = log Σ exp(z - m) - (z_y - m); never log(0)
-        return (xp.log(s[:, 0]) - shifted[rows, y]).mean()
+        xp.log(s, out=s)
+        s += m
+        s -= z.reshape(-1).take(flat)
+        return s.sum() * (1.0 / n)  # ndarray.mean() costs ~3x more Python for small arrays
 
     def backward(self):
-        d = self._p.copy()
-        d[self._rows, self._y] -= 1
-        d /= d.shape[0]
+        xp = array_module(self._p)
+        scale = 1.0 / self._p.shape[0]  # a Python float keeps float32 float32
+        d = xp.multiply(self._p, scale, out=self.buffers.get(xp, "d", self._p.shape, self._p.dtype))
+        d.reshape(-1)[self._flat] -= scale  # d is contiguous: the reshape is a view
         return d
 
     def probabilities(self, z):
         xp = array_module(z)
         p = xp.exp(z - z.max(axis=1, keepdims=True))
         return p / p.sum(axis=1, keepdims=True)
+
+
+def _row_reduce(xp, ufunc, z, out):
+    """ufunc folded over the columns of z (N, C): C-1 cheap calls instead of one axis-1 reduction."""
+    if z.shape[1] == 1:
+        if out is None:
+            return z[:, 0].copy()
+        out[...] = z[:, 0]
+        return out
+    out = ufunc(z[:, 0], z[:, 1], out=out)
+    for j in range(2, z.shape[1]):
+        ufunc(out, z[:, j], out=out)
+    return out
 
 
 @losses.register()

@@ -58,10 +58,23 @@ class Sequential:
             self.shapes.append(shape)
         self.output_shape = shape
         self._labelled = [layer.needs_labels for layer in self.layers]
+        trainable = [i for i, layer in enumerate(self.layers) if any(p.trainable for p in layer.params.values())]
+        self._first_trainable = trainable[0] if trainable else len(self.layers)
+        self._stop = 0  # backward runs down to this layer (see train(fast=True))
 
-    def train(self, mode: bool = True) -> "Sequential":
-        for layer in self.layers:
+    def train(self, mode: bool = True, fast: bool = False) -> "Sequential":
+        """Set training (or evaluation) mode.
+
+        ``fast=True`` is for a training loop that consumes each output before the next call and
+        discards the input gradient: layers then reuse per-shape buffers, layers before the first
+        trainable one are skipped in backward, and that layer is told it needs no input gradient.
+        """
+        fast = fast and mode
+        for i, layer in enumerate(self.layers):
             layer.training = mode
+            layer.buffers.enabled = fast
+            layer.needs_input_grad = not fast or i > self._first_trainable
+        self._stop = self._first_trainable if fast else 0
         return self
 
     def eval(self) -> "Sequential":
@@ -73,9 +86,11 @@ class Sequential:
         return x
 
     def backward(self, dy):
-        for layer in reversed(self.layers):
-            dy = layer.backward(dy)
-        return dy
+        """Back-propagate dL/d(output); returns dL/d(input) (None in fast training mode)."""
+        layers = self.layers
+        for i in range(len(layers) - 1, self._stop - 1, -1):
+            dy = layers[i].backward(dy)
+        return dy if self._stop == 0 else None
 
     def named_parameters(self):
         """``[("0.weight", Parameter), ...]``: qualified name = layer index and parameter name."""

@@ -73,6 +73,12 @@ class Trainer:
         ydt = np.int64 if self.classification else self.model.dtype
         return x, (b.asarray(np.ascontiguousarray(y), dtype=ydt) if y is not None else None)
 
+    def _fast_loss(self, on: bool) -> None:
+        """Let the loss reuse its buffers while this loop owns its gradient (custom losses may not have any)."""
+        pool = getattr(self.loss, "buffers", None)
+        if pool is not None:
+            pool.enabled = on
+
     def _penalty(self) -> float:
         return sum(reg.penalty(p.data) for p, reg in self._regularized) if self._regularized else 0.0
 
@@ -96,7 +102,8 @@ class Trainer:
             for cb in callbacks:
                 cb.on_epoch_begin(epoch, batches)
             t0 = time.perf_counter()
-            self.model.train()
+            self.model.train(fast=True)  # this loop consumes outputs at once: buffers, no input grad
+            self._fast_loss(True)
             shuffle_state = self.shuffle_rng.bit_generator.state
             order = self.shuffle_rng.permutation(n) if self.shuffle else None
             order_d = self.backend.asarray(order) if order is not None else None
@@ -123,6 +130,8 @@ class Trainer:
                 self.step += 1
                 for cb in callbacks:
                     cb.on_batch_end(epoch, b + 1)
+            self.model.train()
+            self._fast_loss(False)
             train_loss = float(loss_sum) / n
             if not guard.healthy(train_loss):  # replay the epoch to name the first non-finite value
                 raise guard.diagnose(epoch, self._epoch_batches(xd, yd, order_d, bs), callbacks)

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..backend import CPU, Backend
+from ..buffers import BufferPool
 from ..errors import ShapeError
 
 
@@ -90,6 +91,14 @@ class Layer:
             statistics, annealed coefficients); gradcheck freezes and restores them, and
             checkpoints save them.
         input_spec: see :class:`InputSpec`.
+
+    Attributes set by the framework (a layer may ignore both; they only save work):
+        needs_input_grad: False when nothing consumes this layer's input gradient (the first
+            trainable layer of a model during training); ``backward`` may then skip computing
+            dx and return None.
+        buffers: a :class:`~dlrun.buffers.BufferPool`; ``self.buffer(name, shape, dtype)`` gives
+            a per-shape scratch array to pass as ``out=`` while the trainer owns the outputs,
+            and None (allocate) otherwise.
     """
 
     needs_labels: ClassVar[bool] = False
@@ -107,6 +116,8 @@ class Layer:
         self.xp = np
         self.dtype = np.dtype(np.float32)
         self._init_rng = None
+        self.needs_input_grad = True
+        self.buffers = BufferPool()
         return self
 
     def __init__(self) -> None:
@@ -168,6 +179,10 @@ class Layer:
         return None
 
     # -- conveniences ----------------------------------------------------------------------
+    def buffer(self, name: str, shape, dtype):
+        """A reusable ``out=`` array for this (name, shape, dtype), or None: see ``buffers``."""
+        return self.buffers.get(self.xp, name, tuple(shape), dtype)
+
     def expect_rank(self, input_shape, rank: int, what: str) -> None:
         """Raise ShapeError unless the per-sample input has ``rank`` axes."""
         if len(input_shape) != rank:

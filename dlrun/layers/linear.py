@@ -55,16 +55,19 @@ class Linear(Layer):
 
     def forward(self, x, y=None):
         self._x = x
-        out = x @ self.weight.data.T
+        out = self.xp.matmul(x, self.weight.data.T, out=self.buffer("y", (x.shape[0], self.units), x.dtype))
         if self.bias is not None:
             out += self.bias.data
         return out
 
     def backward(self, dy):
-        self.xp.matmul(dy.T, self._x, out=self.weight.grad)
-        if self.bias is not None:
-            dy.sum(axis=0, out=self.bias.grad)
-        return dy @ self.weight.data
+        xp = self.xp
+        xp.matmul(dy.T, self._x, out=self.weight.grad)  # .T views go to BLAS as a flag: no copy
+        if self.bias is not None:  # column sums as ones @ dy: a GEMV, ~3x faster than sum(axis=0) on few columns
+            xp.matmul(self.buffers.ones(xp, dy.shape[0], dy.dtype), dy, out=self.bias.grad)
+        if not self.needs_input_grad:
+            return None
+        return xp.matmul(dy, self.weight.data, out=self.buffer("dx", self._x.shape, dy.dtype))
 
 
 def _init(spec):

@@ -23,6 +23,8 @@ class Adam(Optimizer):
             AdamW decouples it).
     """
 
+    elementwise = True
+
     slots = ("m", "v")
     decoupled = False
 

@@ -23,6 +23,8 @@ class RMSProp(Optimizer):
         weight_decay: L2 coefficient added to the gradient (coupled decay).
     """
 
+    elementwise = True
+
     needs_work = True
 
     def __init__(self, learning_rate: PositiveFloat = 0.001, rho: Fraction = 0.9, epsilon: PositiveFloat = 1e-8,
@@ -68,6 +70,8 @@ class AdaGrad(Optimizer):
         epsilon: added to the denominator.
         weight_decay: L2 coefficient added to the gradient (coupled decay).
     """
+
+    elementwise = True
 
     slots = ("sum",)
     needs_work = True

@@ -19,10 +19,16 @@ class Optimizer:
     ``slots`` name the per-parameter state buffers (saved in checkpoints). A subclass that needs
     a temporary array sets ``needs_work = True`` and gets ``state["_work"]``, a scratch buffer
     shaped like the parameter that is allocated once and never saved.
+
+    An optimizer whose update is purely elementwise sets ``elementwise = True``: ``step`` then
+    applies ``_update`` to cache-sized blocks of large parameters (views of the parameter, its
+    gradient and its state), so the update's several passes hit L2 cache instead of memory.
     """
 
     slots: tuple[str, ...] = ()
     needs_work: bool = False
+    elementwise: bool = False
+    block_size: int = 1 << 17  # elements per block (0.5 MiB per float32 array)
 
     def __init__(self, learning_rate: float):
         self.learning_rate = learning_rate
@@ -42,7 +48,29 @@ class Optimizer:
         """Apply one update to every trainable parameter."""
         self.iterations += 1
         for name, p in self.params:
-            self._update(self.state[name], p)
+            if self.elementwise and p.data.size > self.block_size:
+                for state, part in self._blocks(name, p):
+                    self._update(state, part)
+            else:
+                self._update(self.state[name], p)
+
+    def _blocks(self, name: str, p) -> list:
+        """(state views, Parameter of views) per block of ``p``; rebuilt if a layer replaced an array."""
+        cache = self.__dict__.setdefault("_block_cache", {})
+        hit = cache.get(name)
+        if hit is not None and hit[0] is p.data and hit[1] is p.grad:
+            return hit[2]
+        arrays = [p.data, p.grad, *self.state[name].values()]
+        if not all(a.flags.c_contiguous for a in arrays):
+            blocks = [(self.state[name], p)]
+        else:
+            flat = [a.reshape(-1) for a in arrays]
+            keys = list(self.state[name])
+            blocks = [({k: f[s:s + self.block_size] for k, f in zip(keys, flat[2:])},
+                       type(p)(flat[0][s:s + self.block_size], flat[1][s:s + self.block_size]))
+                      for s in range(0, p.data.size, self.block_size)]
+        cache[name] = (p.data, p.grad, blocks)
+        return blocks
 
     def _update(self, state: dict, p) -> None:
         raise NotImplementedError

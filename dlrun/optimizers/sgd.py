@@ -22,6 +22,8 @@ class SGD(Optimizer):
         weight_decay: L2 coefficient added to the gradient (coupled decay).
     """
 
+    elementwise = True
+
     def __init__(self, learning_rate: PositiveFloat = 0.01, momentum: Fraction = 0.0,
                  nesterov: bool = False, weight_decay: NonNegativeFloat = 0.0):
         if nesterov and momentum == 0:

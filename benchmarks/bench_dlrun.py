@@ -1,0 +1,50 @@
+"""dlrun's side of a workload: registry-built layers, Sequential, Trainer.fit (the real machinery)."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from workloads import Workload, gemm_flops, resolve_layers
+
+
+def build(w: Workload):
+    """(trainer, x, y, epochs): for a shipped config through dlrun.run.prepare, else from the specs."""
+    from dlrun import registry
+    from dlrun.backend import CPU
+    from dlrun.model import Sequential
+    from dlrun.trainer import Trainer
+
+    if w.config:
+        from dlrun.config import load_config
+        from dlrun.run import prepare
+
+        cfg = load_config(w.config, list(w.overrides))
+        ds, trainer = prepare(cfg)
+        trainer.shuffle = False  # same batch order as the torch side
+        return trainer, ds.x.astype(np.float32), ds.y, cfg.train.epochs, cfg
+    x, y = w.data()
+    layers = [registry.layers.build(s) for s in resolve_layers(w.layers)]
+    model = Sequential(layers, w.input_shape, CPU, np.float32, seed=w.seed)
+    opt = registry.optimizers.build({"type": "SGD", "learning_rate": w.learning_rate, "momentum": w.momentum})
+    loss = registry.losses.build("SoftmaxCrossEntropy")
+    trainer = Trainer(model, loss, opt, None, w.batch_size, shuffle=False, seed=w.seed)
+    return trainer, x, y, w.epochs, None
+
+
+def prepare(w: Workload):
+    """Return ``run() -> (wall seconds, CPU seconds, final_loss)`` and the workload's GEMM FLOPs."""
+    trainer, x, y, epochs, _ = build(w)
+    model, opt = trainer.model, trainer.optimizer
+    init = {k: v.copy() for k, v in model.state_arrays().items()}
+    opt0 = {k: np.zeros_like(v) if k != "iterations" else v for k, v in opt.state_dict().items()}
+
+    def run():
+        model.load_state_arrays(init)
+        opt.load_state_dict(opt0)
+        trainer.epoch = trainer.step = 0
+        t0, c0 = time.perf_counter(), time.process_time()
+        hist = trainer.fit(x, y, epochs=epochs)
+        return time.perf_counter() - t0, time.process_time() - c0, hist.last["train_loss"]
+
+    return run, gemm_flops(model, len(x) * epochs)

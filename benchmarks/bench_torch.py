@@ -1,0 +1,105 @@
+"""PyTorch CPU eager side of a workload: the same layers, initial weights, data order and optimizer.
+
+The dlrun model is built first (same seed, numpy-drawn weights); each torch module is created
+from the built dlrun layer and its weights are copied in.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import bench_dlrun
+from workloads import Workload
+
+
+class Unsupported(Exception):
+    """The workload uses a dlrun layer or optimizer this translator does not know."""
+
+
+def _copy(param, arr):
+    t = torch.from_numpy(np.ascontiguousarray(arr)).reshape(param.shape)
+    with torch.no_grad():
+        param.copy_(t)
+
+
+def _module(layer, out_shape):
+    name = type(layer).__name__
+    nn = torch.nn
+    if name == "Linear":
+        w = layer.params["weight"].data
+        m = nn.Linear(w.shape[1], w.shape[0], bias="bias" in layer.params)
+    elif name == "Conv2D":
+        w = layer.params["weight"].data
+        o, c, kh, kw = w.shape if w.ndim == 4 else (w.shape[0], None, None, None)
+        if c is None:
+            raise Unsupported("Conv2D weight layout")
+        m = nn.Conv2d(c, o, (kh, kw), stride=getattr(layer, "stride", 1), padding=getattr(layer, "padding", 0),
+                      dilation=getattr(layer, "dilation", 1), bias="bias" in layer.params)
+    elif name == "ReLU":
+        return nn.ReLU()
+    elif name == "Flatten":
+        return nn.Flatten()
+    elif name == "MaxPool2D":
+        size = next(getattr(layer, a) for a in ("pool_size", "size", "kernel_size") if hasattr(layer, a))
+        return nn.MaxPool2d(size, getattr(layer, "stride", None) or size)
+    elif name == "Dropout":
+        return nn.Dropout(layer.rate if hasattr(layer, "rate") else layer.p)
+    else:
+        raise Unsupported(f"no torch equivalent for dlrun layer {name}")
+    for pname, p in layer.params.items():
+        _copy(getattr(m, pname), p.data)
+    return m
+
+
+def _optimizer(opt, model, dl_model, regularizer):
+    name = type(opt).__name__
+    decay, plain = [], []
+    for tm, dl in zip(model, dl_model.layers):
+        for pname, p in dl.params.items():
+            (decay if regularizer is not None and p.regularize else plain).append(getattr(tm, pname))
+    wd = 0.0
+    if regularizer is not None:
+        if type(regularizer).__name__ != "L2":
+            raise Unsupported(f"regularizer {type(regularizer).__name__}")
+        wd = 2.0 * regularizer.strength  # dlrun's L2 gradient is 2λw: torch's coupled weight_decay
+    groups = [{"params": plain, "weight_decay": 0.0}] + ([{"params": decay, "weight_decay": wd}] if decay else [])
+    if name == "SGD":
+        return torch.optim.SGD(groups, lr=opt.learning_rate, momentum=opt.momentum, nesterov=opt.nesterov)
+    if name == "Adam":
+        return torch.optim.Adam(groups, lr=opt.learning_rate, betas=(opt.beta1, opt.beta2), eps=opt.epsilon)
+    raise Unsupported(f"optimizer {name}")
+
+
+def prepare(w: Workload):
+    trainer, x, y, epochs, cfg = bench_dlrun.build(w)
+    dl_model = trainer.model
+    model = torch.nn.Sequential(*[_module(l, s) for l, s in zip(dl_model.layers, dl_model.shapes)])
+    regularizer = trainer._regularized[0][1] if trainer._regularized else None
+    opt = _optimizer(trainer.optimizer, model, dl_model, regularizer)
+    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    xt, yt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), torch.from_numpy(y.astype(np.int64))
+    n = len(xt)
+    bs = n if trainer.batch_size is None else min(trainer.batch_size, n)
+    del trainer, dl_model
+
+    def run():
+        model.load_state_dict(init)
+        opt.state.clear()  # momentum buffers start from zero, as in dlrun
+        model.train()
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(epochs):
+            total = torch.zeros((), dtype=torch.float64)
+            for s in range(0, n, bs):
+                xb, yb = xt[s:s + bs], yt[s:s + bs]
+                loss = F.cross_entropy(model(xb), yb)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                total += loss.detach() * len(xb)
+        last = float(total) / n
+        return time.perf_counter() - t0, time.process_time() - c0, last
+
+    return run

@@ -1,0 +1,44 @@
+"""Per-shape scratch arrays that layers and losses reuse between batches.
+
+In the training loop every batch has the same shape (except the last, partial one), so a
+layer's outputs and gradients can be written into arrays allocated once per shape instead of
+fresh multi-MB temporaries each step. The pool is *disabled* by default: ``get`` then returns
+None, which numpy/cupy functions read as "allocate" (``xp.matmul(a, b, out=None)``), so the same
+layer code works for direct calls, gradcheck and prediction, where callers may keep outputs.
+The trainer enables it while it owns the outputs (see :meth:`dlrun.model.Sequential.train`).
+"""
+from __future__ import annotations
+
+
+class BufferPool:
+    """Scratch arrays keyed by (name, shape, dtype), handed out while ``enabled``."""
+
+    __slots__ = ("enabled", "_arrays")  # scratch arrays and cached constants
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self._arrays: dict = {}
+
+    def get(self, xp, name: str, shape: tuple, dtype):
+        """The array for this key (allocated on first use), or None when the pool is disabled."""
+        if not self.enabled:
+            return None
+        key = (name, shape, dtype)
+        a = self._arrays.get(key)
+        if a is None:
+            a = self._arrays[key] = xp.empty(shape, dtype)
+        return a
+
+    def ones(self, xp, n: int, dtype):
+        """A cached vector of n ones (a constant: safe to share whether or not the pool is enabled)."""
+        key = ("ones", n, dtype, xp.__name__)
+        a = self._arrays.get(key)
+        if a is None:
+            a = self._arrays[key] = xp.ones(n, dtype)
+        return a
+
+    def clear(self) -> None:
+        self._arrays.clear()
+
+    def __len__(self) -> int:
+        return len(self._arrays)

@@ -1,0 +1,52 @@
+"""`dlrun time`: per-layer forward/backward timing of a config's training step."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from ..config import load_config
+from ..timing import time_config
+from . import app, out
+from .train import SET_HELP
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1e3:.3f}"
+
+
+@app.command("time")
+def time_cmd(
+    config: Path = typer.Argument(..., help="YAML config file."),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP, metavar="KEY=VALUE"),
+    batches: int = typer.Option(20, "--batches", help="Timed training steps (after 2 untimed warm-up steps)."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu or gpu (overrides the config)."),
+) -> None:
+    """Time each layer's forward and backward pass, the loss and the optimizer step (median per batch)."""
+    cfg = load_config(config, set_, device=device)
+    r = time_config(cfg, batches)
+    total = r.parts_total
+    t = Table(title=f"{cfg.name}: median over {r.batches} batches of {r.batch_size} on {r.device} (ms)",
+              title_justify="left")
+    for col, just in (("part", "left"), ("output shape", "left"), ("forward", "right"), ("backward", "right"),
+                      ("total", "right"), ("share", "right")):
+        t.add_column(col, justify=just)
+
+    def row(p_name, shape, f, b):
+        s = (f or 0.0) + (b or 0.0)
+        t.add_row(p_name, "" if shape is None else str(("N",) + tuple(shape)).replace("'", ""), _ms(f), _ms(b),
+                  _ms(s), f"{100 * s / total:.1f}%" if total > 0 else "-")
+
+    for p in r.layers:
+        row(p.name, p.output_shape, p.forward, p.backward)
+    row(r.loss.name, None, r.loss.forward, r.loss.backward)
+    t.add_row("optimizer step", "", "", "", _ms(r.optimizer), f"{100 * r.optimizer / total:.1f}%" if total > 0 else "-")
+    t.add_section()
+    t.add_row("total of parts", "", _ms(sum(p.forward or 0 for p in r.layers) + r.loss.forward),
+              _ms(sum(p.backward or 0 for p in r.layers) + r.loss.backward + r.optimizer), _ms(total), "100.0%")
+    t.add_row("whole step", "", "", "", _ms(r.step), "")
+    if any(p.backward is None for p in r.layers):
+        t.caption = "backward '-': skipped in training (no earlier layer has parameters)"
+    out.print(t)

@@ -1,0 +1,177 @@
+"""The training fast path: buffer reuse, skipped input gradients, fused softmax-CE, blocked SGD.
+
+Oracles: float64 closed forms, central differences, hand-computed optimizer steps, and the
+same model run outside the fast path.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlrun import registry
+from dlrun.layers.base import Layer, Parameter
+from dlrun.model import Sequential
+from dlrun.optimizers import SGD
+from dlrun.trainer import Trainer, predict
+
+
+def mlp(dtype=np.float64, first=None, seed=0):
+    specs = ([first] if first else []) + [{"type": "Linear", "units": 4}, "ReLU", {"type": "Linear", "units": 3}]
+    return Sequential([registry.layers.build(s) for s in specs], (3,), dtype=dtype, seed=seed)
+
+
+def loss_of(model, x, y):
+    return float(registry.losses.build("SoftmaxCrossEntropy").forward(model.forward(x), y))
+
+
+@pytest.mark.parametrize("classes", [3, 40])  # column-wise path (<= 16) and the axis-1 path
+@pytest.mark.parametrize("pooled", [False, True])
+def test_softmax_cross_entropy_matches_float64_closed_form(classes, pooled):
+    rng = np.random.default_rng(classes)
+    z = (50 * rng.standard_normal((7, classes))).astype(np.float32)  # large logits: no overflow
+    y = rng.integers(0, classes, 7)
+    loss = registry.losses.build("SoftmaxCrossEntropy")
+    loss.buffers.enabled = pooled
+    z64 = z.astype(np.float64)
+    m = z64.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(z64 - m).sum(axis=1)) + m[:, 0]
+    p = np.exp(z64 - lse[:, None])
+    onehot = np.eye(classes)[y]
+    for _ in range(2):  # a second call must not see stale buffer contents
+        value = loss.forward(z, y)
+        d = loss.backward()
+        assert value.dtype == np.float32 and d.dtype == np.float32
+        np.testing.assert_allclose(float(value), np.mean(lse - z64[np.arange(7), y]), rtol=1e-5)
+        np.testing.assert_allclose(d, (p - onehot) / 7, atol=1e-6)
+
+
+def test_fast_training_gradients_match_central_differences():
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((6, 3)), rng.integers(0, 3, 6)
+    model = mlp()
+    loss = registry.losses.build("SoftmaxCrossEntropy")
+    model.train(fast=True)
+    loss.buffers.enabled = True
+    loss.forward(model.forward(x), y)
+    assert model.backward(loss.backward()) is None  # nothing computes the input gradient
+    assert model.layers[0].needs_input_grad is False and model.layers[2].needs_input_grad is True
+    grads = {n: p.grad.copy() for n, p in model.named_parameters()}
+    model.train()
+    for name, p in model.named_parameters():
+        num = np.zeros_like(p.data)
+        for i in np.ndindex(p.data.shape):
+            old = p.data[i]
+            p.data[i] = old + 1e-6
+            up = loss_of(model, x, y)
+            p.data[i] = old - 1e-6
+            down = loss_of(model, x, y)
+            p.data[i] = old
+            num[i] = (up - down) / 2e-6
+        np.testing.assert_allclose(grads[name], num, atol=1e-7, err_msg=name)
+
+
+def test_leading_layers_without_parameters_are_skipped_in_fast_backward():
+    model = mlp(first="ReLU")
+    model.train(fast=True)
+    assert [layer.needs_input_grad for layer in model.layers] == [False, False, True, True]
+    model.train()
+    assert all(layer.needs_input_grad for layer in model.layers)
+    dx = model.backward(model.forward(np.ones((2, 3))))
+    assert dx.shape == (2, 3)
+
+
+def test_buffers_reused_per_shape_only_in_fast_mode():
+    model = mlp(np.float32)
+    x = np.ones((5, 3), np.float32)
+    assert model.forward(x) is not model.forward(x)  # default: fresh outputs
+    model.train(fast=True)
+    a = model.forward(x)
+    assert model.forward(x) is a
+    assert model.forward(x[:2]) is not a  # the last partial batch has its own buffer
+    model.train()
+
+
+def test_predict_outputs_are_independent_of_buffers():
+    rng = np.random.default_rng(2)
+    model = mlp(np.float32)
+    x = rng.standard_normal((6, 3)).astype(np.float32)
+    model.train(fast=True)  # as after an interrupted fit: predict must still switch it off
+    full = predict(model, x)
+    by_two = predict(model, x, batch_size=2)
+    np.testing.assert_allclose(by_two, full, rtol=1e-6)
+    assert len({r.tobytes() for r in by_two}) == 6
+
+
+class Scale(Layer):
+    """y = x ⊙ s: a hand-written layer that ignores buffers and needs_input_grad, and replaces
+    param.grad with a new array on every backward."""
+
+    def build(self, input_shape):
+        self.s = self.add_param("s", input_shape, value=np.full(input_shape, 0.5))
+        return input_shape
+
+    def forward(self, x, y=None):
+        self._x = x
+        return x * self.s.data
+
+    def backward(self, dy):
+        self.s.grad = (dy * self._x).sum(axis=0)
+        return dy * self.s.data
+
+
+def test_hand_written_layer_that_ignores_the_fast_path_trains():
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((40, 3)).astype(np.float32), rng.integers(0, 3, 40)
+    layers = [Scale()] + [registry.layers.build(s) for s in ({"type": "Linear", "units": 8}, "ReLU",
+                                                              {"type": "Linear", "units": 3})]
+    model = Sequential(layers, (3,), seed=0)
+    opt = SGD(learning_rate=0.1, momentum=0.9)
+    opt.block_size = 2  # blocks of a parameter whose grad array is replaced every step
+    trainer = Trainer(model, registry.losses.build("SoftmaxCrossEntropy"), opt, batch_size=16, seed=0)
+    s_before = model.layers[0].s.data.copy()
+    hist = trainer.fit(x, y, epochs=30)
+    assert hist.rows[-1]["train_loss"] < 0.8 * hist.rows[0]["train_loss"]
+    assert not np.allclose(model.layers[0].s.data, s_before)
+    assert all(p.data.dtype == np.float32 for _, p in model.named_parameters())
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize("block_size", [5, 1 << 17])
+def test_sgd_momentum_in_blocks_matches_hand_computed_steps(nesterov, block_size):
+    rng = np.random.default_rng(4)
+    w0 = rng.standard_normal((3, 4))
+    g1, g2 = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+    p = Parameter(w0.astype(np.float32), np.zeros((3, 4), np.float32))
+    opt = SGD(learning_rate=0.1, momentum=0.9, nesterov=nesterov)
+    opt.block_size = block_size
+    opt.setup([("w", p)])
+    w, v = w0.copy(), np.zeros((3, 4))
+    for g in (g1, g2):
+        p.grad[...] = g
+        opt.step()
+        v = 0.9 * v + g
+        w = w - 0.1 * ((g + 0.9 * v) if nesterov else v)
+    np.testing.assert_allclose(p.data, w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(opt.state["w"]["velocity"], v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("spec", [{"type": "SGD", "learning_rate": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01},
+                                  {"type": "Adam", "weight_decay": 0.01}, {"type": "AdamW"},
+                                  {"type": "RMSProp", "momentum": 0.5}, {"type": "AdaGrad"}])
+def test_blocked_update_equals_whole_array_update(spec):
+    """Cache-blocked elementwise updates give bit-identical results to one whole-array update."""
+
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal((37, 11)).astype(np.float32)
+    grads = [rng.standard_normal(w0.shape).astype(np.float32) for _ in range(3)]
+    results = []
+    for block in (10**9, 50):
+        opt = registry.optimizers.build(spec)
+        opt.block_size = block
+        p = Parameter(w0.copy(), np.zeros_like(w0))
+        opt.setup([("w", p)])
+        for g in grads:
+            p.grad[...] = g
+            opt.step()
+        results.append(p.data)
+    assert np.array_equal(results[0], results[1])

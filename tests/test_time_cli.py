@@ -1,0 +1,48 @@
+"""`dlrun time`: the real command on a shipped config (structure and positivity, no thresholds)."""
+from __future__ import annotations
+
+import re
+
+from dlrun.config import load_config
+from dlrun.timing import time_config
+from conftest import CONFIGS
+
+
+def _row(out: str, label: str) -> list[str]:
+    line = next(l for l in out.splitlines() if label in l)
+    return [c.strip() for c in line.strip("│┃ ").split("│")]
+
+
+def test_time_prints_every_layer_loss_optimizer_and_total(cli):
+    r = cli("time", CONFIGS / "spiral.yaml", "--batches", "3", "--set", "train.batch_size=64")
+    assert r.code == 0, r.err
+    assert "median over 3 batches of 64 on cpu" in r.out
+    for i, name in enumerate(["Linear", "ReLU", "Linear"]):
+        cells = _row(r.out, f"{i} {name}")
+        assert float(cells[2]) > 0 and float(cells[4]) > 0  # forward, total
+    assert float(_row(r.out, "2 Linear")[3]) > 0  # backward
+    assert float(_row(r.out, "loss SoftmaxCrossEntropy")[4]) > 0
+    assert float(_row(r.out, "optimizer step")[4]) > 0
+    assert float(_row(r.out, "whole step")[4]) > 0
+    shares = [float(m) for m in re.findall(r"(\d+\.\d)%", r.out)]
+    assert abs(sum(shares[:-1]) - 100) < 1.0 and shares[-1] == 100.0
+
+
+def test_time_marks_skipped_backward_of_leading_parameterless_layers(cli):
+    r = cli("time", CONFIGS / "spiral.yaml", "--batches", "2", "--set", "model[0]=ReLU")
+    assert r.code == 0, r.err
+    assert _row(r.out, "0 ReLU")[3] == "-" and _row(r.out, "1 ReLU")[3] == "-"
+    assert float(_row(r.out, "2 Linear")[3]) > 0
+
+
+def test_time_rejects_zero_batches(cli):
+    r = cli("time", CONFIGS / "spiral.yaml", "--batches", "0")
+    assert r.code == 2 and "--batches must be at least 1, got 0" in r.err
+
+
+def test_time_config_returns_data():
+    rep = time_config(load_config(CONFIGS / "spiral.yaml", ["train.batch_size=100"]), batches=2)
+    assert [p.name for p in rep.layers] == ["0 Linear", "1 ReLU", "2 Linear"]
+    assert rep.batch_size == 100 and rep.device == "cpu"
+    assert all(p.forward > 0 and p.backward > 0 for p in rep.layers)
+    assert rep.optimizer > 0 and rep.step >= rep.optimizer and rep.parts_total > 0
