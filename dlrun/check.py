@@ -72,8 +72,7 @@ def check_config(config: Config, checkpoint_path: str | Path | None = None) -> C
         arrays, _, meta = checkpoint.load(checkpoint_path)
         if isinstance(meta.get("input_shape"), list):
             ds.check_input_shape(tuple(meta["input_shape"]), f"the model in {checkpoint_path}")
-        checkpoint.check_fits(checkpoint_path, arrays, model, meta)
-        model.load_state_arrays(arrays)
+        model.load_state_arrays(arrays, checkpoint_path, meta)
         ckpt = str(checkpoint_path)
     n = len(ds.x)
     bs = min(config.train.batch_size or n, n)

@@ -245,24 +245,7 @@ def load_config(path: str | Path, overrides: list[str] = (), seed: int | None = 
     raw = copy.deepcopy(raw) if raw is not None else {}
     if not isinstance(raw, dict):
         raise ConfigError(f"expected a mapping at the top of the file, got {type(raw).__name__}", Location(str(p), 1))
-    errors: list[DlrunError] = []
-    for item in overrides:
-        try:
-            apply_override(raw, item, source)
-        except DlrunError as e:
-            errors.append(e)
-    if seed is not None:
-        raw["seed"] = seed
-        source.flags["seed"] = "--seed"
-    if device is not None:
-        raw["device"] = device
-        source.flags["device"] = "--device"
-    try:
-        config = validate(raw, source, p.parent)
-    except DlrunError as e:
-        errors.append(e)
-    collect(errors)  # --set problems and the file's problems, all at once
-    return config
+    return _resolve(raw, source, overrides, seed, device, p.parent)
 
 
 def config_from_dict(raw: dict, name: str = "run", overrides: list[str] = (), device: str | None = None,
@@ -275,14 +258,26 @@ def config_from_dict(raw: dict, name: str = "run", overrides: list[str] = (), de
     src = Source(origin)
     raw = copy.deepcopy(raw)
     raw.setdefault("name", name)
+    return _resolve(raw, src, overrides, None, device, None)
+
+
+def _resolve(raw: dict, source: Source, overrides, seed: int | None, device: str | None,
+             base_dir: Path | None) -> Config:
+    """Apply ``--set`` items and the --seed/--device flags, then validate; all problems at once."""
     errors: list[DlrunError] = []
     for item in overrides:
         try:
-            apply_override(raw, item, src)
+            apply_override(raw, item, source)
         except DlrunError as e:
             errors.append(e)
-    if device is not None:
-        raw["device"] = device
-        src.flags["device"] = "--device"
-    collect(errors)
-    return validate(raw, src)
+    for key, value, flag in (("seed", seed, "--seed"), ("device", device, "--device")):
+        if value is not None:
+            raw[key] = value
+            source.flags[key] = flag
+    config = None
+    try:
+        config = validate(raw, source, base_dir)
+    except DlrunError as e:
+        errors.append(e)
+    collect(errors)  # --set problems and the file's problems, all at once
+    return config

@@ -81,7 +81,6 @@ class NonFiniteGuard:
 
     def diagnose(self, epoch: int, batches, callbacks=()) -> NonFiniteError:
         """Replay the epoch from the snapshot, checking every step; return the error to raise."""
-        t = self.trainer
         self.restore()
         where = None
         with np.errstate(all="ignore"):

@@ -116,11 +116,15 @@ class Sequential:
                 out[f"{i}.state.{attr}"] = np.asarray(self.backend.to_host(getattr(layer, attr)))
         return out
 
-    def load_state_arrays(self, arrays: dict) -> None:
-        """Copy parameters and layer state back from ``state_arrays`` output (shapes must match)."""
+    def load_state_arrays(self, arrays: dict, path="checkpoint", meta: dict | None = None) -> None:
+        """Copy parameters and layer state back from ``state_arrays`` output.
+
+        Every mismatch (names, shapes, layer types recorded in ``meta``, non-finite values) is
+        reported at once, naming ``path``, before anything is copied.
+        """
         from .checkpoint import check_fits
 
-        check_fits("checkpoint", arrays, self)  # every mismatch at once, before anything is copied
+        check_fits(path, arrays, self, meta)
         for name, p in self.named_parameters():
             p.data[...] = self.backend.asarray(arrays[name], dtype=p.data.dtype)
         for i, layer in enumerate(self.layers):
@@ -132,5 +136,3 @@ class Sequential:
                 else:
                     cur[...] = self.backend.asarray(val, dtype=cur.dtype)
 
-
-__all__ = ["Sequential", "SummaryRow", "DlrunError"]

@@ -59,24 +59,9 @@ def write(path: Path, trainer: Trainer, config: Config, extra: dict | None = Non
     return checkpoint.save(path, *capture(trainer, config, extra))
 
 
-def check_fits(model, arrays: dict, path) -> None:
-    """Raise CheckpointError listing every parameter whose name or shape differs from the model's."""
-    expected = {k: tuple(v.shape) for k, v in model.state_arrays().items()}
-    got = {k: tuple(np.shape(v)) for k, v in arrays.items()}
-    problems = [f"{k} {expected[k]} is missing from the checkpoint" for k in expected if k not in got]
-    problems += [f"{k} {got[k]} is not in the model" for k in got if k not in expected]
-    problems += [f"{k}: checkpoint {got[k]}, model {expected[k]}" for k in expected
-                 if k in got and got[k] != expected[k]]
-    if problems:
-        more = f"; and {len(problems) - 8} more" if len(problems) > 8 else ""
-        raise CheckpointError(f"{path}: the checkpoint does not fit the model ({len(problems)} mismatched "
-                              f"parameters): " + "; ".join(problems[:8]) + more)
-
-
 def load_weights(model, ckpt: checkpoint.Checkpoint) -> None:
     """Copy a checkpoint's parameters and layer state into ``model`` (names and shapes must match)."""
-    check_fits(model, ckpt.model, ckpt.path)
-    model.load_state_arrays(ckpt.model)
+    model.load_state_arrays(ckpt.model, ckpt.path, ckpt.meta)
 
 
 def restore(trainer: Trainer, ckpt: checkpoint.Checkpoint, seed: int) -> None:

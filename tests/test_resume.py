@@ -140,7 +140,8 @@ def test_init_from_refuses_mismatched_parameters(tmp_path):
     r = run_cli("train", other, "--runs-dir", tmp_path / "runs2", "--init-from", base)
     assert r.code == 2
     assert "does not fit the model" in r.err
-    assert "0.weight: checkpoint (16, 2), model (8, 2)" in r.err and "2.weight: checkpoint (3, 16), model (3, 8)" in r.err
+    assert "0.weight: shape (16, 2) in the checkpoint, (8, 2) in the model" in r.err
+    assert "2.weight: shape (3, 16) in the checkpoint, (3, 8) in the model" in r.err
     assert not (tmp_path / "runs2").exists() or not any((tmp_path / "runs2").iterdir())
 
 

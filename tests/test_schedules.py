@@ -8,7 +8,7 @@ import pytest
 from dlrun import registry
 from dlrun.config import load_config
 from dlrun.errors import ConfigError
-from tests.conftest import write
+from conftest import write
 
 
 def lrs(spec, base=0.1, epochs=10, n=None):

@@ -7,13 +7,12 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
-import yaml
 
-from dlrun import registry, run
-from dlrun.config import config_from_dict, load_config
-from dlrun.errors import ConfigError
-from tests.conftest import CONFIGS, write
+from conftest import CONFIGS, write
+from dlrun import run
+from dlrun.config import load_config
 
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -119,18 +118,9 @@ def test_regression_sine_config(cli, tmp_path):
     assert r.code == 0, r.err
 
 
-def test_moons_dropout_config_apart_from_dropout(tmp_path):
-    """The Dropout layer comes from another branch: check everything else the config says."""
-    if "Dropout" in registry.layers:
-        load_config(CONFIGS / "moons_dropout.yaml")
-    else:
-        with pytest.raises(ConfigError) as e:
-            load_config(CONFIGS / "moons_dropout.yaml")
-        assert all("unknown layer 'Dropout'" in line for line in str(e.value).splitlines())
-    raw = yaml.safe_load((CONFIGS / "moons_dropout.yaml").read_text())
-    raw["model"] = [m for m in raw["model"] if not (isinstance(m, dict) and m["type"] == "Dropout")]
-    raw["train"]["epochs"] = 30
-    cfg = config_from_dict(raw)
+def test_moons_dropout_config_end_to_end(tmp_path):
+    """The shipped config as it is: dropout, AdamW, warm-up then cosine, clipping, early stopping."""
+    cfg = load_config(CONFIGS / "moons_dropout.yaml", ["train.epochs=30"])
     result = run.train(cfg, tmp_path)
     rows = result.history.rows
     assert result.summary["val_accuracy"] >= 0.9
@@ -138,3 +128,7 @@ def test_moons_dropout_config_apart_from_dropout(tmp_path):
     want = [0.01 * e / 5 for e in range(1, 6)] + [1e-4 + (0.01 - 1e-4) * 0.5 * (1 + math.cos(math.pi * k / 25))
                                                  for k in range(25)]
     assert [r["learning_rate"] for r in rows] == pytest.approx(want[:len(rows)], rel=1e-12)
+    # dropout is active in training only: the same weights score differently in the two phases
+    model = result.trainer.model
+    x = result.trainer.backend.asarray(np.random.default_rng(0).standard_normal((64, 2)), dtype=model.dtype)
+    assert not np.array_equal(model.train().forward(x), model.eval().forward(x))
