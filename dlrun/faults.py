@@ -37,46 +37,61 @@ class NonFiniteGuard:
         self.trainer = trainer
         self.params = None
         self.shuffle_state = None
+        # what a batch changes, listed once: parameters and optimizer state buffers (updated in
+        # place, so the same arrays every epoch), layers with declared state or random draws
+        t = trainer
+        self._params = [p.data for _, p in t.model.named_parameters()]
+        self._optim = [(name, slot) for name, slots in t.optimizer.state.items() for slot in t.optimizer.slots]
+        self._stateful = [layer for layer in t.model.layers if layer.state or layer.stochastic]
 
     def mark(self, shuffle_state: dict | None = None) -> None:
         """Copy everything a batch changes to the host (called when an epoch starts).
 
         ``shuffle_state`` is the shuffling generator's state before it drew this epoch's order.
+        The host copies are allocated once and refilled in place, so a mark costs one copy per
+        array and nothing else.
         """
         t, host = self.trainer, self.trainer.backend.to_host
         self.shuffle_state = shuffle_state
-        self.params = [np.array(host(p.data)) for _, p in t.model.named_parameters()]
-        self.optim = {k: np.array(host(v)) for k, v in t.optimizer.state_dict().items()}
-        self.states = [{a: copy.deepcopy(getattr(layer, a)) for a in layer.state} for layer in t.model.layers]
-        self.rngs = []  # only layers that declare they draw random numbers (copying a generator is slow)
-        for layer in t.model.layers:
-            try:
-                self.rngs.append(copy.deepcopy(layer.rng) if layer.stochastic else layer.rng)
-            except Exception:  # a device generator that cannot be copied: replay is then approximate
-                self.rngs.append(layer.rng)
-        self.step, self.learning_rate = t.step, t.optimizer.learning_rate
+        optim = [t.optimizer.state[n][s] for n, s in self._optim]
+        if self.params is None:
+            self.params = [np.empty(a.shape, a.dtype) for a in self._params]
+            self.optim = [np.empty(a.shape, a.dtype) for a in optim]
+        for dst, src in zip(self.params + self.optim, self._params + optim):
+            np.copyto(dst, host(src))
+        self.states = {}
+        self.rngs = {}  # only layers that declare they draw random numbers (copying a generator is slow)
+        for layer in self._stateful:
+            self.states[id(layer)] = {a: copy.deepcopy(getattr(layer, a)) for a in layer.state}
+            if layer.stochastic:
+                try:
+                    self.rngs[id(layer)] = copy.deepcopy(layer.rng)
+                except Exception:  # a device generator that cannot be copied: replay is then approximate
+                    pass
+        self.step, self.iterations, self.learning_rate = t.step, t.optimizer.iterations, t.optimizer.learning_rate
 
     def restore(self, rewind_shuffle: bool = False) -> None:
         """Put the state copied by :meth:`mark` back (and the shuffling generator, if asked)."""
         t = self.trainer
         if rewind_shuffle and self.shuffle_state is not None:
             t.shuffle_rng.bit_generator.state = self.shuffle_state
-        for (_, p), saved in zip(t.model.named_parameters(), self.params):
-            p.data[...] = t.backend.asarray(saved, dtype=p.data.dtype)
-        t.optimizer.load_state_dict({k: t.backend.asarray(v) if v.ndim else v for k, v in self.optim.items()})
-        for layer, states, rng in zip(t.model.layers, self.states, self.rngs):
-            for a, v in states.items():
+        optim = [t.optimizer.state[n][s] for n, s in self._optim]
+        for live, saved in zip(self._params + optim, self.params + self.optim):
+            live[...] = t.backend.asarray(saved)
+        for layer in self._stateful:
+            for a, v in self.states[id(layer)].items():
                 setattr(layer, a, copy.deepcopy(v))
-            layer.rng = copy.deepcopy(rng) if layer.stochastic and rng is not None else rng
-        t.step, t.optimizer.learning_rate = self.step, self.learning_rate
+            if id(layer) in self.rngs:
+                layer.rng = copy.deepcopy(self.rngs[id(layer)])
+        t.step, t.optimizer.iterations, t.optimizer.learning_rate = self.step, self.iterations, self.learning_rate
 
     def healthy(self, train_loss: float) -> bool:
         """True when the epoch's loss and every parameter are finite (one pass over the weights)."""
         if not np.isfinite(train_loss):
             return False
-        params = [p.data for _, p in self.trainer.model.named_parameters()]
         # fast path: a sum is finite when no element is NaN/inf (an overflowing sum of finite
         # values falls back to the exact elementwise test)
+        params = self._params
         return np.isfinite(sum(float(a.sum()) for a in params)) or all(nonfinite_kind(a) is None for a in params)
 
     def diagnose(self, epoch: int, batches, callbacks=()) -> NonFiniteError:
