@@ -8,10 +8,10 @@ import numpy as np
 from workloads import Workload, gemm_flops, resolve_layers
 
 
-def build(w: Workload):
-    """(trainer, x, y, epochs): for a shipped config through dlrun.run.prepare, else from the specs."""
+def build(w: Workload, device: str = "cpu"):
+    """(trainer, x, y, epochs, cfg): a shipped config through dlrun.run.prepare, else from the specs."""
     from dlrun import registry
-    from dlrun.backend import CPU
+    from dlrun.backend import get_backend
     from dlrun.model import Sequential
     from dlrun.trainer import Trainer
 
@@ -19,32 +19,37 @@ def build(w: Workload):
         from dlrun.config import load_config
         from dlrun.run import prepare
 
-        cfg = load_config(w.config, list(w.overrides))
+        cfg = load_config(w.config, list(w.overrides) + [f"device={device}"])
         ds, trainer = prepare(cfg)
         trainer.shuffle = False  # same batch order as the torch side
         return trainer, ds.x.astype(np.float32), ds.y, cfg.train.epochs, cfg
     x, y = w.data()
     layers = [registry.layers.build(s) for s in resolve_layers(w.layers)]
-    model = Sequential(layers, w.input_shape, CPU, np.float32, seed=w.seed)
+    model = Sequential(layers, w.input_shape, get_backend(device), np.float32, seed=w.seed)
     opt = registry.optimizers.build({"type": "SGD", "learning_rate": w.learning_rate, "momentum": w.momentum})
     loss = registry.losses.build("SoftmaxCrossEntropy")
     trainer = Trainer(model, loss, opt, None, w.batch_size, shuffle=False, seed=w.seed)
     return trainer, x, y, w.epochs, None
 
 
-def prepare(w: Workload):
-    """Return ``run() -> (wall seconds, CPU seconds, final_loss)`` and the workload's GEMM FLOPs."""
-    trainer, x, y, epochs, _ = build(w)
-    model, opt = trainer.model, trainer.optimizer
+def prepare(w: Workload, device: str = "cpu"):
+    """Return ``run() -> (wall seconds, CPU seconds, final_loss)`` and the workload's GEMM FLOPs.
+
+    On GPU the data is moved to the device once, before timing (as the torch side does)."""
+    trainer, x, y, epochs, _ = build(w, device)
+    model, opt, backend = trainer.model, trainer.optimizer, trainer.backend
     init = {k: v.copy() for k, v in model.state_arrays().items()}
     opt0 = {k: np.zeros_like(v) if k != "iterations" else v for k, v in opt.state_dict().items()}
+    x, y = trainer._to_device(x, y)
 
     def run():
         model.load_state_arrays(init)
         opt.load_state_dict(opt0)
         trainer.epoch = trainer.step = 0
+        backend.synchronize()
         t0, c0 = time.perf_counter(), time.process_time()
         hist = trainer.fit(x, y, epochs=epochs)
+        backend.synchronize()
         return time.perf_counter() - t0, time.process_time() - c0, hist.last["train_loss"]
 
     return run, gemm_flops(model, len(x) * epochs)

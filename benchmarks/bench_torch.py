@@ -1,4 +1,4 @@
-"""PyTorch CPU eager side of a workload: the same layers, initial weights, data order and optimizer.
+"""PyTorch eager side of a workload (CPU, or CUDA with ``device="gpu"``): the same layers, initial weights, data order and optimizer.
 
 The dlrun model is built first (same seed, numpy-drawn weights); each torch module is created
 from the built dlrun layer and its weights are copied in.
@@ -73,14 +73,22 @@ def _optimizer(opt, model, dl_model, regularizer):
     raise Unsupported(f"optimizer {name}")
 
 
-def prepare(w: Workload):
-    trainer, x, y, epochs, cfg = bench_dlrun.build(w)
+def prepare(w: Workload, device: str = "cpu"):
+    """Return ``run() -> (wall seconds, CPU seconds, final_loss)``; on CUDA the data is moved once,
+    float32 matmuls and convolutions run without TF32 (as CuPy's), and timing synchronizes."""
+    trainer, x, y, epochs, cfg = bench_dlrun.build(w)  # host model: weights are drawn on the host anyway
     dl_model = trainer.model
-    model = torch.nn.Sequential(*[_module(l, s) for l, s in zip(dl_model.layers, dl_model.shapes)])
+    dev = torch.device("cuda" if device == "gpu" else "cpu")
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    model = torch.nn.Sequential(*[_module(l, s) for l, s in zip(dl_model.layers, dl_model.shapes)]).to(dev)
     regularizer = trainer._regularized[0][1] if trainer._regularized else None
     opt = _optimizer(trainer.optimizer, model, dl_model, regularizer)
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    xt, yt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), torch.from_numpy(y.astype(np.int64))
+    xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(dev)
+    yt = torch.from_numpy(y.astype(np.int64)).to(dev)
     n = len(xt)
     bs = n if trainer.batch_size is None else min(trainer.batch_size, n)
     del trainer, dl_model
@@ -89,9 +97,10 @@ def prepare(w: Workload):
         model.load_state_dict(init)
         opt.state.clear()  # momentum buffers start from zero, as in dlrun
         model.train()
+        sync()
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(epochs):
-            total = torch.zeros((), dtype=torch.float64)
+            total = torch.zeros((), dtype=torch.float64, device=dev)
             for s in range(0, n, bs):
                 xb, yb = xt[s:s + bs], yt[s:s + bs]
                 loss = F.cross_entropy(model(xb), yb)
@@ -100,6 +109,7 @@ def prepare(w: Workload):
                 opt.step()
                 total += loss.detach() * len(xb)
         last = float(total) / n
+        sync()
         return time.perf_counter() - t0, time.process_time() - c0, last
 
     return run

@@ -1,6 +1,7 @@
-"""Benchmark dlrun against PyTorch CPU eager: same workloads, weights, data and optimizer.
+"""Benchmark dlrun against PyTorch eager: same workloads, weights, data and optimizer.
 
     python benchmarks/run.py [--rounds 3] [--repeats 5] [--threads 2] [--only spiral,mlp]
+    python benchmarks/run.py --device gpu      # CuPy against PyTorch CUDA, GPU-sized workloads
 
 Every configuration runs in its own process (numpy and torch never share one), interleaved
 over rounds; each process does one untimed warm-up run, then ``--repeats`` timed runs. The
@@ -21,7 +22,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
-from workloads import WORKLOADS  # noqa: E402
+from workloads import CPU_DEFAULT, GPU_DEFAULT, WORKLOADS  # noqa: E402
 
 
 def spawn(args: list[str], threads: int) -> dict:
@@ -33,6 +34,16 @@ def spawn(args: list[str], threads: int) -> dict:
         tail = (p.stderr.strip().splitlines() or ["?"])[-1]
         return {"available": False, "reason": f"worker failed: {tail}"}
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def gpu_info() -> dict:
+    probe = subprocess.run([sys.executable, "-c", "import cupy; r = cupy.cuda.runtime; "
+                            "print(r.getDeviceProperties(0)['name'].decode(), r.runtimeGetVersion(), cupy.__version__)"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        return {"gpu": "no CuPy/CUDA device"}
+    name, runtime, version = probe.stdout.strip().rsplit(" ", 2)
+    return {"gpu": name, "cuda_runtime": runtime, "cupy": version}
 
 
 def machine(threads: int) -> dict:
@@ -81,30 +92,40 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--only", default=",".join([*WORKLOADS, "gradcheck"]),
+    ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                    help="gpu: dlrun on CuPy against torch on CUDA (default workloads: " + ",".join(GPU_DEFAULT) + ")")
+    ap.add_argument("--only", default=None,
                     help="comma-separated workloads (" + ", ".join([*WORKLOADS, "gradcheck"]) + ")")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="tabulate wall time (default) or process CPU time (steadier on a busy machine at 1 thread)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     a = ap.parse_args()
-    names = [n for n in a.only.split(",") if n]
+    gpu = a.device == "gpu"
+    only = a.only or ",".join(GPU_DEFAULT if gpu else [*CPU_DEFAULT, "gradcheck"])
+    names = [n for n in only.split(",") if n]
+    dev = ["--device", a.device]
     info = machine(a.threads)
+    info["device"] = a.device
+    if gpu:
+        info.update(gpu_info())
     print(f"machine: {info.get('cpu')} x{info['cores']}, numpy {info['numpy']} ({info['numpy_blas']}), "
-          f"torch {info['torch']}, {a.threads} threads", flush=True)
+          f"torch {info['torch']}, {a.threads} threads" + (f", GPU {info['gpu']}" if gpu else ""), flush=True)
     peaks = {}
     key = "gflops" if a.clock == "wall" else "gflops_cpu"  # per CPU-second when timing CPU time
     for lib in ("numpy", "torch"):
-        r = [spawn(["gemm", lib], a.threads) for _ in range(a.rounds)]
+        r = [spawn(["gemm", lib, *dev], a.threads) for _ in range(a.rounds)]
         ok = [x[key] for x in r if key in x]
         peaks[lib] = statistics.median(statistics.median(x) for x in ok) if ok else None
-        print(f"float32 2048^3 GEMM peak, {lib}: {peaks[lib] and round(peaks[lib], 1)} GFLOP/s", flush=True)
+        label = ("cupy" if lib == "numpy" else "torch cuda") if gpu else lib
+        print(f"float32 {'8192' if gpu else '2048'}^3 GEMM peak, {label}: {peaks[lib] and round(peaks[lib], 1)} GFLOP/s",
+              flush=True)
     raw: dict = {n: {} for n in names}
     impls = {n: (["dlrun"] if n == "gradcheck" else ["dlrun", "torch"]) for n in names}
     for rnd in range(a.rounds):
         for n in names:
             for impl in impls[n]:
                 args = ["gradcheck"] if n == "gradcheck" else ["train", impl, n]
-                res = spawn(args + ["--repeats", str(a.repeats if n != "gradcheck" else max(1, a.repeats // 2))],
+                res = spawn(args + ["--repeats", str(a.repeats if n != "gradcheck" else max(1, a.repeats // 2)), *dev],
                             a.threads)
                 raw[n].setdefault(impl, []).append(res)
                 state = f"{statistics.median(res['times']) * 1e3:.1f} ms" if res.get("available") else res["reason"]
@@ -119,6 +140,8 @@ def main() -> None:
                 continue
             s = summarise([r["times" if a.clock == "wall" else "cpu_times"] for r in ok])
             s.update(available=True, rss_mib=max(r["rss_mib"] for r in ok), final_loss=ok[-1].get("final_loss"))
+            if gpu and all("gpu_mib" in r for r in ok):
+                s["gpu_mib"] = max(r["gpu_mib"] for r in ok)
             flops = next((r.get("gemm_flops") for r in raw[n].get("dlrun", []) if r.get("gemm_flops")), None)
             if flops:
                 s["gemm_gflops"] = flops / s["median"] / 1e9
@@ -129,6 +152,8 @@ def main() -> None:
         if d.get("available") and t.get("available"):
             row["time_ratio"] = d["median"] / t["median"]
             row["rss_ratio"] = d["rss_mib"] / t["rss_mib"]
+            if "gpu_mib" in d and t.get("gpu_mib"):
+                row["gpu_mem_ratio"] = d["gpu_mib"] / t["gpu_mib"]
         rows.append(row)
     result = {"when": datetime.now().isoformat(timespec="seconds"), "machine": info, "gemm_peak_gflops": peaks,
               "rounds": a.rounds, "repeats": a.repeats, "clock": a.clock, "rows": rows, "raw": raw}
@@ -157,26 +182,35 @@ def _gf(s: dict) -> str:
 def markdown(r: dict) -> str:
     m = r["machine"]
     peaks = r["gemm_peak_gflops"]
-    lines = [f"# dlrun vs PyTorch CPU eager ({r['when']})", "",
+    gpu = m.get("device") == "gpu"
+    mem, mem_ratio, mem_name = ("gpu_mib", "gpu_mem_ratio", "GPU MiB") if gpu else ("rss_mib", "rss_ratio", "RSS MiB")
+    lines = [f"# dlrun vs PyTorch {'CUDA' if gpu else 'CPU'} eager ({r['when']})", "",
              f"- machine: {m.get('cpu')}, {m['cores']} cores ({m.get('isa', '')}), {m.get('memory_gib')} GiB, {m['platform']}",
-             f"- Python {m['python']}; numpy {m['numpy']} ({m['numpy_blas']}); torch {m['torch']} ({m.get('torch_blas', '-')})",
-             f"- {m['threads']} threads (OMP/OPENBLAS/MKL_NUM_THREADS, torch.set_num_threads); "
-             f"load average at start {tuple(round(x, 2) for x in m.get('load_average_at_start', ()))}",
-             f"- float32 2048^3 GEMM peak: numpy {peaks['numpy'] and round(peaks['numpy'], 1)} GFLOP/s, "
-             f"torch {peaks['torch'] and round(peaks['torch'], 1)} GFLOP/s",
-             f"- {r['rounds']} interleaved rounds x (1 warm-up + {r['repeats']} timed runs), each configuration in its "
-             "own process; times in ms: median of per-round medians (min-max over all runs)", "",
-             "| workload | dlrun ms | torch ms | dlrun/torch | dlrun RSS MiB | torch RSS MiB | RSS ratio "
-             "| GEMM GFLOP/s dlrun (% peak) | torch (% peak) | final loss dlrun / torch |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"- Python {m['python']}; numpy {m['numpy']} ({m['numpy_blas']}); torch {m['torch']} ({m.get('torch_blas', '-')})"]
+    if gpu:
+        lines += [f"- GPU: {m.get('gpu')}; CuPy {m.get('cupy')} (CUDA runtime {m.get('cuda_runtime')}); float32 "
+                  "without TF32 on both sides; data moved to the GPU once before timing; timings synchronize",
+                  f"- float32 8192^3 GEMM peak: cupy {peaks['numpy'] and round(peaks['numpy'])} GFLOP/s, "
+                  f"torch {peaks['torch'] and round(peaks['torch'])} GFLOP/s",
+                  "- memory: dlrun = CuPy memory pool size after the runs, torch = torch.cuda.max_memory_allocated"]
+    else:
+        lines += [f"- {m['threads']} threads (OMP/OPENBLAS/MKL_NUM_THREADS, torch.set_num_threads); "
+                  f"load average at start {tuple(round(x, 2) for x in m.get('load_average_at_start', ()))}",
+                  f"- float32 2048^3 GEMM peak: numpy {peaks['numpy'] and round(peaks['numpy'], 1)} GFLOP/s, "
+                  f"torch {peaks['torch'] and round(peaks['torch'], 1)} GFLOP/s"]
+    lines += [f"- {r['rounds']} interleaved rounds x (1 warm-up + {r['repeats']} timed runs), each configuration in its "
+              "own process; times in ms: median of per-round medians (min-max over all runs)", "",
+              f"| workload | dlrun ms | torch ms | dlrun/torch | dlrun {mem_name} | torch {mem_name} | memory ratio "
+              "| GEMM GFLOP/s dlrun (% peak) | torch (% peak) | final loss dlrun / torch |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in r["rows"]:
         d, t = row.get("dlrun", {}), row.get("torch", {"available": False, "reason": "-"})
         ratio = f"{row['time_ratio']:.2f}" if "time_ratio" in row else "-"
-        rss_ratio = f"{row['rss_ratio']:.2f}" if "rss_ratio" in row else "-"
+        m_ratio = f"{row[mem_ratio]:.2f}" if mem_ratio in row else "-"
         loss = (f"{d['final_loss']:.6g} / {t['final_loss']:.6g}" if d.get("final_loss") is not None
                 and t.get("final_loss") is not None else "-")
         lines.append(f"| {row['title']} | {_cell(d)} | {_cell(t)} | {ratio} | "
-                     f"{d.get('rss_mib', 0):.0f} | {t.get('rss_mib', 0) and round(t['rss_mib'])} | {rss_ratio} | "
+                     f"{d.get(mem, 0):.0f} | {t.get(mem, 0) and round(t[mem])} | {m_ratio} | "
                      f"{_gf(d)} | {_gf(t)} | {loss} |")
     return "\n".join(lines) + "\n"
 

@@ -1,7 +1,7 @@
 """One benchmark configuration in its own process; prints one JSON line.
 
-    python benchmarks/worker.py train dlrun|torch WORKLOAD --repeats 5
-    python benchmarks/worker.py gemm numpy|torch
+    python benchmarks/worker.py train dlrun|torch WORKLOAD --repeats 5 [--device gpu]
+    python benchmarks/worker.py gemm numpy|torch [--device gpu]
     python benchmarks/worker.py gradcheck --repeats 2
 
 run.py sets OMP/OPENBLAS/MKL_NUM_THREADS in the environment before this process starts.
@@ -23,6 +23,50 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 def rss_mib(who=resource.RUSAGE_SELF) -> float:
     return resource.getrusage(who).ru_maxrss / 1024.0  # Linux reports KiB
+
+
+def gpu_memory_mib(lib: str) -> float:
+    """Peak device memory: torch's max allocated; CuPy's pool size (the pool keeps what it took)."""
+    if lib == "torch":
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 2**20
+    import cupy
+
+    return cupy.get_default_memory_pool().total_bytes() / 2**20
+
+
+def gemm_gpu(lib: str, n: int = 8192, samples: int = 5) -> dict:
+    """float32 (no TF32) n^3 matmul rate on the GPU, timed with CUDA events."""
+    if lib == "torch":
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = False
+        a, b = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
+        c = torch.empty(n, n, device="cuda")
+        mm = lambda: torch.matmul(a, b, out=c)  # noqa: E731
+        ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+        elapsed = lambda e0, e1: e0.elapsed_time(e1)  # noqa: E731
+    else:
+        import cupy
+
+        rng = cupy.random.default_rng(0)
+        a, b = rng.standard_normal((n, n), dtype=cupy.float32), rng.standard_normal((n, n), dtype=cupy.float32)
+        c = cupy.empty((n, n), dtype=cupy.float32)
+        mm = lambda: cupy.matmul(a, b, out=c)  # noqa: E731
+        ev = cupy.cuda.Event
+        elapsed = cupy.cuda.get_elapsed_time
+    mm()
+    rates = []
+    for _ in range(samples):
+        e0, e1 = ev(), ev()
+        e0.record()
+        for _ in range(10):
+            mm()
+        e1.record()
+        e1.synchronize()
+        rates.append(2.0 * n ** 3 * 10 / (elapsed(e0, e1) / 1e3) / 1e9)
+    return {"gflops": rates, "gflops_cpu": rates}
 
 
 def gemm(lib: str, threads: int, n: int = 2048, samples: int = 5) -> dict:
@@ -55,7 +99,7 @@ def gemm(lib: str, threads: int, n: int = 2048, samples: int = 5) -> dict:
     return {"gflops": rates, "gflops_cpu": cpu_rates}
 
 
-def train(impl: str, name: str, threads: int, repeats: int) -> dict:
+def train(impl: str, name: str, threads: int, repeats: int, device: str = "cpu") -> dict:
     from workloads import WORKLOADS, missing_layers
 
     w = WORKLOADS[name]
@@ -71,14 +115,14 @@ def train(impl: str, name: str, threads: int, repeats: int) -> dict:
 
         torch.set_num_threads(threads)
         try:
-            run = bench_torch.prepare(w)
+            run = bench_torch.prepare(w, device)
         except bench_torch.Unsupported as e:
             return {"available": False, "reason": f"not available: {e}"}
         flops = None
     else:
         import bench_dlrun
 
-        run, flops = bench_dlrun.prepare(w)
+        run, flops = bench_dlrun.prepare(w, device)
     run()  # warm-up
     times, cpu, losses = [], [], []
     for _ in range(repeats):
@@ -86,7 +130,10 @@ def train(impl: str, name: str, threads: int, repeats: int) -> dict:
         times.append(t)
         cpu.append(c)
         losses.append(loss)
-    return {"available": True, "times": times, "cpu_times": cpu, "final_loss": losses[-1], "gemm_flops": flops}
+    res = {"available": True, "times": times, "cpu_times": cpu, "final_loss": losses[-1], "gemm_flops": flops}
+    if device == "gpu":
+        res["gpu_mib"] = gpu_memory_mib(impl)
+    return res
 
 
 def gradcheck(repeats: int) -> dict:
@@ -116,12 +163,13 @@ def main() -> None:
     ap.add_argument("mode", choices=["train", "gemm", "gradcheck"])
     ap.add_argument("args", nargs="*")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     a = ap.parse_args()
     threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
     if a.mode == "gemm":
-        res = gemm(a.args[0], threads)
+        res = gemm_gpu(a.args[0]) if a.device == "gpu" else gemm(a.args[0], threads)
     elif a.mode == "train":
-        res = train(a.args[0], a.args[1], threads, a.repeats)
+        res = train(a.args[0], a.args[1], threads, a.repeats, a.device)
     else:
         res = gradcheck(a.repeats)
     res.setdefault("rss_mib", rss_mib())

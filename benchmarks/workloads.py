@@ -29,20 +29,22 @@ class Workload:
     config: str | None = None                    # a shipped config instead of layers/data
     overrides: tuple = ()
     needs: tuple = ()                            # layer names that must be registered
+    samples: int = 0                             # generated data: how many samples (0: the CPU size)
 
     def data(self):
         """Host float32 inputs and int64 labels."""
         rng = np.random.default_rng(1234)
-        if self.name == "spiral":
+        if self.name.startswith("spiral"):
             from dlrun.data import spiral
 
             ds = spiral(classes=3, points_per_class=100, noise=0.2, seed=0)
             return ds.x.astype(np.float32), ds.y
-        if self.name == "mlp":
-            return rng.random((10_000, 784), dtype=np.float32), rng.integers(0, 10, 10_000)
-        if self.name == "cnn":
-            n = 64 * 20
-            return rng.standard_normal((n, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, n)
+        if self.name.startswith("mlp"):
+            n = self.samples or 10_000
+            return rng.random((n, 784), dtype=np.float32), rng.integers(0, 10, n)
+        if self.name.startswith("cnn"):
+            n = self.samples or 64 * 20
+            return rng.standard_normal((n,) + self.input_shape, dtype=np.float32), rng.integers(0, 10, n)
         raise KeyError(self.name)
 
 
@@ -59,7 +61,19 @@ WORKLOADS = {
     "digits_cnn": Workload("digits_cnn", "configs/digits_cnn.yaml, 2 epochs, no validation",
                            config=str(ROOT / "configs" / "digits_cnn.yaml"), overrides=("train.epochs=2",),
                            needs=("Conv2D", "MaxPool2D")),
+    # GPU: the same kinds of network scaled up until the GPU, not the Python launch loop, is busy
+    "spiral_gpu": Workload("spiral_gpu", "(a) spiral MLP 2-100-3, full batch 300, 1000 steps (launch-bound)",
+                           [{"type": "Linear", "units": 100}, "ReLU", {"type": "Linear", "units": 3}],
+                           (2,), None, 1000, 0.5),
+    "mlp_gpu": Workload("mlp_gpu", "(b') MLP 784-4096-4096-10, batch 1024, 1 epoch of 60k",
+                        [{"type": "Linear", "units": 4096}, "ReLU", {"type": "Linear", "units": 4096}, "ReLU",
+                         {"type": "Linear", "units": 10}], (784,), 1024, 1, 0.01, samples=60_000),
+    "cnn_gpu": Workload("cnn_gpu", "(c') conv 3x3x64 + ReLU + maxpool 2 + Linear on 3x32x32, batch 256, 100 steps",
+                        ["conv64", "ReLU", "pool", "Flatten", {"type": "Linear", "units": 10}],
+                        (3, 32, 32), 256, 1, 0.01, needs=("Conv2D", "MaxPool2D", "Flatten"), samples=256 * 100),
 }
+CPU_DEFAULT = ("spiral", "mlp", "cnn", "digits_cnn")
+GPU_DEFAULT = ("spiral_gpu", "mlp_gpu", "cnn_gpu", "digits_cnn")
 
 
 def _pick(options: list[str], candidates: tuple[str, ...], what: str) -> str:
@@ -75,9 +89,10 @@ def resolve_layers(specs: list) -> list:
 
     out = []
     for s in specs:
-        if s == "conv":
+        if s in ("conv", "conv64"):
             opts = [o.name for o in registry.layers.options("Conv2D")]
-            s = {"type": "Conv2D", _pick(opts, ("filters", "out_channels", "channels", "units"), "filters"): 8,
+            filters = 64 if s == "conv64" else 8
+            s = {"type": "Conv2D", _pick(opts, ("filters", "out_channels", "channels", "units"), "filters"): filters,
                  _pick(opts, ("kernel_size", "kernel", "size"), "kernel size"): 3}
             if "padding" in opts:
                 s["padding"] = 0

@@ -46,8 +46,9 @@ class Backend:
 
     def scatter_add(self, a, indices, values) -> None:
         """``a[indices] += values`` that keeps repeated indices (np.add.at / cupyx.scatter_add)."""
-        if self.xp is np:
-            np.add.at(a, indices, values)
+        at = getattr(self.xp.add, "at", None)  # CuPy >= 13 has ufunc.at like numpy
+        if at is not None:
+            at(a, indices, values)
         else:
             import cupyx
 
@@ -82,6 +83,25 @@ def get_backend(device: str = "cpu") -> Backend:
         raise BackendError("device 'gpu': CuPy is installed but no CUDA device is visible; use --device cpu")
     _gpu = Backend("gpu", cupy)
     return _gpu
+
+
+_kernels: dict = {}
+
+
+def fused_elementwise(xp, in_params: str, out_params: str, operation: str, name: str):
+    """A cached CuPy ElementwiseKernel when ``xp`` is CuPy, else None (numpy keeps its ufuncs).
+
+    One launch does what numpy does in several in-place passes (an optimizer update, say); on
+    GPU each pass is a kernel launch with its own Python overhead. ``in_params``,
+    ``out_params`` and ``operation`` are as in ``cupy.ElementwiseKernel``; outputs may be read.
+    """
+    if xp is np:
+        return None
+    key = (in_params, out_params, operation, name)
+    kernel = _kernels.get(key)
+    if kernel is None:
+        kernel = _kernels[key] = xp.ElementwiseKernel(in_params, out_params, operation, name)
+    return kernel
 
 
 def gpu_available() -> bool:

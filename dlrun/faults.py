@@ -1,8 +1,9 @@
 """Training faults: where a non-finite value first appeared, and a clean stop on SIGINT/SIGTERM.
 
 Non-finite values are detected once per epoch, not per batch, so the normal path pays nothing
-per batch: the guard copies the parameters and optimizer state to the host when an epoch starts
-and, when it ends, checks that the epoch's summed loss and every parameter are finite. When one
+per batch: the guard copies the parameters and optimizer state when an epoch starts (into
+buffers on the same device, so on GPU the copy never waits for the host) and, when it ends,
+checks that the epoch's summed loss and every parameter are finite (one value read back). When one
 is not, it restores the copy and replays the epoch batch by batch, checking each layer's output
 (forward), each ``dx`` and parameter gradient (backward) and the updated parameters, and names
 the first that is not finite. It then restores the copy again, so the model holds the last good
@@ -45,20 +46,20 @@ class NonFiniteGuard:
         self._stateful = [layer for layer in t.model.layers if layer.state or layer.stochastic]
 
     def mark(self, shuffle_state: dict | None = None) -> None:
-        """Copy everything a batch changes to the host (called when an epoch starts).
+        """Copy everything a batch changes (called when an epoch starts).
 
         ``shuffle_state`` is the shuffling generator's state before it drew this epoch's order.
-        The host copies are allocated once and refilled in place, so a mark costs one copy per
-        array and nothing else.
+        The copies live on the model's device, are allocated once and refilled in place, so a
+        mark costs one device-side copy per array and nothing else.
         """
-        t, host = self.trainer, self.trainer.backend.to_host
+        t, xp = self.trainer, self.trainer.backend.xp
         self.shuffle_state = shuffle_state
         optim = [t.optimizer.state[n][s] for n, s in self._optim]
         if self.params is None:
-            self.params = [np.empty(a.shape, a.dtype) for a in self._params]
-            self.optim = [np.empty(a.shape, a.dtype) for a in optim]
+            self.params = [xp.empty(a.shape, a.dtype) for a in self._params]
+            self.optim = [xp.empty(a.shape, a.dtype) for a in optim]
         for dst, src in zip(self.params + self.optim, self._params + optim):
-            np.copyto(dst, host(src))
+            xp.copyto(dst, src)
         self.states = {}
         self.rngs = {}  # only layers that declare they draw random numbers (copying a generator is slow)
         for layer in self._stateful:
@@ -77,7 +78,7 @@ class NonFiniteGuard:
             t.shuffle_rng.bit_generator.state = self.shuffle_state
         optim = [t.optimizer.state[n][s] for n, s in self._optim]
         for live, saved in zip(self._params + optim, self.params + self.optim):
-            live[...] = t.backend.asarray(saved)
+            live[...] = saved
         for layer in self._stateful:
             for a, v in self.states[id(layer)].items():
                 setattr(layer, a, copy.deepcopy(v))
@@ -92,7 +93,8 @@ class NonFiniteGuard:
         # fast path: a sum is finite when no element is NaN/inf (an overflowing sum of finite
         # values falls back to the exact elementwise test)
         params = self._params
-        return np.isfinite(sum(float(a.sum()) for a in params)) or all(nonfinite_kind(a) is None for a in params)
+        total = float(sum(a.sum(dtype=np.float64) for a in params)) if params else 0.0
+        return np.isfinite(total) or all(nonfinite_kind(a) is None for a in params)
 
     def diagnose(self, epoch: int, batches, callbacks=()) -> NonFiniteError:
         """Replay the epoch from the snapshot, checking every step; return the error to raise."""

@@ -5,6 +5,8 @@ accuracy from argmax) or "regression".
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .backend import array_module
 from .errors import ShapeError
 from .options import PositiveFloat
@@ -66,10 +68,11 @@ class SoftmaxCrossEntropy(Loss):
         xp = array_module(z)
         n, c = z.shape
         get = self.buffers.get
-        m = _row_reduce(xp, xp.maximum, z, get(xp, "m", (n,), z.dtype)) if c <= _FEW_CLASSES else z.max(axis=1)
+        fold = c <= _FEW_CLASSES and xp is np  # on GPU each column is a launch: one reduction is cheaper
+        m = _row_reduce(xp, xp.maximum, z, get(xp, "m", (n,), z.dtype)) if fold else z.max(axis=1)
         p = xp.subtract(z, m[:, None], out=get(xp, "p", z.shape, z.dtype))
         xp.exp(p, out=p)
-        s = _row_reduce(xp, xp.add, p, get(xp, "s", (n,), z.dtype)) if c <= _FEW_CLASSES else p.sum(axis=1)
+        s = _row_reduce(xp, xp.add, p, get(xp, "s", (n,), z.dtype)) if fold else p.sum(axis=1)
         p /= s[:, None]
         flat = xp.arange(0, n * c, c)  # flat index of (i, y_i): 1-D take/setitem are ~4x cheaper than [rows, y]
         flat += y

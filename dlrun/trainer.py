@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .model import Sequential
+from .backend import array_module
 
 
 class Callback:
@@ -68,10 +69,16 @@ class Trainer:
 
     # -- data on the device ---------------------------------------------------------------
     def _to_device(self, x, y):
-        b = self.backend
-        x = b.asarray(np.ascontiguousarray(x), dtype=self.model.dtype)
+        """(x, y) on the model's device, contiguous, in the model's dtype (int64 labels): host
+        arrays are copied once; arrays already there are used as they are when they match."""
         ydt = np.int64 if self.classification else self.model.dtype
-        return x, (b.asarray(np.ascontiguousarray(y), dtype=ydt) if y is not None else None)
+        return self._move(x, self.model.dtype), (self._move(y, ydt) if y is not None else None)
+
+    def _move(self, a, dtype):
+        xp = self.backend.xp
+        if array_module(a) is xp:
+            return xp.ascontiguousarray(a, dtype=dtype)
+        return self.backend.asarray(np.ascontiguousarray(a), dtype=dtype)
 
     def _fast_loss(self, on: bool) -> None:
         """Let the loss reuse its buffers while this loop owns its gradient (custom losses may not have any)."""
@@ -117,17 +124,7 @@ class Trainer:
                 else:
                     idx = order_d[s:e]
                     xb, yb = xd[idx], yd[idx]
-                out = self.model.forward(xb, yb)
-                loss_sum += self.loss.forward(out, yb) * (e - s)
-                if self.classification:
-                    correct += (self.loss.predict(out) == yb).sum()
-                self.model.backward(self.loss.backward())
-                for p, reg in self._regularized:
-                    reg.add_gradient(p.data, p.grad)
-                for cb in callbacks:
-                    cb.on_after_backward(self)
-                self.optimizer.step()
-                self.step += 1
+                self.train_step(xb, yb, loss_sum, correct, callbacks)
                 for cb in callbacks:
                     cb.on_batch_end(epoch, b + 1)
             self.model.train()
@@ -154,6 +151,22 @@ class Trainer:
         for cb in callbacks:
             cb.on_train_end(history.rows)
         return history
+
+    def train_step(self, xb, yb, loss_sum, correct, callbacks=()) -> None:
+        """One optimisation step on a device batch. The batch loss (times its size) and the
+        number of correct predictions are added into the device scalars ``loss_sum`` and
+        ``correct``: nothing is read back to the host, so on GPU the step never waits for it."""
+        out = self.model.forward(xb, yb)
+        loss_sum += self.loss.forward(out, yb) * len(xb)
+        if self.classification:
+            correct += (self.loss.predict(out) == yb).sum()
+        self.model.backward(self.loss.backward())
+        for p, reg in self._regularized:
+            reg.add_gradient(p.data, p.grad)
+        for cb in callbacks:
+            cb.on_after_backward(self)
+        self.optimizer.step()
+        self.step += 1
 
     def rewind_epoch(self) -> None:
         """Undo a partly run epoch (after an interrupt): back to the state its first batch saw."""

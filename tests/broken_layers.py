@@ -47,8 +47,9 @@ class _Correction(LargeMarginFC):
         x, w = self._x, self.weight.data
         dx = dy @ w
         dw = dy.T @ x
-        if self._rows is not None:
-            rows, cols = self._rows, self._cols
+        if self._scale is not None:
+            rows = np.flatnonzero(self._positive)  # the samples whose target logit was scaled
+            cols = self._cols[rows]
             coeff = self.coeff_sign * (self.k - 1) * dy[rows, cols]
             dx[rows] += coeff[:, None] * w[cols]
             self.scatter(dw, cols, coeff[:, None] * x[rows])
@@ -77,7 +78,7 @@ class SeedWrongAxis(LargeMarginFC):
 
     def backward(self, dy):
         x, w, k = self._x, self.weight.data, self.k
-        out_pos = self._positive if self._rows is not None else np.zeros(len(x), bool)
+        out_pos = self._positive if self._scale is not None else np.zeros(len(x), bool)
         label = self._label
         x_grad = dy @ w
         w_grad = dy.T @ x
@@ -103,7 +104,7 @@ class SeedBroadcast(SeedWrongAxis):
 
     def backward(self, dy):
         x, w, k = self._x, self.weight.data, self.k
-        out_pos = self._positive if self._rows is not None else np.zeros(len(x), bool)
+        out_pos = self._positive if self._scale is not None else np.zeros(len(x), bool)
         label = self._label
         x_grad = dy @ w
         w_grad = dy.T @ x

@@ -24,7 +24,7 @@ def run_cli(*args, cwd=None, env=None, timeout=600, input=None) -> Result:
     """Run ``python -m dlrun ARGS`` with this checkout first on the path."""
     e = dict(os.environ)
     e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
-    e.setdefault("COLUMNS", "200")
+    e["COLUMNS"] = "200"  # tables as wide as a large terminal (pytest-xdist workers set 80)
     if env:
         e.update(env)
     p = subprocess.run([sys.executable, "-m", "dlrun", *map(str, args)], cwd=cwd or ROOT, env=e,

@@ -110,3 +110,110 @@ def test_spiral_config_trains_on_gpu_like_on_cpu(cli, tmp_path):
         run_dir = next((tmp_path / device).iterdir())
         losses[device] = json.loads((run_dir / "summary.json").read_text())["train_loss"]
     assert losses["gpu"] == pytest.approx(losses["cpu"], rel=1e-3)
+
+
+OPTIMIZER_SPECS = [
+    {"type": "SGD", "learning_rate": 0.1},
+    {"type": "SGD", "learning_rate": 0.1, "weight_decay": 0.01},
+    {"type": "SGD", "learning_rate": 0.1, "momentum": 0.9},
+    {"type": "SGD", "learning_rate": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01},
+    {"type": "Adam", "learning_rate": 0.01},
+    {"type": "Adam", "learning_rate": 0.01, "weight_decay": 0.01},
+    {"type": "AdamW", "learning_rate": 0.01, "weight_decay": 0.1},
+    {"type": "RMSProp", "learning_rate": 0.01},
+    {"type": "RMSProp", "learning_rate": 0.01, "momentum": 0.8, "weight_decay": 0.01},
+    {"type": "AdaGrad", "learning_rate": 0.1, "initial_accumulator_value": 0.1, "weight_decay": 0.01},
+]
+
+
+@pytest.mark.parametrize("spec", OPTIMIZER_SPECS, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
+def test_fused_gpu_optimizer_update_matches_cpu(spec):
+    """The one-kernel GPU updates agree with the numpy updates (blocked for the large tensor)."""
+    from dlrun.layers.base import Parameter
+
+    rng = np.random.default_rng(0)
+    shapes = [(30, 7), (5,), (1 << 18,)]  # the last is larger than the CPU block size
+    init = [rng.standard_normal(s) for s in shapes]
+    grads = [[rng.standard_normal(s) for s in shapes] for _ in range(4)]
+    final = {}
+    for device in ("cpu", "gpu"):
+        b = get_backend(device)
+        params = [(f"p{i}", Parameter(b.asarray(w.copy()), b.asarray(np.zeros_like(w)))) for i, w in enumerate(init)]
+        opt = registry.optimizers.build(dict(spec))
+        opt.setup(params)
+        for step in grads:
+            for (_, p), g in zip(params, step):
+                p.grad[...] = b.asarray(g)
+            opt.step()
+        final[device] = [to_host(p.data) for _, p in params] + [to_host(a) for a in opt.state_dict().values()]
+    for c, g in zip(final["cpu"], final["gpu"]):
+        np.testing.assert_allclose(g, c, rtol=1e-10, atol=1e-12)
+
+
+STEP_MODELS = {
+    "mlp+batchnorm+dropout, Adam, L2, clip_norm": (
+        [{"type": "Linear", "units": 32}, {"type": "BatchNorm"}, "ReLU", {"type": "Dropout", "rate": 0.2},
+         {"type": "Linear", "units": 3}], (4,), {"type": "Adam", "learning_rate": 0.01}, True),
+    "cnn, SGD momentum": (
+        [{"type": "Conv2D", "filters": 4, "kernel_size": 3}, "ReLU", {"type": "MaxPool2D", "pool_size": 2},
+         "Flatten", {"type": "Linear", "units": 3}], (1, 8, 8), {"type": "SGD", "learning_rate": 0.1, "momentum": 0.9},
+        False),
+    "LargeMarginFC (labels in forward), RMSProp": (
+        [{"type": "Linear", "units": 8}, "Tanh", {"type": "LargeMarginFC", "units": 3, "k": 0.5}], (4,),
+        {"type": "RMSProp", "learning_rate": 0.01}, False),
+}
+
+# Holds the GPU until *flag becomes non-zero (or about ten seconds pass, so a bug cannot hang the suite).
+_SPIN = r"""
+extern "C" __global__ void dlrun_spin(volatile int* flag, long long max_cycles) {
+    long long start = clock64();
+    while (*flag == 0 && clock64() - start < max_cycles) { }
+}
+"""
+
+
+@pytest.mark.parametrize("case", list(STEP_MODELS))
+def test_train_step_never_waits_for_the_host(case):
+    """The whole training step (forward, loss, device-side metrics, backward, regularizer,
+    clipping, optimizer) is queued while the GPU is still held by a kernel that waits for a flag
+    only the test sets afterwards: any device-to-host copy or synchronisation inside the step
+    would block until that kernel gave up, and the step's work would already be done."""
+    import cupy
+
+    from dlrun.callbacks import GradientClipping
+    from dlrun.trainer import Trainer
+
+    specs, in_shape, opt_spec, extras = STEP_MODELS[case]
+    gpu = get_backend("gpu")
+    model = Sequential([registry.layers.build(s) for s in specs], in_shape, gpu, seed=0)
+    reg = registry.regularizers.build({"type": "L2", "strength": 1e-3}) if extras else None
+    trainer = Trainer(model, registry.losses.build("SoftmaxCrossEntropy"), registry.optimizers.build(opt_spec), reg,
+                      batch_size=16)
+    callbacks = [GradientClipping(clip_norm=1.0, clip_value=5.0)] if extras else []
+    for cb in callbacks:
+        cb.on_train_begin(trainer)
+    rng = np.random.default_rng(0)
+    xb = cupy.asarray(rng.standard_normal((16,) + in_shape, dtype=np.float32))
+    yb = cupy.asarray(rng.integers(0, 3, 16))
+    loss_sum, correct = cupy.zeros((), np.float64), cupy.zeros((), np.int64)
+    model.train(fast=True)
+    trainer._fast_loss(True)
+    trainer.train_step(xb, yb, loss_sum, correct, callbacks)  # warm-up: kernels compiled, pool filled
+    before = {n: p.data.copy() for n, p in model.named_parameters()}
+    gpu.synchronize()
+    flag = cupy.zeros(1, dtype=np.int32)
+    spin = cupy.RawKernel(_SPIN, "dlrun_spin")
+    spin((1,), (1,), (flag, np.int64(20_000_000_000)))
+    trainer.train_step(xb, yb, loss_sum, correct, callbacks)
+    queued = cupy.cuda.Event()
+    queued.record()
+    still_held = not queued.done
+    side = cupy.cuda.Stream(non_blocking=True)
+    with side:
+        flag.fill(1)  # a kernel on another stream releases the spinner
+    queued.synchronize()
+    assert still_held, "the training step waited for the GPU (a host read or synchronisation inside the step)"
+    assert trainer.step == 2
+    changed = [n for n, p in model.named_parameters() if p.trainable and not cupy.array_equal(p.data, before[n])]
+    assert changed, "the queued step updated no parameter"
+    assert 0 < float(loss_sum) and 0 <= int(correct) <= 32

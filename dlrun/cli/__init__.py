@@ -21,8 +21,10 @@ from ..errors import ConfigErrors, DlrunError, Interrupted
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Train, gradient-check and use neural networks defined in YAML.")
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+# soft_wrap: lines (paths, error messages, resume commands) are never broken by inserted
+# newlines, so they copy-paste whole at any terminal width; tables still fit the width
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 _argv: list[str] = []

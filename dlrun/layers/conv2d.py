@@ -99,6 +99,8 @@ class Conv2D(Layer):
         xp.matmul(d, cols.transpose(0, 2, 1)).sum(axis=0, out=self.weight.grad.reshape(o, -1))
         if self.bias is not None:
             d.sum(axis=(0, 2), out=self.bias.grad)
+        if not self.needs_input_grad:  # first layer of a training loop: skip the matmul and col2im
+            return None
         dcols = xp.matmul(self.weight.data.reshape(o, -1).T, d)  # (N, K, P)
         return unpad(col2im(xp, dcols, self.win, self.channels), self.win)
 

@@ -52,22 +52,27 @@ class LargeMarginFC(Layer):
         xp = self.xp
         f = x @ self.weight.data.T
         self._x = x
-        self._rows = self._cols = None
+        self._scale = None
         if self.training and y is not None:
+            # gather the target logits, scale the positive ones by k, scatter back: integer
+            # indexing only (a boolean mask would make CuPy wait for the mask's count)
             rows = xp.arange(x.shape[0])
-            positive = f[rows, y] > 0
-            self._rows, self._cols = rows[positive], y[positive]
-            self._positive = positive
-            f[self._rows, self._cols] *= x.dtype.type(self.k)
+            target = f[rows, y]
+            self._positive = target > 0
+            self._scale = xp.where(self._positive, x.dtype.type(self.k), x.dtype.type(1))
+            self._rows, self._cols = rows, y
+            f[rows, y] = target * self._scale
         return f
 
     def backward(self, dy):
         g = dy
-        if self._rows is not None:
+        if self._scale is not None:
             g = dy.copy()
-            g[self._rows, self._cols] *= dy.dtype.type(self.k)
+            g[self._rows, self._cols] *= self._scale
         self.xp.matmul(g.T, self._x, out=self.weight.grad)
+        if not self.needs_input_grad:
+            return None
         return g @ self.weight.data
 
     def branch_signature(self):
-        return self._positive if self._rows is not None else None
+        return self._positive if self._scale is not None else None

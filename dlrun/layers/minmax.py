@@ -1,30 +1,35 @@
 """MinMaxNormalization: seed 001's NormalizationLayer, rescaling the batch into [0, 1]."""
 from __future__ import annotations
 
+from ..backend import array_module
 from ..registry import layers
 from .base import InputSpec, Layer
 
 
 def minmax_forward(x):
-    """(y, cache) for y = (x − m)/(M − m), m = min x and M = max x over the whole batch."""
+    """(y, cache) for y = (x − m)/(M − m), m = min x and M = max x over the whole batch.
+
+    Everything stays on the device (no host read of the extremes): a constant batch (M = m)
+    gets the factor 0 instead of 1/(M − m), so its output and gradient are 0, not 0/0.
+    """
+    xp = array_module(x)
     flat = x.reshape(-1)
-    imin, imax = int(flat.argmin()), int(flat.argmax())
-    m, r = flat[imin], flat[imax] - flat[imin]
-    if r == 0:  # a constant batch: output 0 (and gradient 0) instead of 0/0
-        return x * 0, (imin, imax, None, None)
-    y = (x - m) / r
-    return y, (imin, imax, y, r)
+    imin, imax = flat.argmin(), flat.argmax()
+    m = flat[imin]
+    r = flat[imax] - m
+    constant = r == 0
+    inv = xp.where(constant, x.dtype.type(0), x.dtype.type(1) / xp.where(constant, x.dtype.type(1), r))
+    y = (x - m) * inv
+    return y, (imin, imax, y, inv)
 
 
 def minmax_backward(dy, cache):
     """∂L/∂x = G/r, plus Σ G(y−1)/r at argmin and −Σ G·y/r at argmax (r = M − m)."""
-    imin, imax, y, r = cache
-    if y is None:
-        return dy * 0
-    dx = dy / r
+    imin, imax, y, inv = cache
+    dx = dy * inv
     flat = dx.reshape(-1)
-    flat[imin] += (dy * (y - 1)).sum() / r
-    flat[imax] -= (dy * y).sum() / r
+    flat[imin] += (dy * (y - 1)).sum() * inv
+    flat[imax] -= (dy * y).sum() * inv
     return dx
 
 

@@ -1,7 +1,7 @@
 """Adam and AdamW (decoupled weight decay)."""
 from __future__ import annotations
 
-from ..backend import array_module
+from ..backend import array_module, fused_elementwise
 from ..options import Fraction, NonNegativeFloat, PositiveFloat
 from ..registry import optimizers
 from .base import Optimizer
@@ -45,6 +45,14 @@ class Adam(Optimizer):
 
     def _update(self, state, p) -> None:
         g = p.grad
+        fused = fused_elementwise(array_module(g), "T g, T lr_t, T eps_t, T b1, T b2, T wd, T keep", "T w, T m, T v",
+                                  "T d = g + wd * w; w *= keep; m = b1 * m + (1 - b1) * d; "
+                                  "v = b2 * v + (1 - b2) * d * d; w -= lr_t * m / (sqrt(v) + eps_t);", "dlrun_adam")
+        if fused is not None:
+            coupled = 0.0 if self.decoupled else self.weight_decay
+            keep = 1.0 - self.learning_rate * self.weight_decay if self.decoupled else 1.0
+            fused(g, self._lr_t, self._eps_t, self.beta1, self.beta2, coupled, keep, p.data, state["m"], state["v"])
+            return
         if self.weight_decay:
             if self.decoupled:
                 p.data *= 1.0 - self.learning_rate * self.weight_decay

@@ -1,7 +1,7 @@
 """RMSProp and AdaGrad: per-coordinate step sizes from accumulated squared gradients."""
 from __future__ import annotations
 
-from ..backend import array_module
+from ..backend import array_module, fused_elementwise
 from ..options import Fraction, NonNegativeFloat, PositiveFloat
 from ..registry import optimizers
 from .base import Optimizer
@@ -35,9 +35,17 @@ class RMSProp(Optimizer):
 
     def _update(self, state, p) -> None:
         g, work = p.grad, state["_work"]
+        xp = array_module(g)
+        fused = fused_elementwise(xp, "T g, T lr, T rho, T eps, T wd, T mom", "T w, T v, T b",
+                                  "T d = g + wd * w; v = rho * v + (1 - rho) * d * d; T s = d / (sqrt(v) + eps); "
+                                  "if (mom != 0) { b = mom * b + s; s = b; } w -= lr * s;", "dlrun_rmsprop")
+        if fused is not None:  # without momentum the scratch buffer stands in for the unused b
+            b = state["momentum_buffer"] if self.momentum else work
+            fused(g, self.learning_rate, self.rho, self.epsilon, self.weight_decay, self.momentum, p.data,
+                  state["square_avg"], b)
+            return
         if self.weight_decay:
             self._add_decay(g, p.data, self.weight_decay, work)
-        xp = array_module(g)
         v = state["square_avg"]
         xp.multiply(g, g, out=work)
         # v ← ρ·v + (1−ρ)·g² as ρ·(v − g²) + g²: in place
@@ -88,9 +96,14 @@ class AdaGrad(Optimizer):
 
     def _update(self, state, p) -> None:
         g, work = p.grad, state["_work"]
+        xp = array_module(g)
+        fused = fused_elementwise(xp, "T g, T lr, T eps, T wd", "T w, T s",
+                                  "T d = g + wd * w; s += d * d; w -= lr * d / (sqrt(s) + eps);", "dlrun_adagrad")
+        if fused is not None:
+            fused(g, self.learning_rate, self.epsilon, self.weight_decay, p.data, state["sum"])
+            return
         if self.weight_decay:
             self._add_decay(g, p.data, self.weight_decay, work)
-        xp = array_module(g)
         s = state["sum"]
         xp.multiply(g, g, out=work)
         s += work

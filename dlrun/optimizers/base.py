@@ -20,9 +20,11 @@ class Optimizer:
     a temporary array sets ``needs_work = True`` and gets ``state["_work"]``, a scratch buffer
     shaped like the parameter that is allocated once and never saved.
 
-    An optimizer whose update is purely elementwise sets ``elementwise = True``: ``step`` then
-    applies ``_update`` to cache-sized blocks of large parameters (views of the parameter, its
-    gradient and its state), so the update's several passes hit L2 cache instead of memory.
+    An optimizer whose update is purely elementwise sets ``elementwise = True``: on the CPU
+    ``step`` then applies ``_update`` to cache-sized blocks of large parameters (views of the
+    parameter, its gradient and its state), so the update's several passes hit L2 cache instead
+    of memory. On GPU the built-in optimizers instead run their whole update as one fused
+    kernel per parameter (``backend.fused_elementwise``), and blocks would only multiply launches.
     """
 
     slots: tuple[str, ...] = ()
@@ -48,7 +50,7 @@ class Optimizer:
         """Apply one update to every trainable parameter."""
         self.iterations += 1
         for name, p in self.params:
-            if self.elementwise and p.data.size > self.block_size:
+            if self.elementwise and p.data.size > self.block_size and isinstance(p.data, np.ndarray):
                 for state, part in self._blocks(name, p):
                     self._update(state, part)
             else:

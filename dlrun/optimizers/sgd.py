@@ -1,7 +1,7 @@
 """SGD with optional (Nesterov) momentum."""
 from __future__ import annotations
 
-from ..backend import array_module
+from ..backend import array_module, fused_elementwise
 from ..options import Fraction, NonNegativeFloat, PositiveFloat
 from ..registry import optimizers
 from .base import Optimizer
@@ -35,13 +35,25 @@ class SGD(Optimizer):
 
     def _update(self, state, p) -> None:
         g = p.grad  # rewritten by every backward, so it doubles as scratch here
+        xp = array_module(g)
+        if self.momentum:
+            fused = fused_elementwise(xp, "T g, T lr, T wd, T mom, bool nesterov", "T w, T v",
+                                      "T d = g + wd * w; v = mom * v + d; w -= lr * (nesterov ? d + mom * v : v);",
+                                      "dlrun_sgd_momentum")
+            if fused is not None:
+                fused(g, self.learning_rate, self.weight_decay, self.momentum, self.nesterov, p.data, state["velocity"])
+                return
+        else:
+            fused = fused_elementwise(xp, "T g, T lr, T wd", "T w", "w -= lr * (g + wd * w);", "dlrun_sgd")
+            if fused is not None:
+                fused(g, self.learning_rate, self.weight_decay, p.data)
+                return
         if self.weight_decay:
             self._add_decay(g, p.data, self.weight_decay, state["_work"])
         if not self.momentum:
             g *= self.learning_rate
             p.data -= g
             return
-        xp = array_module(g)
         v = state["velocity"]
         v *= self.momentum
         v += g
