@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import array_module
+from .backend import array_module, fused_elementwise
 from .errors import ShapeError
 from .options import PositiveFloat
 from .buffers import BufferPool
@@ -67,8 +67,10 @@ class SoftmaxCrossEntropy(Loss):
     def forward(self, z, y):
         xp = array_module(z)
         n, c = z.shape
+        if xp is not np:
+            return self._forward_fused(xp, z, y)
         get = self.buffers.get
-        fold = c <= _FEW_CLASSES and xp is np  # on GPU each column is a launch: one reduction is cheaper
+        fold = c <= _FEW_CLASSES  # CPU: C-1 ufunc calls beat one axis-1 reduction (on GPU each is a launch)
         m = _row_reduce(xp, xp.maximum, z, get(xp, "m", (n,), z.dtype)) if fold else z.max(axis=1)
         p = xp.subtract(z, m[:, None], out=get(xp, "p", z.shape, z.dtype))
         xp.exp(p, out=p)
@@ -83,9 +85,29 @@ class SoftmaxCrossEntropy(Loss):
         s -= z.reshape(-1).take(flat)
         return s.sum() * (1.0 / n)  # ndarray.mean() costs ~3x more Python for small arrays
 
+    def _forward_fused(self, xp, z, y):
+        """GPU: the same log-sum-exp in five launches; p holds exp(z − m), normalised in backward."""
+        n, c = z.shape
+        z = xp.ascontiguousarray(z)  # the nll kernel reads z by flat index
+        m = z.max(axis=1, keepdims=True)
+        p = fused_elementwise(xp, "T z, T m", "T p", "p = exp(z - m);", "dlrun_sce_exp")(
+            z, m, *_out(self.buffers.get(xp, "p", z.shape, z.dtype)))
+        s = p.sum(axis=1)
+        # per-sample −log p_y = log Σ exp(z − m) − (z_y − m), reading z_y from the raw logits
+        nll = fused_elementwise(xp, "T s, T m, Y y, raw T z, int32 c", "T out",
+                                "out = log(s) + m - z[i * c + y];", "dlrun_sce_nll")(s, m.reshape(-1), y, z, c)
+        self._p, self._s, self._y = p, s, y
+        return nll.sum() * (1.0 / n)
+
     def backward(self):
         xp = array_module(self._p)
         scale = 1.0 / self._p.shape[0]  # a Python float keeps float32 float32
+        if xp is not np:
+            n, c = self._p.shape
+            return fused_elementwise(xp, "T p, T s, Y y, int32 c, T scale", "T d",
+                                     "d = (p / s - ((Y)(i % c) == y ? (T)1 : (T)0)) * scale;", "dlrun_sce_grad")(
+                self._p, self._s[:, None], self._y[:, None], c, scale,
+                *_out(self.buffers.get(xp, "d", self._p.shape, self._p.dtype)))
         d = xp.multiply(self._p, scale, out=self.buffers.get(xp, "d", self._p.shape, self._p.dtype))
         d.reshape(-1)[self._flat] -= scale  # d is contiguous: the reshape is a view
         return d
@@ -94,6 +116,11 @@ class SoftmaxCrossEntropy(Loss):
         xp = array_module(z)
         p = xp.exp(z - z.max(axis=1, keepdims=True))
         return p / p.sum(axis=1, keepdims=True)
+
+
+def _out(buffer) -> tuple:
+    """A fused kernel's output argument: the pooled buffer, or none (the kernel allocates)."""
+    return () if buffer is None else (buffer,)
 
 
 def _row_reduce(xp, ufunc, z, out):

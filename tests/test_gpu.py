@@ -217,3 +217,35 @@ def test_train_step_never_waits_for_the_host(case):
     changed = [n for n, p in model.named_parameters() if p.trainable and not cupy.array_equal(p.data, before[n])]
     assert changed, "the queued step updated no parameter"
     assert 0 < float(loss_sum) and 0 <= int(correct) <= 32
+
+
+LOSS_CASES = {  # name -> (logit shape, labels: "classes" integers in [0, C), "binary" 0/1, "real" like z)
+    "SoftmaxCrossEntropy": ((9, 5), "classes"), "NLL": ((9, 5), "classes"), "Hinge": ((9, 5), "classes"),
+    "BinaryCrossEntropy": ((9, 1), "binary"), "MSE": ((9, 3), "real"), "Huber": ((9, 3), "real"),
+}
+
+
+def test_every_loss_has_a_gpu_case():
+    assert set(LOSS_CASES) == set(registry.losses.names())
+
+
+@pytest.mark.parametrize("name", sorted(LOSS_CASES))
+@pytest.mark.parametrize("pooled", [False, True], ids=["plain", "training-buffers"])
+def test_loss_forward_backward_match_cpu(name, pooled):
+    """Each loss (the fused GPU softmax cross-entropy included) agrees with numpy in float64."""
+    shape, kind = LOSS_CASES[name]
+    rng = np.random.default_rng(5)
+    z = rng.standard_normal(shape) * 3
+    y = {"classes": np.r_[np.arange(shape[1]), rng.integers(0, shape[1], shape[0] - shape[1])],
+         "binary": rng.integers(0, 2, shape[0]), "real": rng.standard_normal(shape)}[kind]
+    results = []
+    for device in ("cpu", "gpu"):
+        b = get_backend(device)
+        loss = registry.losses.build(name)
+        if getattr(loss, "buffers", None) is not None:
+            loss.buffers.enabled = pooled
+        value = loss.forward(b.asarray(z), b.asarray(y))
+        results.append((float(value), to_host(loss.backward())))
+    (vc, gc), (vg, gg) = results
+    assert vg == pytest.approx(vc, rel=1e-12)
+    np.testing.assert_allclose(gg, gc, rtol=1e-10, atol=1e-14)
