@@ -1,0 +1,43 @@
+"""The loss base class: ``forward(z, y) -> scalar`` (batch mean), ``backward() -> dz``."""
+from __future__ import annotations
+
+from ..buffers import BufferPool
+from ..registry import losses
+
+
+class Loss:
+    """Base class for losses."""
+
+    task = "classification"
+
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls)
+        self.buffers = BufferPool()  # enabled by the trainer while it owns the gradients (see dlrun.buffers)
+        return self
+
+    def forward(self, z, y):
+        raise NotImplementedError
+
+    def backward(self):
+        raise NotImplementedError
+
+    def predict(self, z):
+        """Turn model outputs into the values ``dlrun predict`` reports (class index or value)."""
+        return z.argmax(axis=1) if self.task == "classification" else z
+
+    def probabilities(self, z):
+        """Class probabilities for ``--proba`` (classification losses only)."""
+        raise NotImplementedError(f"{type(self).__name__} gives no probabilities")
+
+    def check_outputs(self, classes: int, outputs: int) -> str | None:
+        """Why labels 0..classes−1 cannot be scored from ``outputs`` model outputs, or None."""
+        if classes > outputs:
+            return (f"has labels up to {classes - 1}, but the model outputs {outputs} scores "
+                    f"(set the last layer's units to {classes})")
+        return None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+losses.base = Loss

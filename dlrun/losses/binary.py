@@ -1,0 +1,100 @@
+"""Binary cross-entropy on logits and the multi-class hinge loss."""
+from __future__ import annotations
+
+from ..backend import array_module
+from ..errors import ShapeError
+from ..options import PositiveFloat
+from ..registry import losses
+from .base import Loss
+
+
+def _sigmoid(z):
+    """σ(z) without overflow: exp(−|z|) lies in (0, 1]."""
+    xp = array_module(z)
+    e = xp.exp(-xp.abs(z))
+    return xp.where(z >= 0, 1 / (1 + e), e / (1 + e)).astype(z.dtype, copy=False)
+
+
+@losses.register()
+class BinaryCrossEntropy(Loss):
+    """L = (1/N) Σ_i max(z_i, 0) − z_i·y_i + log(1 + exp(−|z_i|)), the logistic loss on logits; ∂L/∂z = (σ(z) − y)/N.
+
+    This equals −(1/N) Σ [y log σ(z) + (1 − y) log(1 − σ(z))] but never takes log(0) or
+    overflows exp, whatever the size of z. Takes one raw score (logit) per sample, shape (N, 1)
+    or (N,), and labels 0/1 of shape (N,) (targets in [0, 1] work too). Predicts class 1 when
+    z > 0; ``--proba`` gives the two columns (1 − σ(z), σ(z)).
+    """
+
+    task = "classification"
+
+    def _flat(self, z):
+        if z.ndim > 2 or (z.ndim == 2 and z.shape[1] != 1):
+            raise ShapeError(f"BinaryCrossEntropy takes one logit per sample, shape (N, 1), got outputs of shape "
+                             f"{tuple(z.shape)}; set the last layer's units to 1, or use SoftmaxCrossEntropy")
+        return z.reshape(z.shape[0])
+
+    def forward(self, z, y):
+        xp = array_module(z)
+        zf = self._flat(z)
+        yf = y.reshape(zf.shape).astype(z.dtype, copy=False)
+        self._shape, self._z, self._y = z.shape, zf, yf
+        return (xp.maximum(zf, 0) - zf * yf + xp.log1p(xp.exp(-xp.abs(zf)))).mean()
+
+    def backward(self):
+        d = _sigmoid(self._z)
+        d -= self._y
+        d /= d.shape[0]
+        return d.reshape(self._shape)
+
+    def predict(self, z):
+        return (self._flat(z) > 0).astype("int64")
+
+    def probabilities(self, z):
+        p = _sigmoid(self._flat(z))
+        return array_module(z).stack([1 - p, p], axis=1)
+
+    def check_outputs(self, classes, outputs):
+        if classes > 2:
+            return (f"has labels up to {classes - 1}, but BinaryCrossEntropy takes labels 0 and 1 "
+                    f"(use SoftmaxCrossEntropy for more classes)")
+        if outputs != 1:
+            return f"is scored by BinaryCrossEntropy, which takes one logit per sample, but the model outputs {outputs} (set the last layer's units to 1)"
+        return None
+
+
+@losses.register()
+class Hinge(Loss):
+    """L = (1/N) Σ_i Σ_{j≠y_i} max(0, z_ij − z_iy_i + margin), the multi-class hinge (Weston–Watkins) loss.
+
+    Every wrong class whose score comes within ``margin`` of the true class's score adds to the
+    loss (the cs231n multi-class SVM loss; Crammer–Singer would count only the largest one).
+    ∂L/∂z_ij = [m_ij > 0]/N for j ≠ y_i and −Σ_j [m_ij > 0]/N for j = y_i, where m_ij is the
+    term inside max (its kink at 0 takes the zero branch). Gives no probabilities.
+
+    Args:
+        margin: the score gap Δ the true class should keep over every other class.
+    """
+
+    task = "classification"
+
+    def __init__(self, margin: PositiveFloat = 1.0):
+        self.margin = margin
+
+    def forward(self, z, y):
+        xp = array_module(z)
+        rows = xp.arange(z.shape[0])
+        m = z - z[rows, y][:, None]
+        m += self.margin
+        m[rows, y] = 0
+        xp.maximum(m, 0, out=m)
+        self._m, self._rows, self._y = m, rows, y
+        return m.sum(axis=1).mean()
+
+    def backward(self):
+        d = (self._m > 0).astype(self._m.dtype)
+        d[self._rows, self._y] = -d.sum(axis=1)
+        d /= d.shape[0]
+        return d
+
+    def __repr__(self) -> str:
+        return f"Hinge(margin={self.margin})"
