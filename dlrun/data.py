@@ -114,7 +114,7 @@ def spiral(classes: PositiveInt = 3, points_per_class: PositiveInt = 100,
     return Dataset(x, y, name="spiral")
 
 
-def _read_csv(path: Path, label_column: int | None, header: bool | None):
+def read_csv(path: Path, label_column: int | None, header: bool | None):
     """(features, labels or None, file line of each row); errors name the file and line."""
     with open(path, newline="") as f:
         reader = csv.reader(f)
@@ -213,7 +213,7 @@ def load_file(path: FilePath, label_column: int = -1, header: bool | None = None
             lc = label_column % arr.shape[1]
             x, y = np.delete(arr, lc, axis=1).astype(np.float64), arr[:, lc]
         else:
-            x, y, lines = _read_csv(p, label_column, header)
+            x, y, lines = read_csv(p, label_column, header)
     except DataError:
         raise
     except (ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile) as e:

@@ -14,7 +14,8 @@ import numpy as np
 
 from . import checkpoint, registry, snapshot
 from .config import Config, config_from_dict, parse_value
-from .data import Dataset, _read_csv
+from .data import Dataset, read_csv
+from .losses import Loss
 from .errors import CheckpointError, DataError, DlrunError, PluginError, UsageError
 from .model import Sequential
 from .plugins import source_hash
@@ -104,7 +105,7 @@ def read_features(path: str | Path, input_shape: tuple) -> np.ndarray:
         if p.suffix.lower() == ".npy":
             x = np.load(p, allow_pickle=False)
         else:
-            x, _, _ = _read_csv(p, None, None)
+            x, _, _ = read_csv(p, None, None)
     except ValueError as e:
         raise DataError(f"{p}: cannot read the file ({e})") from None
     except OSError as e:
@@ -132,8 +133,11 @@ def predictions(restored: Restored, x: np.ndarray, proba: bool = False, batch_si
     if proba and not restored.classification:
         raise UsageError(f"--proba needs a classification model; this one is trained with "
                          f"{type(restored.loss).__name__}, a {restored.loss.task} loss")
-    z = predict(restored.model, x, batch_size or restored.config.train.batch_size)
     loss = restored.loss
+    if proba and type(loss).probabilities is Loss.probabilities:
+        raise UsageError(f"--proba: {type(loss).__name__} scores classes by margins, not probabilities; drop "
+                         f"--proba, or train with SoftmaxCrossEntropy, BinaryCrossEntropy or NLL")
+    z = predict(restored.model, x, batch_size or restored.config.train.batch_size)
     if restored.classification:
         cols, vals, fmts = ["prediction"], [np.asarray(loss.predict(z))[:, None].astype(np.float64)], ["%d"]
         if proba:

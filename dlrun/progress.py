@@ -25,7 +25,8 @@ def summary_table(model) -> Table:
 
 
 class RichProgress(Callback):
-    """Shows the model summary, then per-epoch progress."""
+    """Shows the model summary, then per-epoch progress. Use it as a context manager so the
+    live bar is taken down (and the terminal left clean) when training stops with an error."""
 
     def __init__(self, console: Console, total_epochs: int, show_summary: bool = True):
         self.console = console
@@ -62,5 +63,15 @@ class RichProgress(Callback):
             self.console.print(f"epoch {epoch}/{self.total}  {text}  ({m['seconds']:.2f}s)", highlight=False)
 
     def on_train_end(self, history):
+        self.close()
+
+    def close(self) -> None:
         if self.progress:
             self.progress.stop()
+            self.progress = None
+
+    def __enter__(self) -> "RichProgress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

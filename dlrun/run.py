@@ -180,10 +180,11 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks, extra: dict,
-         best: dict | None = None, seconds_before: float = 0.0) -> RunResult:
+         best: dict | None = None, seconds_before: float = 0.0, train_controls: list | None = None) -> RunResult:
     """Fit to ``train.epochs`` with metrics and checkpoint writers; write summary.json."""
     monitor, mode = _monitor(config, ds, trainer)
-    train_controls = _controls(config, ds, trainer)
+    if train_controls is None:
+        train_controls = _controls(config, ds, trainer)
     writer = snapshot.CheckpointWriter(run_dir / "checkpoints", config, config.train.checkpoint_every,
                                        monitor, mode, best, extra)
     ckpt = run_dir / "checkpoints" / "last.npz"
@@ -242,10 +243,10 @@ def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from
         snapshot.load_weights(trainer.model, ckpt)
         extra["init_from"] = str(ckpt.path)
     _monitor(config, ds, trainer)  # fail before any file is written
-    _controls(config, ds, trainer)
+    train_controls = _controls(config, ds, trainer)
     run_dir = new_run_dir(runs_dir, config.name)
     _write_config(run_dir, config)
-    return _fit(config, ds, trainer, run_dir, callbacks, extra)
+    return _fit(config, ds, trainer, run_dir, callbacks, extra, train_controls=train_controls)
 
 
 def resume_config(run_dir: str | Path, overrides=(), device: str | None = None) -> tuple[Config, checkpoint.Checkpoint]:

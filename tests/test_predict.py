@@ -109,6 +109,24 @@ train: {epochs: 3, batch_size: 16}
     assert r.code == 2 and "--proba needs a classification model" in r.err
 
 
+def test_predict_proba_on_a_hinge_model_is_a_usage_error(tmp_path):
+    """Hinge scores have no probabilities: --proba is refused in one line, before predicting."""
+    cfg = write(tmp_path / "hinge.yaml", """\
+data: {type: spiral, classes: 3, points_per_class: 10}
+model: [{type: Linear, units: 3}]
+loss: Hinge
+optimizer: {type: SGD, learning_rate: 0.1}
+train: {epochs: 2, batch_size: 10}
+""")
+    run = train(cfg, tmp_path / "runs")
+    np.save(tmp_path / "xin.npy", np.zeros((2, 2)))
+    r = run_cli("predict", run, "--input", tmp_path / "xin.npy", "--proba")
+    assert r.code == 2 and "--proba: Hinge scores classes by margins" in r.err and "internal" not in r.err
+    assert "Traceback" not in r.err
+    r = run_cli("predict", run, "--input", tmp_path / "xin.npy")
+    assert r.code == 0 and r.out.splitlines()[0] == "prediction"
+
+
 PLUGIN = '''
 from dlrun.layers import Layer
 from dlrun.registry import layers

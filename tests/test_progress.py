@@ -31,3 +31,27 @@ def test_terminal_output_uses_a_live_bar():
     text = buf.getvalue()
     assert "\x1b[" in text and "epoch 3/3" in text and "3/3" in text
     assert "model" in text  # the summary table comes first
+
+
+def test_live_bar_is_taken_down_when_training_fails():
+    """An error mid-training (here a callback raising) must not leave the live display running."""
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=120)
+
+    class Boom(RichProgress):
+        def on_epoch_end(self, epoch, m):
+            super().on_epoch_end(epoch, m)
+            self.bar = self.progress
+            if epoch == 2:
+                raise RuntimeError("boom")
+
+    model = Sequential([registry.layers.build({"type": "Linear", "units": 2})], (3,), seed=0)
+    tr = Trainer(model, registry.losses.build("SoftmaxCrossEntropy"), registry.optimizers.build("SGD"), batch_size=4)
+    x = np.random.default_rng(0).standard_normal((10, 3))
+    progress = Boom(console, 5)
+    try:
+        with progress:
+            tr.fit(x, np.arange(10) % 2, epochs=5, callbacks=[progress])
+    except RuntimeError:
+        pass
+    assert not progress.bar.live.is_started and progress.progress is None  # the live display was stopped

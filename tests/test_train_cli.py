@@ -107,9 +107,11 @@ def test_exit_codes_and_one_line_errors(tmp_path, cli, args, code, fragment):
     assert "Traceback" not in r.err
 
 
-def test_debug_flag_shows_traceback(tmp_path, cli):
-    r = cli("--debug", "train", "missing.yaml")
-    assert r.code == 2 and "Traceback" in r.err
+@pytest.mark.parametrize("args", [("--debug", "train", "missing.yaml"), ("train", "missing.yaml", "--debug")],
+                         ids=["before", "after the command"])
+def test_debug_flag_shows_traceback(tmp_path, cli, args):
+    r = cli(*args)
+    assert r.code == 2 and "Traceback" in r.err and "config file not found: missing.yaml" in r.err
 
 
 def test_list_and_show(cli):

@@ -55,6 +55,8 @@ from . import catalog, check, evaluate, gradcheck, predict, time, train  # noqa:
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the app and maps every outcome to an exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if "--debug" in args:  # accepted anywhere (`dlrun train x.yaml --debug`), as the root option
+        args = ["--debug"] + [a for a in args if a != "--debug"]
     _argv[:] = args
     try:
         code = app(args=args, standalone_mode=False, prog_name="dlrun")  # typer.Exit(n) returns n here

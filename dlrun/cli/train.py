@@ -38,12 +38,14 @@ def train_cmd(
             raise UsageError("--resume RUN_DIR takes its config, weights and seed from the run; "
                              "drop the CONFIG argument, --init-from and --seed (use --set to change settings)")
         cfg, ckpt = run.resume_config(resume, set_, device)
-        result = run.resume(resume, cfg, ckpt, callbacks=[RichProgress(out, cfg.train.epochs)])
+        with RichProgress(out, cfg.train.epochs) as progress:
+            result = run.resume(resume, cfg, ckpt, callbacks=[progress])
     else:
         if config is None:
             raise UsageError("give a CONFIG file to train, or --resume RUN_DIR to continue a run")
         cfg = load_config(config, set_, seed=seed, device=device)
-        result = run.train(cfg, runs_dir, callbacks=[RichProgress(out, cfg.train.epochs)], init_from=init_from)
+        with RichProgress(out, cfg.train.epochs) as progress:
+            result = run.train(cfg, runs_dir, callbacks=[progress], init_from=init_from)
     s = result.summary
     acc = "" if s["train_accuracy"] is None else f" train_accuracy={s['train_accuracy']:.4f}"
     val = "" if s["val_loss"] is None else f" val_loss={s['val_loss']:.4f}" + (
