@@ -64,12 +64,23 @@ class LearningRateScheduler(Callback):
     def __init__(self, schedule: Schedule, epochs: int):
         self.schedule, self.epochs = schedule, epochs
         self.base_lr = None
+        self._restored = None
 
     def on_train_begin(self, trainer):
         self.optimizer = trainer.optimizer
         if self.base_lr is None:
             self.base_lr = float(self.optimizer.learning_rate)
         self.schedule.start(self.base_lr, self.epochs)
+        if self._restored is not None:
+            self.schedule.load_state_dict(self._restored)
+            self._restored = None
+
+    def state_dict(self) -> dict:
+        """lr₀ (a resumed run's optimizer holds the scheduled rate, not lr₀) and the schedule's state."""
+        return {"base_lr": self.base_lr, "schedule": self.schedule.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.base_lr, self._restored = state["base_lr"], state["schedule"]
 
     def on_epoch_begin(self, epoch, batches):
         self.optimizer.learning_rate = float(self.schedule.value(epoch))
@@ -89,12 +100,24 @@ class EarlyStopping(Callback):
                  mode: str = "auto", restore_best_weights: bool = False):
         self.monitor, self.patience, self.min_delta = monitor, patience, min_delta
         self.mode, self.restore_best_weights = resolve_mode(mode, monitor), restore_best_weights
+        self._restored = None
 
     def on_train_begin(self, trainer):
         self.model = trainer.model
         self.best = self.best_epoch = self.stopped_epoch = self.best_weights = None
         self.wait = 0
         self.last_epoch = None
+        if self._restored is not None:  # a resumed run: the counters go on where they stopped
+            self.best, self.best_epoch, self.wait = (self._restored[k] for k in ("best", "best_epoch", "wait"))
+            self._restored = None
+
+    def state_dict(self) -> dict:
+        """The best value, its epoch and the epochs waited since (the best weights are not kept:
+        after a resume, ``restore_best_weights`` restores only a best reached after the resume)."""
+        return {"best": self.best, "best_epoch": self.best_epoch, "wait": self.wait}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._restored = dict(state)
 
     def on_epoch_end(self, epoch, metrics):
         current = metrics[self.monitor]
@@ -111,7 +134,14 @@ class EarlyStopping(Callback):
             return True
         return False
 
+    restore_at_end = True  # dlrun train sets False and calls restore_best() after the last checkpoint
+
     def on_train_end(self, history):
+        if self.restore_at_end:
+            self.restore_best()
+
+    def restore_best(self) -> None:
+        """Load the best weights back (with ``restore_best_weights``, when the last epoch was not the best)."""
         if self.restore_best_weights and self.best_weights is not None and self.best_epoch != self.last_epoch:
             self.model.load_state_arrays(self.best_weights)
 
@@ -124,6 +154,20 @@ def check_monitor(monitor: str, path: str, has_validation: bool, classification:
     if monitor.endswith("_accuracy") and not classification:
         raise ConfigError(f"monitor {monitor!r}: a regression loss gives no accuracy; monitor "
                           f"{monitor.replace('accuracy', 'loss')}", locate(path))
+
+
+def control_states(controls) -> list[dict]:
+    """``[{"type": name, "state": {...}}]`` for the controls that keep state (checkpoint meta)."""
+    return [{"type": type(c).__name__, "state": c.state_dict()} for c in controls if hasattr(c, "state_dict")]
+
+
+def load_control_states(controls, states: list[dict]) -> None:
+    """Give each stateful control the state a checkpoint recorded for the control of its type
+    (controls the config no longer asks for are ignored; new ones start fresh)."""
+    by_type = {s["type"]: s["state"] for s in states or ()}
+    for c in controls:
+        if hasattr(c, "load_state_dict") and type(c).__name__ in by_type:
+            c.load_state_dict(by_type[type(c).__name__])
 
 
 def from_config(config, has_validation: bool, classification: bool) -> list[Callback]:

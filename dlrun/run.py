@@ -1,37 +1,28 @@
 """A training run from a config: data, model, trainer, and the run directory it writes.
 
-Layout of a run directory ``RUNS_DIR/<name>-<YYYYmmdd-HHMMSS>/``:
-
-* ``config.yaml``  — the resolved config, including the seed actually used;
-* ``metrics.csv``  — one row per epoch, appended as training goes;
-* ``summary.json`` — final metrics, epochs, seconds, the best epoch;
-* ``checkpoints/last.npz`` — the full training state every ``train.checkpoint_every`` epochs
-  and at the end; ``checkpoints/best.npz`` — the state at the best ``train.monitor`` value
-  (see :mod:`dlrun.snapshot` and docs/runs.md).
+A run directory ``RUNS_DIR/<name>-<YYYYmmdd-HHMMSS>/`` holds config.yaml, metrics.csv and
+summary.json (:mod:`dlrun.rundir`), and ``checkpoints/last.npz`` (the full training state every
+``train.checkpoint_every`` epochs and at the end) and ``checkpoints/best.npz`` (the state at the
+best ``train.monitor`` value; :mod:`dlrun.snapshot`, docs/runs.md).
 """
 from __future__ import annotations
 
-import csv
-import json
-import os
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 
-from . import callbacks as controls, checkpoint, snapshot
+from . import callbacks as controls, checkpoint, rundir, snapshot
 from .backend import get_backend
-from .config import Config, config_from_dict, dump_yaml
+from .config import Config, config_from_dict
 from .data import Dataset, split
 from .errors import CheckpointError, DataError, Interrupted, NonFiniteError, TrainingError, UsageError
 from .faults import StopOnSignal, catch_signals
 from .losses import Loss
 from .model import Sequential
-from .trainer import Callback, History, Trainer
+from .trainer import History, Trainer
 
-METRIC_COLUMNS = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "learning_rate", "seconds")
 
 
 def resolve_seed(config: Config) -> int:
@@ -93,42 +84,6 @@ def check_labels(ds: Dataset, model: Sequential, loss) -> None:
     raise DataError(f"data {ds.name!r} {problem}")
 
 
-def new_run_dir(runs_dir: str | Path, name: str) -> Path:
-    """Create ``runs_dir/<name>-<timestamp>``; never reuse an existing folder."""
-    runs_dir = Path(runs_dir)
-    try:
-        runs_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise TrainingError(f"cannot create the runs directory {runs_dir}: {e.strerror}") from None
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    for i in range(1000):
-        d = runs_dir / (f"{name}-{stamp}" + (f"-{i + 1}" if i else ""))
-        try:
-            d.mkdir()
-            return d
-        except FileExistsError:
-            continue
-        except OSError as e:
-            raise TrainingError(f"cannot create a run directory in {runs_dir}: {e.strerror}") from None
-    raise TrainingError(f"too many runs named {name}-{stamp} in {runs_dir}")
-
-
-class RunWriter(Callback):
-    """Writes metrics.csv (a row per epoch, flushed) into the run directory."""
-
-    def __init__(self, run_dir: Path):
-        self.run_dir = run_dir
-        self.path = run_dir / "metrics.csv"
-
-    def on_epoch_end(self, epoch, metrics):
-        new = not self.path.exists()
-        with open(self.path, "a", newline="") as f:
-            w = csv.writer(f)
-            if new:
-                w.writerow(METRIC_COLUMNS)
-            w.writerow(["" if metrics.get(c) is None else metrics[c] for c in METRIC_COLUMNS])
-
-
 @dataclass
 class RunResult:
     run_dir: Path
@@ -166,25 +121,16 @@ def _controls(config: Config, ds: Dataset, trainer: Trainer) -> list:
     return controls.from_config(config, has_val, trainer.classification)
 
 
-def _write_config(run_dir: Path, config: Config) -> None:
-    try:
-        (run_dir / "config.yaml").write_text(dump_yaml(config.raw))
-    except OSError as e:
-        raise TrainingError(f"cannot write {run_dir / 'config.yaml'}: {e.strerror or e}") from None
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks, extra: dict,
          best: dict | None = None, seconds_before: float = 0.0, train_controls: list | None = None) -> RunResult:
     """Fit to ``train.epochs`` with metrics and checkpoint writers; write summary.json."""
     monitor, mode = _monitor(config, ds, trainer)
     if train_controls is None:
         train_controls = _controls(config, ds, trainer)
+    trainer.controls = train_controls  # their state goes into every checkpoint
+    for c in train_controls:  # last.npz keeps the last epoch's weights; the best come back after it
+        if hasattr(c, "restore_best"):
+            c.restore_at_end = False
     writer = snapshot.CheckpointWriter(run_dir / "checkpoints", config, config.train.checkpoint_every,
                                        monitor, mode, best, extra)
     ckpt = run_dir / "checkpoints" / "last.npz"
@@ -194,7 +140,9 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
             t0 = time.perf_counter()
             try:
                 history = trainer.fit(ds.x, ds.y, ds.x_val, ds.y_val, epochs=config.train.epochs,
-                                      callbacks=[RunWriter(run_dir), writer, *train_controls, *callbacks, stop])
+                                      callbacks=[rundir.MetricsWriter(run_dir), *train_controls, writer, *callbacks, stop])
+                for c in train_controls:  # the controls observe an epoch before the writer records it
+                    getattr(c, "restore_best", lambda: None)()
             except Interrupted as e:
                 if e.immediate:
                     raise
@@ -223,7 +171,7 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
                     "device": config.device, "parameters": trainer.model.num_parameters,
                     "best": writer.best, **extra})
     try:
-        _write_json(run_dir / "summary.json", summary)
+        rundir.write_json(run_dir / "summary.json", summary)
     except OSError as e:
         raise TrainingError(f"cannot write {run_dir / 'summary.json'}: {e.strerror or e}; "
                             f"the checkpoint {ckpt} is complete") from None
@@ -244,8 +192,8 @@ def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from
         extra["init_from"] = str(ckpt.path)
     _monitor(config, ds, trainer)  # fail before any file is written
     train_controls = _controls(config, ds, trainer)
-    run_dir = new_run_dir(runs_dir, config.name)
-    _write_config(run_dir, config)
+    run_dir = rundir.new_run_dir(runs_dir, config.name)
+    rundir.write_config(run_dir, config)
     return _fit(config, ds, trainer, run_dir, callbacks, extra, train_controls=train_controls)
 
 
@@ -263,19 +211,6 @@ def resume_config(run_dir: str | Path, overrides=(), device: str | None = None) 
     return config_from_dict(ckpt.meta["config"], overrides=list(overrides), device=device, origin=str(path)), ckpt
 
 
-def _truncate_metrics(path: Path, epoch: int) -> None:
-    """Drop metrics rows after ``epoch`` (written after the last checkpoint) before appending."""
-    if not path.is_file():
-        return
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
-    keep = rows[:1] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= epoch]
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="") as f:
-        csv.writer(f).writerows(keep)
-    os.replace(tmp, path)
-
-
 def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, callbacks=()) -> RunResult:
     """Continue a run in its own directory from ``last.npz`` up to ``config.train.epochs``."""
     run_dir = Path(run_dir)
@@ -285,13 +220,11 @@ def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, cal
         raise UsageError(f"{run_dir} has already trained {trainer.epoch} of {config.train.epochs} epochs; "
                          f"raise the total to continue, e.g. --set train.epochs={trainer.epoch + 10}")
     _monitor(config, ds, trainer)
-    _truncate_metrics(run_dir / "metrics.csv", trainer.epoch)
-    _write_config(run_dir, config)
-    before = 0.0
-    try:
-        before = float(json.loads((run_dir / "summary.json").read_text()).get("seconds") or 0.0)
-    except (OSError, ValueError, AttributeError):
-        pass
+    rundir.truncate_metrics(run_dir / "metrics.csv", trainer.epoch)
+    rundir.write_config(run_dir, config)
+    before = rundir.previous_seconds(run_dir)
     extra = {k: ckpt.meta[k] for k in ("init_from",) if k in ckpt.meta}
     extra["resumed_from_epoch"] = trainer.epoch
-    return _fit(config, ds, trainer, run_dir, callbacks, extra, ckpt.meta.get("best"), before)
+    train_controls = _controls(config, ds, trainer)
+    controls.load_control_states(train_controls, ckpt.meta.get("controls"))
+    return _fit(config, ds, trainer, run_dir, callbacks, extra, ckpt.meta.get("best"), before, train_controls)

@@ -34,6 +34,13 @@ class Schedule:
     def observe(self, epoch: int, metrics: dict) -> None:
         """Called after each epoch with its metrics row (only reduce_on_plateau uses it)."""
 
+    def state_dict(self) -> dict:
+        """What ``observe`` has learnt, as JSON values, for checkpoints (nothing for pure functions of the epoch)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` output (called after :meth:`start`)."""
+
     def __repr__(self) -> str:
         spec = getattr(self, "spec", None) or {}
         return f"{getattr(self, 'registered_name', type(self).__name__)}({', '.join(f'{k}={v!r}' for k, v in spec.items() if k != 'type')})"
@@ -132,6 +139,13 @@ class LinearWarmup(Schedule):
         if self.then is not None and epoch > self.warmup:
             self.then.observe(epoch - self.warmup, metrics)
 
+    def state_dict(self):
+        return {"then": self.then.state_dict()} if self.then is not None else {}
+
+    def load_state_dict(self, state):
+        if self.then is not None and "then" in state:
+            self.then.load_state_dict(state["then"])
+
 
 @schedules.register("reduce_on_plateau")
 class ReduceOnPlateau(Schedule):
@@ -176,6 +190,12 @@ class ReduceOnPlateau(Schedule):
             if self.wait >= self.patience and self.lr > self.min_lr:
                 self.lr = max(self.lr * self.factor, self.min_lr)
                 self.cooling, self.wait = self.cooldown, 0
+
+    def state_dict(self):
+        return {"lr": self.lr, "best": self.best, "wait": self.wait, "cooling": self.cooling}
+
+    def load_state_dict(self, state):
+        self.lr, self.best, self.wait, self.cooling = state["lr"], state["best"], state["wait"], state["cooling"]
 
 
 def improved(current: float, best: float, mode: str, min_delta: float) -> bool:

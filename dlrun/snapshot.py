@@ -17,6 +17,7 @@ import numpy as np
 from . import __version__, checkpoint, registry
 from .config import Config
 from .errors import CheckpointError, ConfigError
+from .callbacks import control_states
 from .plugins import source_hash
 from .trainer import Callback, Trainer
 
@@ -50,7 +51,8 @@ def capture(trainer: Trainer, config: Config, extra: dict | None = None) -> tupl
             "rng": {"shuffle": rng_state(trainer.shuffle_rng),
                     "layers": {str(i): rng_state(layer.rng) for i, layer in enumerate(model.layers)
                                if layer.rng is not None}},
-            "plugins": plugin_records(config), **(extra or {})}
+            "plugins": plugin_records(config),
+            "controls": control_states(getattr(trainer, "controls", ())), **(extra or {})}
     return {k: np.array(v) for k, v in model.state_arrays().items()}, optim, meta
 
 

@@ -175,3 +175,39 @@ def test_interrupt_mid_epoch_then_resume_equals_straight_run(tmp_path):
     run.resume(half, config, ckpt)
     _assert_same_state(straight / "checkpoints" / "last.npz", half / "checkpoints" / "last.npz")
     assert metrics_rows(straight) == metrics_rows(half)
+
+
+CONTROLLED = """\
+name: controlled
+seed: 4
+data: {type: spiral, classes: 3, points_per_class: 30, noise: 0.2, seed: 2}
+model: [{type: Linear, units: 12}, ReLU, {type: Linear, units: 3}]
+loss: SoftmaxCrossEntropy
+optimizer: {type: SGD, learning_rate: 0.3, momentum: 0.9}
+train:
+  epochs: EPOCHS
+  batch_size: 16
+  validation_split: 0.2
+  schedule: {type: warmup, epochs: 2, then: {type: reduce_on_plateau, monitor: val_loss, patience: 1,
+             min_delta: 0.5, factor: 0.5, cooldown: 1}}
+  early_stopping: {monitor: val_loss, patience: PATIENCE, min_delta: 0.5}
+"""
+
+
+@pytest.mark.parametrize("patience,half,total", [(20, 3, 6), (2, 2, 8)], ids=["plateau-schedule", "early-stopping"])
+def test_resume_continues_schedule_and_early_stopping_state(tmp_path, patience, half, total):
+    """reduce_on_plateau's rate and counters, lr0 behind a warm-up, and early stopping's wait all
+    come back from the checkpoint: the resumed run reduces the rate and stops when the straight
+    run does (a fresh start would restart the counters and diverge)."""
+    text = CONTROLLED.replace("PATIENCE", str(patience))
+    straight = train(write(tmp_path / "s.yaml", text.replace("EPOCHS", str(total))), tmp_path / "a")
+    part = train(write(tmp_path / "h.yaml", text.replace("EPOCHS", str(half))), tmp_path / "b")
+    r = run_cli("train", "--resume", part, "--set", f"train.epochs={total}")
+    assert r.code == 0, r.err
+    rows = metrics_rows(straight)
+    assert metrics_rows(part) == rows
+    rates = [float(x["learning_rate"]) for x in rows]
+    if patience == 2:
+        assert len(rows) == 3  # stopped by early stopping at epoch 3, in both runs
+    else:
+        assert min(rates[2:]) < max(rates)  # the plateau schedule reduced the rate after the resume point

@@ -1,0 +1,91 @@
+"""The files of a run directory: its name, config.yaml, metrics.csv and summary.json.
+
+Layout of ``RUNS_DIR/<name>-<YYYYmmdd-HHMMSS>/`` (checkpoints are :mod:`dlrun.snapshot`'s):
+
+* ``config.yaml``  — the resolved config, including the seed actually used;
+* ``metrics.csv``  — one row per epoch, appended as training goes;
+* ``summary.json`` — final metrics, epochs, seconds, the best epoch.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from datetime import datetime
+from pathlib import Path
+
+from .config import Config, dump_yaml
+from .errors import TrainingError
+from .trainer import Callback
+
+METRIC_COLUMNS = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "learning_rate", "seconds")
+
+
+def new_run_dir(runs_dir: str | Path, name: str) -> Path:
+    """Create ``runs_dir/<name>-<timestamp>``; never reuse an existing folder."""
+    runs_dir = Path(runs_dir)
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TrainingError(f"cannot create the runs directory {runs_dir}: {e.strerror}") from None
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    for i in range(1000):
+        d = runs_dir / (f"{name}-{stamp}" + (f"-{i + 1}" if i else ""))
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise TrainingError(f"cannot create a run directory in {runs_dir}: {e.strerror}") from None
+    raise TrainingError(f"too many runs named {name}-{stamp} in {runs_dir}")
+
+
+class MetricsWriter(Callback):
+    """Writes metrics.csv (a row per epoch, flushed) into the run directory."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.path = run_dir / "metrics.csv"
+
+    def on_epoch_end(self, epoch, metrics):
+        new = not self.path.exists()
+        with open(self.path, "a", newline="") as f:
+            w = csv.writer(f)
+            if new:
+                w.writerow(METRIC_COLUMNS)
+            w.writerow(["" if metrics.get(c) is None else metrics[c] for c in METRIC_COLUMNS])
+
+
+def write_config(run_dir: Path, config: Config) -> None:
+    try:
+        (run_dir / "config.yaml").write_text(dump_yaml(config.raw))
+    except OSError as e:
+        raise TrainingError(f"cannot write {run_dir / 'config.yaml'}: {e.strerror or e}") from None
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def truncate_metrics(path: Path, epoch: int) -> None:
+    """Drop metrics rows after ``epoch`` (written after the last checkpoint) before appending."""
+    if not path.is_file():
+        return
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    keep = rows[:1] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= epoch]
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:
+        csv.writer(f).writerows(keep)
+    os.replace(tmp, path)
+
+
+def previous_seconds(run_dir: Path) -> float:
+    """Training seconds a resumed run already spent (from its summary.json; 0 if unreadable)."""
+    try:
+        return float(json.loads((run_dir / "summary.json").read_text()).get("seconds") or 0.0)
+    except (OSError, ValueError, AttributeError):
+        return 0.0
