@@ -104,6 +104,11 @@ def fused_elementwise(xp, in_params: str, out_params: str, operation: str, name:
     return kernel
 
 
+def out_args(buffer) -> tuple:
+    """A fused kernel's output argument: a reused buffer, or none (the kernel then allocates)."""
+    return () if buffer is None else (buffer,)
+
+
 def gpu_available() -> bool:
     """True when CuPy imports and a CUDA device answers (used by tests to skip)."""
     try:

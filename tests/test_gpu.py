@@ -249,3 +249,32 @@ def test_loss_forward_backward_match_cpu(name, pooled):
     (vc, gc), (vg, gg) = results
     assert vg == pytest.approx(vc, rel=1e-12)
     np.testing.assert_allclose(gg, gc, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("pool", [2, [2, 3], 3])
+@pytest.mark.parametrize("pooled", [False, True], ids=["plain", "training-buffers"])
+def test_maxpool_fused_gpu_path_matches_cpu(pool, pooled):
+    """Non-overlapping pools take the one-kernel GPU path: same maxima, same tie winner (first in
+    row-major order), NaN windows propagate NaN and pass no gradient, floor-mode edges get 0."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3, 4, 7, 8))
+    x[x < 0.3] = 0.0  # many ties, as after a ReLU
+    x[1, 2, 3, 4] = np.nan
+    dy = None
+    results = []
+    for device in ("cpu", "gpu"):
+        b = get_backend(device)
+        model = Sequential([registry.layers.build({"type": "MaxPool2D", "pool_size": pool})], (4, 7, 8), b,
+                           np.float64, seed=0)
+        layer = model.layers[0]
+        layer.buffers.enabled = pooled
+        out = layer.forward(b.asarray(x))
+        if dy is None:
+            dy = rng.standard_normal(out.shape)
+        dx = layer.backward(b.asarray(dy))
+        if device == "gpu":
+            assert layer._arg is not None, "the fused GPU path was not taken"
+        results.append((to_host(out), to_host(dx)))
+    (oc, dc), (og, dg) = results
+    np.testing.assert_array_equal(og, oc)
+    np.testing.assert_array_equal(dg, dc)

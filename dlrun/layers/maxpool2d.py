@@ -1,6 +1,9 @@
 """MaxPool2D: the maximum over each pooling window of NCHW images."""
 from __future__ import annotations
 
+import numpy as np
+
+from ..backend import fused_elementwise
 from ..registry import layers
 from .base import InputSpec, Layer
 from .windows import Size2, expect_image, make_window, pad_input, pair, unpad
@@ -57,6 +60,9 @@ class MaxPool2D(Layer):
     def forward(self, x, y=None):
         xp = self.xp
         win = self.win
+        self._arg = None
+        if xp is not np and not win.has_padding and self.stride == self.pool_size and x.dtype.kind == "f":
+            return self._forward_gpu(xp, x)
         fill = float("-inf") if x.dtype.kind == "f" else x.min()
         xpad = pad_input(xp, x, win, fill)
         grids = [xpad[(slice(None), slice(None)) + win.offset_slices(i, j)] for i, j in win.offsets()]
@@ -66,6 +72,49 @@ class MaxPool2D(Layer):
         self._grids, self._out, self._masks = grids, out, None
         self._xshape = xpad.shape
         return out
+
+    # GPU, non-overlapping unpadded windows (the usual pool): one kernel each way instead of a
+    # launch per window offset. Forward records the winning offset of each window (first in
+    # row-major order on ties, -1 when the window holds a NaN, as the CPU masks); backward is a
+    # gather over input elements, so every dx element is written once and needs no zero fill.
+    _GPU_GEOMETRY = "int32 H, int32 W, int32 Ho, int32 Wo, int32 kh, int32 kw"
+
+    def _forward_gpu(self, xp, x):
+        x = xp.ascontiguousarray(x)
+        (kh, kw), (h, w), (ho, wo) = self.pool_size, x.shape[2:], self.win.out_hw
+        y = fused_elementwise(xp, "raw T x, " + self._GPU_GEOMETRY, "T y, int32 arg", """
+            long long b = i % Wo, a = (i / Wo) % Ho, nc = i / ((long long)Wo * Ho);
+            long long r0 = nc * H * W + a * kh * W + b * kw;
+            T best = x[r0]; int win = 0; bool nan = false;
+            for (int p = 0; p < kh; ++p) for (int q = 0; q < kw; ++q) {
+                T v = x[r0 + p * W + q];
+                if (v != v) { nan = true; best = v; }
+                else if (!nan && v > best) { best = v; win = p * kw + q; }
+            }
+            y = best; arg = nan ? -1 : win;""", "dlrun_maxpool")
+        shape = x.shape[:2] + (ho, wo)  # outputs always given: every other array argument is raw
+        out = self.buffer("y", shape, x.dtype)
+        arg = self.buffer("arg", shape, np.int32)
+        out, self._arg = y(x, h, w, ho, wo, kh, kw, xp.empty(shape, x.dtype) if out is None else out,
+                           xp.empty(shape, np.int32) if arg is None else arg)
+        self._xshape = x.shape
+        return out
+
+    def _backward_gpu(self, xp, dy):
+        (kh, kw), (h, w), (ho, wo) = self.pool_size, self._xshape[2:], self.win.out_hw
+        dx = self.buffer("dx", self._xshape, dy.dtype)
+        if dx is None:
+            dx = xp.empty(self._xshape, dy.dtype)  # the kernel's size comes from its one non-raw array
+        return fused_elementwise(xp, "raw T dy, raw int32 arg, " + self._GPU_GEOMETRY, "T dx", """
+            long long c = i % W, r = (i / W) % H, nc = i / ((long long)W * H);
+            long long a = r / kh, b = c / kw;
+            T g = 0;
+            if (a < Ho && b < Wo) {
+                long long o = (nc * Ho + a) * Wo + b;
+                if (arg[o] == (r - a * kh) * kw + (c - b * kw)) g = dy[o];
+            }
+            dx = g;""", "dlrun_maxpool_grad")(
+            xp.ascontiguousarray(dy), self._arg, h, w, ho, wo, kh, kw, dx)
 
     def _winner_masks(self):
         """One boolean mask per window offset, true where that offset holds its window's
@@ -87,6 +136,8 @@ class MaxPool2D(Layer):
 
     def backward(self, dy):
         xp = self.xp
+        if self._arg is not None:
+            return self._backward_gpu(xp, dy)
         win = self.win
         dxp = (xp.empty if self.tiling else xp.zeros)(self._xshape, dtype=dy.dtype)
         for (i, j), m in zip(win.offsets(), self._winner_masks()):
@@ -99,6 +150,8 @@ class MaxPool2D(Layer):
 
     def branch_signature(self):
         """The window offset (row-major index) that won each output: the argmax positions."""
+        if self._arg is not None:
+            return self._arg
         masks = self._winner_masks()
         arg = self.xp.zeros(masks[0].shape, dtype=self.xp.int32)
         for k, m in enumerate(masks[1:], start=1):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import array_module, fused_elementwise
+from ..backend import array_module, fused_elementwise, out_args
 from ..registry import losses
 from .base import Loss
 
@@ -47,7 +47,7 @@ class SoftmaxCrossEntropy(Loss):
         z = xp.ascontiguousarray(z)  # the nll kernel reads z by flat index
         m = z.max(axis=1, keepdims=True)
         p = fused_elementwise(xp, "T z, T m", "T p", "p = exp(z - m);", "dlrun_sce_exp")(
-            z, m, *_out(self.buffers.get(xp, "p", z.shape, z.dtype)))
+            z, m, *out_args(self.buffers.get(xp, "p", z.shape, z.dtype)))
         s = p.sum(axis=1)
         # per-sample −log p_y = log Σ exp(z − m) − (z_y − m), reading z_y from the raw logits
         nll = fused_elementwise(xp, "T s, T m, Y y, raw T z, int32 c", "T out",
@@ -63,7 +63,7 @@ class SoftmaxCrossEntropy(Loss):
             return fused_elementwise(xp, "T p, T s, Y y, int32 c, T scale", "T d",
                                      "d = (p / s - ((Y)(i % c) == y ? (T)1 : (T)0)) * scale;", "dlrun_sce_grad")(
                 self._p, self._s[:, None], self._y[:, None], c, scale,
-                *_out(self.buffers.get(xp, "d", self._p.shape, self._p.dtype)))
+                *out_args(self.buffers.get(xp, "d", self._p.shape, self._p.dtype)))
         d = xp.multiply(self._p, scale, out=self.buffers.get(xp, "d", self._p.shape, self._p.dtype))
         d.reshape(-1)[self._flat] -= scale  # d is contiguous: the reshape is a view
         return d
@@ -73,10 +73,6 @@ class SoftmaxCrossEntropy(Loss):
         p = xp.exp(z - z.max(axis=1, keepdims=True))
         return p / p.sum(axis=1, keepdims=True)
 
-
-def _out(buffer) -> tuple:
-    """A fused kernel's output argument: the pooled buffer, or none (the kernel allocates)."""
-    return () if buffer is None else (buffer,)
 
 
 def _row_reduce(xp, ufunc, z, out):
