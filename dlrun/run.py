@@ -122,15 +122,15 @@ def _controls(config: Config, ds: Dataset, trainer: Trainer) -> list:
 
 
 def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks, extra: dict,
-         best: dict | None = None, seconds_before: float = 0.0, train_controls: list | None = None) -> RunResult:
-    """Fit to ``train.epochs`` with metrics and checkpoint writers; write summary.json."""
+         train_controls: list, best: dict | None = None, seconds_before: float = 0.0) -> RunResult:
+    """Fit to ``train.epochs`` with the ``train:`` controls and the metrics and checkpoint
+    writers; write summary.json."""
     monitor, mode = _monitor(config, ds, trainer)
-    if train_controls is None:
-        train_controls = _controls(config, ds, trainer)
     trainer.controls = train_controls  # their state goes into every checkpoint
-    for c in train_controls:  # last.npz keeps the last epoch's weights; the best come back after it
-        if hasattr(c, "restore_best"):
-            c.restore_at_end = False
+    # last.npz keeps the last epoch's weights: early stopping's best weights come back after it
+    deferred = [c for c in train_controls if isinstance(c, controls.EarlyStopping)]
+    for c in deferred:
+        c.restore_at_end = False
     writer = snapshot.CheckpointWriter(run_dir / "checkpoints", config, config.train.checkpoint_every,
                                        monitor, mode, best, extra)
     ckpt = run_dir / "checkpoints" / "last.npz"
@@ -140,9 +140,10 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
             t0 = time.perf_counter()
             try:
                 history = trainer.fit(ds.x, ds.y, ds.x_val, ds.y_val, epochs=config.train.epochs,
+                                      # the controls observe an epoch before the writer records it
                                       callbacks=[rundir.MetricsWriter(run_dir), *train_controls, writer, *callbacks, stop])
-                for c in train_controls:  # the controls observe an epoch before the writer records it
-                    getattr(c, "restore_best", lambda: None)()
+                for c in deferred:
+                    c.restore_best()
             except Interrupted as e:
                 if e.immediate:
                     raise
@@ -194,7 +195,7 @@ def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from
     train_controls = _controls(config, ds, trainer)
     run_dir = rundir.new_run_dir(runs_dir, config.name)
     rundir.write_config(run_dir, config)
-    return _fit(config, ds, trainer, run_dir, callbacks, extra, train_controls=train_controls)
+    return _fit(config, ds, trainer, run_dir, callbacks, extra, train_controls)
 
 
 def resume_config(run_dir: str | Path, overrides=(), device: str | None = None) -> tuple[Config, checkpoint.Checkpoint]:
@@ -227,4 +228,4 @@ def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, cal
     extra["resumed_from_epoch"] = trainer.epoch
     train_controls = _controls(config, ds, trainer)
     controls.load_control_states(train_controls, ckpt.meta.get("controls"))
-    return _fit(config, ds, trainer, run_dir, callbacks, extra, ckpt.meta.get("best"), before, train_controls)
+    return _fit(config, ds, trainer, run_dir, callbacks, extra, train_controls, ckpt.meta.get("best"), before)

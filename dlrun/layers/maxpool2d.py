@@ -82,7 +82,7 @@ class MaxPool2D(Layer):
     def _forward_gpu(self, xp, x):
         x = xp.ascontiguousarray(x)
         (kh, kw), (h, w), (ho, wo) = self.pool_size, x.shape[2:], self.win.out_hw
-        y = fused_elementwise(xp, "raw T x, " + self._GPU_GEOMETRY, "T y, int32 arg", """
+        kernel = fused_elementwise(xp, "raw T x, " + self._GPU_GEOMETRY, "T y, int32 arg", """
             long long b = i % Wo, a = (i / Wo) % Ho, nc = i / ((long long)Wo * Ho);
             long long r0 = nc * H * W + a * kh * W + b * kw;
             T best = x[r0]; int win = 0; bool nan = false;
@@ -92,19 +92,21 @@ class MaxPool2D(Layer):
                 else if (!nan && v > best) { best = v; win = p * kw + q; }
             }
             y = best; arg = nan ? -1 : win;""", "dlrun_maxpool")
-        shape = x.shape[:2] + (ho, wo)  # outputs always given: every other array argument is raw
-        out = self.buffer("y", shape, x.dtype)
-        arg = self.buffer("arg", shape, np.int32)
-        out, self._arg = y(x, h, w, ho, wo, kh, kw, xp.empty(shape, x.dtype) if out is None else out,
-                           xp.empty(shape, np.int32) if arg is None else arg)
+        shape = x.shape[:2] + (ho, wo)
+        out, self._arg = kernel(x, h, w, ho, wo, kh, kw, self._out_array(xp, "y", shape, x.dtype),
+                                self._out_array(xp, "arg", shape, np.int32))
         self._xshape = x.shape
         return out
 
+    def _out_array(self, xp, name, shape, dtype):
+        """An output the kernel writes: the reused buffer, or a new array. Always passed, since
+        every other array argument is raw and cannot give the kernel its size."""
+        buf = self.buffer(name, shape, dtype)
+        return xp.empty(shape, dtype) if buf is None else buf
+
     def _backward_gpu(self, xp, dy):
         (kh, kw), (h, w), (ho, wo) = self.pool_size, self._xshape[2:], self.win.out_hw
-        dx = self.buffer("dx", self._xshape, dy.dtype)
-        if dx is None:
-            dx = xp.empty(self._xshape, dy.dtype)  # the kernel's size comes from its one non-raw array
+        dx = self._out_array(xp, "dx", self._xshape, dy.dtype)
         return fused_elementwise(xp, "raw T dy, raw int32 arg, " + self._GPU_GEOMETRY, "T dx", """
             long long c = i % W, r = (i / W) % H, nc = i / ((long long)W * H);
             long long a = r / kh, b = c / kw;

@@ -22,9 +22,9 @@ class SoftmaxCrossEntropy(Loss):
 
     def forward(self, z, y):
         xp = array_module(z)
-        n, c = z.shape
         if xp is not np:
             return self._forward_fused(xp, z, y)
+        n, c = z.shape
         get = self.buffers.get
         fold = c <= _FEW_CLASSES  # CPU: C-1 ufunc calls beat one axis-1 reduction (on GPU each is a launch)
         m = _row_reduce(xp, xp.maximum, z, get(xp, "m", (n,), z.dtype)) if fold else z.max(axis=1)
