@@ -12,6 +12,7 @@ state (the end of the previous epoch).
 from __future__ import annotations
 
 import copy
+import math
 import signal
 import threading
 from contextlib import contextmanager
@@ -38,12 +39,22 @@ class NonFiniteGuard:
         self.trainer = trainer
         self.params = None
         self.shuffle_state = None
-        # what a batch changes, listed once: parameters and optimizer state buffers (updated in
-        # place, so the same arrays every epoch), layers with declared state or random draws
+        # what a batch changes, listed once: the parameters (the model's flat buffer when it has
+        # one, plus any tensor left out of it) and the optimizer's state buffers (updated in
+        # place, so the same arrays every epoch); layers with declared state or random draws
         t = trainer
-        self._params = [p.data for _, p in t.model.named_parameters()]
-        self._optim = [(name, slot) for name, slots in t.optimizer.state.items() for slot in t.optimizer.slots]
+        arena = t.model.arena
+        packed = {id(p) for p in arena.params} if arena is not None else set()
+        self._arena = arena
+        self._params = ([arena.data] if arena is not None else []) + [
+            p.data for _, p in t.model.named_parameters() if id(p) not in packed]
         self._stateful = [layer for layer in t.model.layers if layer.state or layer.stochastic]
+
+    def _optim(self) -> list:
+        opt = self.trainer.optimizer
+        if hasattr(opt, "buffers"):
+            return opt.buffers()
+        return [slots[s] for slots in opt.state.values() for s in opt.slots]  # a plugin without the base class
 
     def mark(self, shuffle_state: dict | None = None) -> None:
         """Copy everything a batch changes (called when an epoch starts).
@@ -54,7 +65,9 @@ class NonFiniteGuard:
         """
         t, xp = self.trainer, self.trainer.backend.xp
         self.shuffle_state = shuffle_state
-        optim = [t.optimizer.state[n][s] for n, s in self._optim]
+        if self._arena is not None:
+            self._arena.adopt()
+        optim = self._optim()
         if self.params is None:
             self.params = [xp.empty(a.shape, a.dtype) for a in self._params]
             self.optim = [xp.empty(a.shape, a.dtype) for a in optim]
@@ -76,8 +89,9 @@ class NonFiniteGuard:
         t = self.trainer
         if rewind_shuffle and self.shuffle_state is not None:
             t.shuffle_rng.bit_generator.state = self.shuffle_state
-        optim = [t.optimizer.state[n][s] for n, s in self._optim]
-        for live, saved in zip(self._params + optim, self.params + self.optim):
+        if self._arena is not None:
+            self._arena.adopt()
+        for live, saved in zip(self._params + self._optim(), self.params + self.optim):
             live[...] = saved
         for layer in self._stateful:
             for a, v in self.states[id(layer)].items():
@@ -88,12 +102,15 @@ class NonFiniteGuard:
 
     def healthy(self, train_loss: float) -> bool:
         """True when the epoch's loss and every parameter are finite (one pass over the weights)."""
-        if not np.isfinite(train_loss):
+        if not math.isfinite(train_loss):
             return False
+        if self._arena is not None:
+            self._arena.adopt()
         # fast path: a sum is finite when no element is NaN/inf (an overflowing sum of finite
         # values falls back to the exact elementwise test)
         params = self._params
-        total = float(sum(a.sum() for a in params)) if params else 0.0  # on GPU: one read, not one per array
+        # on GPU: one read, not one per array (usually there is one array: the model's flat buffer)
+        total = float(params[0].sum() if len(params) == 1 else sum(a.sum() for a in params)) if params else 0.0
         return np.isfinite(total) or all(nonfinite_kind(a) is None for a in params)
 
     def diagnose(self, epoch: int, batches, callbacks=()) -> NonFiniteError:

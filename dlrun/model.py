@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .arena import ParamArena
 from .backend import CPU, Backend
 from .errors import DlrunError, Location, ShapeError
 from .layers.base import Layer
@@ -61,6 +62,11 @@ class Sequential:
         trainable = [i for i, layer in enumerate(self.layers) if any(p.trainable for p in layer.params.values())]
         self._first_trainable = trainable[0] if trainable else len(self.layers)
         self._stop = 0  # backward runs down to this layer (see train(fast=True))
+        # trainable tensors become views of one flat buffer (see dlrun.arena); a plugin's
+        # parameter of another dtype or shape than its gradient is left on its own
+        packable = [p for _, p in self.named_parameters() if p.trainable and p.data.dtype == self.dtype
+                    and (p.grad is None or p.grad.shape == p.data.shape)]
+        self.arena = ParamArena(packable, backend.xp, self.dtype) if packable else None
 
     def train(self, mode: bool = True, fast: bool = False) -> "Sequential":
         """Set training (or evaluation) mode.

@@ -5,6 +5,7 @@ the device once; per-epoch metrics are accumulated on the device and read once p
 """
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from dataclasses import dataclass, field
@@ -62,7 +63,10 @@ class Trainer:
         self.epoch = 0
         self.step = 0
         params = model.named_parameters()
-        optimizer.setup(params)
+        if "arena" in inspect.signature(optimizer.setup).parameters:  # a plugin's setup may not take it
+            optimizer.setup(params, arena=model.arena)
+        else:
+            optimizer.setup(params)
         self._regularized = [(p, p.regularizer or regularizer) for _, p in params
                              if p.trainable and (p.regularizer or (regularizer and p.regularize))]
         self.classification = getattr(loss, "task", "classification") == "classification"
@@ -111,7 +115,7 @@ class Trainer:
             t0 = time.perf_counter()
             self.model.train(fast=True)  # this loop consumes outputs at once: buffers, no input grad
             self._fast_loss(True)
-            shuffle_state = self.shuffle_rng.bit_generator.state
+            shuffle_state = self.shuffle_rng.bit_generator.state if self.shuffle else None
             order = self.shuffle_rng.permutation(n) if self.shuffle else None
             order_d = self.backend.asarray(order) if order is not None else None
             loss_sum = xp.zeros((), dtype=np.float64)
@@ -159,7 +163,7 @@ class Trainer:
         out = self.model.forward(xb, yb)
         loss_sum += self.loss.forward(out, yb) * len(xb)
         if self.classification:
-            correct += (self.loss.predict(out) == yb).sum()
+            correct += self.backend.xp.count_nonzero(self.loss.predict(out) == yb)  # ~5x cheaper than .sum()
         self.model.backward(self.loss.backward())
         for p, reg in self._regularized:
             reg.add_gradient(p.data, p.grad)
@@ -194,7 +198,7 @@ class Trainer:
             out = self.model.forward(xd[s:e])
             loss_sum += self.loss.forward(out, yd[s:e]) * (e - s)
             if self.classification:
-                correct += (self.loss.predict(out) == yd[s:e]).sum()
+                correct += xp.count_nonzero(self.loss.predict(out) == yd[s:e])
         self.model.train()
         return {"loss": float(loss_sum) / n + self._penalty(),
                 "accuracy": float(correct) / n if self.classification else None}

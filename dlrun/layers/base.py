@@ -28,7 +28,7 @@ from ..buffers import BufferPool
 from ..errors import ShapeError
 
 
-@dataclass
+@dataclass(eq=False)  # identity, not an elementwise comparison of arrays
 class Parameter:
     """A tensor of a layer with its gradient.
 

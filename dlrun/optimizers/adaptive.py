@@ -89,8 +89,8 @@ class AdaGrad(Optimizer):
         super().__init__(learning_rate)
         self.initial_accumulator_value, self.epsilon, self.weight_decay = initial_accumulator_value, epsilon, weight_decay
 
-    def setup(self, named_params) -> None:
-        super().setup(named_params)
+    def setup(self, named_params, arena=None) -> None:
+        super().setup(named_params, arena)
         for slots in self.state.values():
             slots["sum"][...] = self.initial_accumulator_value
 

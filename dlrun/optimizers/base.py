@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import array_module
+from ..layers.base import Parameter
 from ..registry import optimizers
 
 
@@ -20,17 +21,20 @@ class Optimizer:
     a temporary array sets ``needs_work = True`` and gets ``state["_work"]``, a scratch buffer
     shaped like the parameter that is allocated once and never saved.
 
-    An optimizer whose update is purely elementwise sets ``elementwise = True``: on the CPU
-    ``step`` then applies ``_update`` to cache-sized blocks of large parameters (views of the
-    parameter, its gradient and its state), so the update's several passes hit L2 cache instead
-    of memory. On GPU the built-in optimizers instead run their whole update as one fused
-    kernel per parameter (``backend.fused_elementwise``), and blocks would only multiply launches.
+    An optimizer whose update is purely elementwise (same hyperparameters for every entry of
+    every parameter) sets ``elementwise = True``. ``step`` then runs ``_update`` once over the
+    model's flat parameter buffer (see :mod:`dlrun.arena`) instead of once per parameter, and
+    on the CPU splits a large buffer into cache-sized blocks (views of the parameters, their
+    gradient and their state), so the update's several passes hit L2 cache instead of memory.
+    On GPU the built-in optimizers run their whole update as one fused kernel
+    (``backend.fused_elementwise``), and blocks would only multiply launches.
     """
 
     slots: tuple[str, ...] = ()
     needs_work: bool = False
     elementwise: bool = False
     block_size: int = 1 << 17  # elements per block (0.5 MiB per float32 array)
+    _flat = None  # (arena, flat state, whole-model Parameter) when setup packed the update
 
     def __init__(self, learning_rate: float):
         self.learning_rate = learning_rate
@@ -38,9 +42,22 @@ class Optimizer:
         self.state: dict[str, dict] = {}
         self.iterations = 0
 
-    def setup(self, named_params) -> None:
-        """Take the parameters to update; allocate per-parameter state buffers once."""
+    def setup(self, named_params, arena=None) -> None:
+        """Take the parameters to update; allocate per-parameter state buffers once.
+
+        ``arena`` is the model's :class:`~dlrun.arena.ParamArena`. When it holds exactly these
+        parameters and the update is ``elementwise``, state is allocated flat in the same
+        layout (``self.state`` keeps per-parameter views of it) and ``step`` updates every
+        parameter in one pass over the flat arrays.
+        """
         self.params = [(n, p) for n, p in named_params if p.trainable]
+        self._flat = None
+        if self.elementwise and arena is not None and arena.holds([p for _, p in self.params]):
+            keys = self.slots + (("_work",) if self.needs_work else ())
+            flat = {k: arena.zeros_like() for k in keys}
+            self._flat = (arena, flat, Parameter(arena.data, arena.grad))
+            self.state = {n: {k: arena.view(f, p) for k, f in flat.items()} for n, p in self.params}
+            return
         self.state = {n: {s: array_module(p.data).zeros_like(p.data) for s in self.slots} for n, p in self.params}
         if self.needs_work:
             for n, p in self.params:
@@ -49,29 +66,43 @@ class Optimizer:
     def step(self) -> None:
         """Apply one update to every trainable parameter."""
         self.iterations += 1
+        if self._flat is not None:
+            arena, state, whole = self._flat
+            arena.adopt()
+            self._apply("*", state, whole)
+            return
         for name, p in self.params:
-            if self.elementwise and p.data.size > self.block_size and isinstance(p.data, np.ndarray):
-                for state, part in self._blocks(name, p):
-                    self._update(state, part)
-            else:
-                self._update(self.state[name], p)
+            self._apply(name, self.state[name], p)
 
-    def _blocks(self, name: str, p) -> list:
+    def buffers(self) -> list:
+        """The distinct arrays holding this optimizer's state (the flat ones when flat)."""
+        if self._flat is not None:
+            return [self._flat[1][s] for s in self.slots]
+        return [slots[s] for slots in self.state.values() for s in self.slots]
+
+    def _apply(self, key: str, state: dict, p) -> None:
+        if self.elementwise and p.data.size > self.block_size and isinstance(p.data, np.ndarray):
+            for part_state, part in self._blocks(key, state, p):
+                self._update(part_state, part)
+        else:
+            self._update(state, p)
+
+    def _blocks(self, key: str, state: dict, p) -> list:
         """(state views, Parameter of views) per block of ``p``; rebuilt if a layer replaced an array."""
         cache = self.__dict__.setdefault("_block_cache", {})
-        hit = cache.get(name)
+        hit = cache.get(key)
         if hit is not None and hit[0] is p.data and hit[1] is p.grad:
             return hit[2]
-        arrays = [p.data, p.grad, *self.state[name].values()]
+        arrays = [p.data, p.grad, *state.values()]
         if not all(a.flags.c_contiguous for a in arrays):
-            blocks = [(self.state[name], p)]
+            blocks = [(state, p)]
         else:
             flat = [a.reshape(-1) for a in arrays]
-            keys = list(self.state[name])
+            keys = list(state)
             blocks = [({k: f[s:s + self.block_size] for k, f in zip(keys, flat[2:])},
                        type(p)(flat[0][s:s + self.block_size], flat[1][s:s + self.block_size]))
                       for s in range(0, p.data.size, self.block_size)]
-        cache[name] = (p.data, p.grad, blocks)
+        cache[key] = (p.data, p.grad, blocks)
         return blocks
 
     def _update(self, state: dict, p) -> None:
