@@ -23,18 +23,19 @@ class ReLU(Layer):
             self._mask = None
             self._y = fused(x, *out_args(self.buffer("y", x.shape, x.dtype)))
             return self._y
-        self._mask = xp.greater(x, 0, out=self.buffer("mask", x.shape, bool))
+        # CPU: the mask as 0/1 in x's dtype: multiplying by it is ~2.5x faster than by a bool
+        # mask (no cast in the loop), and both beat maximum(x, 0) and copyto(where=) (~17x slower)
+        self._mask = xp.greater(x, 0, out=self.buffer("mask", x.shape, x.dtype))
         return xp.multiply(x, self._mask, out=self.buffer("y", x.shape, x.dtype))
 
     def backward(self, dy):
         if self._mask is None:
             return fused_elementwise(self.xp, "T dy, T y", "T dx", "dx = dy * (T)(y > (T)0);", "dlrun_relu_grad")(
                 dy, self._y, *out_args(self.buffer("dx", dy.shape, dy.dtype)))
-        # multiply by the mask: copyto(where=) is ~17x slower on the same data
         return self.xp.multiply(dy, self._mask, out=self.buffer("dx", dy.shape, dy.dtype))
 
     def branch_signature(self):
-        return self._mask if self._mask is not None else self._y > 0
+        return self._mask != 0 if self._mask is not None else self._y > 0
 
 
 @layers.register()
