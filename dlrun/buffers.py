@@ -31,10 +31,16 @@ class BufferPool:
 
     def ones(self, xp, n: int, dtype):
         """A cached vector of n ones (a constant: safe to share whether or not the pool is enabled)."""
-        key = ("ones", n, dtype, xp.__name__)
+        return self.constant(xp, ("ones", n, dtype), lambda: xp.ones(n, dtype))
+
+    def constant(self, xp, key, make):
+        """``make()``, called once per (key, array module) and cached: for arrays nobody writes to
+        (ones, index ranges), so they are shared whether or not the pool is enabled. ``key`` must
+        name everything the array depends on (shapes, dtype)."""
+        key = ("constant", key, xp.__name__)
         a = self._arrays.get(key)
         if a is None:
-            a = self._arrays[key] = xp.ones(n, dtype)
+            a = self._arrays[key] = make()
         return a
 
     def clear(self) -> None:

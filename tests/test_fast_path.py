@@ -45,6 +45,20 @@ def test_softmax_cross_entropy_matches_float64_closed_form(classes, pooled):
         np.testing.assert_allclose(d, (p - onehot) / 7, atol=1e-6)
 
 
+def test_pooled_softmax_cross_entropy_follows_the_batch_shape():
+    """Cached row offsets and buffers are per shape: a partial last batch, then fewer classes."""
+    rng = np.random.default_rng(5)
+    loss = registry.losses.build("SoftmaxCrossEntropy")
+    loss.buffers.enabled = True
+    for n, c in ((8, 3), (5, 3), (8, 3), (5, 2)):
+        z, y = rng.standard_normal((n, c)).astype(np.float32), rng.integers(0, c, n)
+        value, d = float(loss.forward(z, y)), loss.backward()
+        p = np.exp(z - z.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        np.testing.assert_allclose(value, -np.log(p[np.arange(n), y]).mean(), rtol=1e-5)
+        np.testing.assert_allclose(d, (p - np.eye(c)[y]) / n, atol=1e-6)
+
+
 def test_fast_training_gradients_match_central_differences():
     rng = np.random.default_rng(1)
     x, y = rng.standard_normal((6, 3)), rng.integers(0, 3, 6)

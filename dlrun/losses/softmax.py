@@ -31,9 +31,11 @@ class SoftmaxCrossEntropy(Loss):
         p = xp.subtract(z, m[:, None], out=get(xp, "p", z.shape, z.dtype))
         xp.exp(p, out=p)
         s = _row_reduce(xp, xp.add, p, get(xp, "s", (n,), z.dtype)) if fold else p.sum(axis=1)
-        p /= s[:, None]
-        flat = xp.arange(0, n * c, c)  # flat index of (i, y_i): 1-D take/setitem are ~4x cheaper than [rows, y]
-        flat += y
+        # p = exp(z - m) is normalised in backward, where it is scaled by 1/N anyway: d = p·(1/(N s))
+        self._r = xp.divide(1.0 / n, s, out=get(xp, "r", (n,), z.dtype))
+        # flat index of (i, y_i): 1-D take/setitem are ~4x cheaper than [rows, y]
+        flat = xp.add(self.buffers.constant(xp, ("row_starts", n, c), lambda: xp.arange(0, n * c, c)), y,
+                      out=get(xp, "flat", (n,), y.dtype))
         self._p, self._flat = p, flat
         # log-sum-exp form: -log p_y = log Σ exp(z - m) - (z_y - m); never log(0)
         xp.log(s, out=s)
@@ -64,7 +66,7 @@ class SoftmaxCrossEntropy(Loss):
                                      "d = (p / s - ((Y)(i % c) == y ? (T)1 : (T)0)) * scale;", "dlrun_sce_grad")(
                 self._p, self._s[:, None], self._y[:, None], c, scale,
                 *out_args(self.buffers.get(xp, "d", self._p.shape, self._p.dtype)))
-        d = xp.multiply(self._p, scale, out=self.buffers.get(xp, "d", self._p.shape, self._p.dtype))
+        d = xp.multiply(self._p, self._r[:, None], out=self.buffers.get(xp, "d", self._p.shape, self._p.dtype))
         d.reshape(-1)[self._flat] -= scale  # d is contiguous: the reshape is a view
         return d
 
