@@ -53,9 +53,10 @@ class Sequential:
                 name = type(layer).__name__
                 msg = e.message if e.message.startswith(name) else f"{name}: {e.message}"
                 raise ShapeError(msg, where) from None
-            except (ValueError, TypeError) as e:
+            except (ValueError, TypeError, OverflowError, MemoryError) as e:
                 where = locate(f"model[{i}]") if locate else Location(path=f"model[{i}]")
-                raise ShapeError(f"{type(layer).__name__} cannot take input of shape {shape}: {e}", where) from None
+                raise ShapeError(f"{type(layer).__name__} cannot take input of shape {shape}: "
+                                 f"{e or type(e).__name__}", where) from None
             self.shapes.append(shape)
         self.output_shape = shape
         self._labelled = [layer.needs_labels for layer in self.layers]

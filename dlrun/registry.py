@@ -204,6 +204,9 @@ class Registry:
             instance = self._entries[name](**kwargs)
         except (ValueError, TypeError, OptionError) as e:
             raise ConfigError(f"{name}: {e}", locate(path)) from None
+        except (OverflowError, MemoryError) as e:  # e.g. a generator asked for more samples than fit
+            given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+            raise ConfigError(f"{name}: options too large ({given}): {e or type(e).__name__}", locate(path)) from None
         try:
             instance.spec = {"type": name, **self.parse_spec(spec)[1]}
         except AttributeError:

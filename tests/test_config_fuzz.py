@@ -64,7 +64,9 @@ def mutated(draw):
     return cfg
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# derandomize: the same 60 mutations every run, so a CI failure reproduces (a random draw once
+# found spiral(classes=1e30) crashing; it is now a fixed case below)
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cfg=mutated())
 def test_mutated_configs_raise_only_dlrun_errors(tmp_path, cfg):
     path = write(tmp_path / "m.yaml", yaml.safe_dump(cfg))
@@ -73,6 +75,21 @@ def test_mutated_configs_raise_only_dlrun_errors(tmp_path, cfg):
     except DlrunError as e:
         assert str(e).strip()  # a message, never empty
         assert e.exit_code in (1, 2)
+
+
+@pytest.mark.parametrize("where, key, value, says", [
+    ("data", "classes", 1e30, "options too large (classes=1000000000000000019884624838656"),
+    ("data", "points_per_class", 10**15, "Unable to allocate"),  # beyond any address space
+    ("model", "units", 10**15, "Unable to allocate"),
+])
+def test_sizes_too_large_for_memory_are_config_errors(tmp_path, where, key, value, says):
+    cfg = copy.deepcopy(VALID)
+    (cfg["data"] if where == "data" else cfg["model"][0])[key] = value
+    path = write(tmp_path / "big.yaml", yaml.safe_dump(cfg))
+    with pytest.raises(DlrunError) as err:
+        check_config(load_config(path))
+    assert err.value.exit_code == 2 and says in str(err.value)
+    assert "big.yaml:" in str(err.value)  # names the file and line
 
 
 @pytest.mark.slow
