@@ -15,8 +15,8 @@ def test_report_counts_parameters_and_memory_by_hand():
     assert (lin0.output_shape, lin0.params, lin0.param_bytes, lin0.grad_bytes) == ((4,), 12, 48, 48)
     # output 8x4 float32 plus the cached input 8x2 float32
     assert lin0.activation_bytes == 8 * 4 * 4 + 8 * 2 * 4
-    # output 8x4 float32 plus the boolean mask 8x4; its input is Linear's output, counted already
-    assert (relu.params, relu.activation_bytes) == (0, 8 * 4 * 4 + 8 * 4)
+    # output 8x4 float32 plus the 0/1 mask 8x4 in float32; its input is Linear's output, counted already
+    assert (relu.params, relu.activation_bytes) == (0, 8 * 4 * 4 + 8 * 4 * 4)
     assert (lin2.params, lin2.activation_bytes) == (10, 8 * 2 * 4)
     assert r.total_bytes == sum(x.param_bytes + x.grad_bytes + x.activation_bytes for x in r.layers)
     assert 0 < r.loss < 5
