@@ -63,16 +63,19 @@ class NonFiniteGuard:
         The copies live on the model's device, are allocated once and refilled in place, so a
         mark costs one device-side copy per array and nothing else.
         """
-        t, xp = self.trainer, self.trainer.backend.xp
+        t = self.trainer
         self.shuffle_state = shuffle_state
         if self._arena is not None:
             self._arena.adopt()
         optim = self._optim()
         if self.params is None:
+            xp = t.backend.xp
             self.params = [xp.empty(a.shape, a.dtype) for a in self._params]
             self.optim = [xp.empty(a.shape, a.dtype) for a in optim]
-        for dst, src in zip(self.params + self.optim, self._params + optim):
-            xp.copyto(dst, src)
+        for dst, src in zip(self.params, self._params):
+            dst[...] = src  # a device-side copy; cheaper to call than xp.copyto
+        for dst, src in zip(self.optim, optim):
+            dst[...] = src
         self.states = {}
         self.rngs = {}  # only layers that declare they draw random numbers (copying a generator is slow)
         for layer in self._stateful:
@@ -106,11 +109,15 @@ class NonFiniteGuard:
             return False
         if self._arena is not None:
             self._arena.adopt()
-        # fast path: a sum is finite when no element is NaN/inf (an overflowing sum of finite
-        # values falls back to the exact elementwise test)
+        # fast path: a sum is finite when no element is NaN/inf (a sum of finite values that
+        # overflows falls back to the exact elementwise test)
         params = self._params
-        # on GPU: one read, not one per array (usually there is one array: the model's flat buffer)
-        total = float(params[0].sum() if len(params) == 1 else sum(a.sum() for a in params)) if params else 0.0
+        # on GPU: one read, not one per array. Usually there is one array, the model's flat buffer,
+        # and its dot with itself (a sum of squares: NaN and inf survive it) is the cheapest reduction
+        if len(params) == 1 and params[0].ndim == 1:
+            total = float(params[0].dot(params[0]))
+        else:
+            total = float(sum(a.sum() for a in params)) if params else 0.0
         return np.isfinite(total) or all(nonfinite_kind(a) is None for a in params)
 
     def diagnose(self, epoch: int, batches, callbacks=()) -> NonFiniteError:

@@ -60,8 +60,7 @@ def time_config(config: Config, batches: int = 20, warmup: int = 2) -> TimingRep
     loss_f, loss_b, opt_t, step_t = [], [], [], []
     sync = backend.synchronize
     clock = time.perf_counter
-    model.train(fast=True)
-    trainer._fast_loss(True)
+    trainer._fast_mode(True)
     starts = [(b * bs) % max(n - bs + 1, 1) for b in range(warmup + batches)]
     try:
         for b, s in enumerate(starts):
@@ -97,8 +96,7 @@ def time_config(config: Config, batches: int = 20, warmup: int = 2) -> TimingRep
                 opt_t.append(clock() - t0)
                 step_t.append(clock() - t_step)
     finally:
-        model.train()
-        trainer._fast_loss(False)
+        trainer._fast_mode(False)
     med = statistics.median
     rows = [PartTiming(f"{i} {type(layer).__name__}", shape, med(fwd[i]), med(bwd[i]) if bwd[i] else None)
             for i, (layer, shape) in enumerate(zip(layers, model.shapes))]

@@ -84,11 +84,16 @@ class Trainer:
             return xp.ascontiguousarray(a, dtype=dtype)
         return self.backend.asarray(np.ascontiguousarray(a), dtype=dtype)
 
-    def _fast_loss(self, on: bool) -> None:
-        """Let the loss reuse its buffers while this loop owns its gradient (custom losses may not have any)."""
-        pool = getattr(self.loss, "buffers", None)
+    def _fast_mode(self, on: bool) -> bool:
+        """Switch the model (``train(fast=on)``) and the loss's buffers; returns ``on``.
+
+        ``fit`` holds the fast mode across epochs and leaves it whenever code outside the loop
+        (callbacks, validation, the non-finite replay) or the caller gets the model."""
+        self.model.train(fast=on)
+        pool = getattr(self.loss, "buffers", None)  # custom losses may not have any
         if pool is not None:
             pool.enabled = on
+        return on
 
     def _penalty(self) -> float:
         return sum(reg.penalty(p.data) for p, reg in self._regularized) if self._regularized else 0.0
@@ -108,50 +113,56 @@ class Trainer:
         from .faults import NonFiniteGuard
 
         self._guard = guard = NonFiniteGuard(self)
-        while self.epoch < epochs:
-            epoch = self.epoch + 1
-            for cb in callbacks:
-                cb.on_epoch_begin(epoch, batches)
-            t0 = time.perf_counter()
-            self.model.train(fast=True)  # this loop consumes outputs at once: buffers, no input grad
-            self._fast_loss(True)
-            shuffle_state = self.shuffle_rng.bit_generator.state if self.shuffle else None
-            order = self.shuffle_rng.permutation(n) if self.shuffle else None
-            order_d = self.backend.asarray(order) if order is not None else None
-            loss_sum = xp.zeros((), dtype=np.float64)
-            correct = xp.zeros((), dtype=np.int64)
-            guard.mark(shuffle_state)
-            for b in range(batches):
-                s, e = b * bs, min((b + 1) * bs, n)
-                if order_d is None:
-                    xb, yb = xd[s:e], yd[s:e]
-                else:
-                    idx = order_d[s:e]
-                    xb, yb = xd[idx], yd[idx]
-                self.train_step(xb, yb, loss_sum, correct, callbacks)
+        fast = False
+        try:
+            while self.epoch < epochs:
+                epoch = self.epoch + 1
                 for cb in callbacks:
-                    cb.on_batch_end(epoch, b + 1)
-            self.model.train()
-            self._fast_loss(False)
-            train_loss = float(loss_sum) / n
-            if not guard.healthy(train_loss):  # replay the epoch to name the first non-finite value
-                raise guard.diagnose(epoch, self._epoch_batches(xd, yd, order_d, bs), callbacks)
-            self.epoch = epoch
-            row = {"epoch": epoch, "train_loss": train_loss + self._penalty(),
-                   "train_accuracy": float(correct) / n if self.classification else None}
-            if val is not None:
-                m = self._evaluate_device(*val)
-                row["val_loss"], row["val_accuracy"] = m["loss"], m["accuracy"]
-            else:
-                row["val_loss"] = row["val_accuracy"] = None
-            row["learning_rate"] = float(self.optimizer.learning_rate)
-            row["seconds"] = time.perf_counter() - t0
-            history.rows.append(row)
-            stop = False
-            for cb in callbacks:
-                stop = bool(cb.on_epoch_end(epoch, row)) or stop
-            if stop:
-                break
+                    cb.on_epoch_begin(epoch, batches)
+                t0 = time.perf_counter()
+                if not fast:  # this loop consumes outputs at once: buffers, no input grad
+                    fast = self._fast_mode(True)
+                shuffle_state = self.shuffle_rng.bit_generator.state if self.shuffle else None
+                order = self.shuffle_rng.permutation(n) if self.shuffle else None
+                order_d = self.backend.asarray(order) if order is not None else None
+                loss_sum = xp.zeros((), dtype=np.float64)
+                correct = xp.zeros((), dtype=np.int64)
+                guard.mark(shuffle_state)
+                for b in range(batches):
+                    s, e = b * bs, min((b + 1) * bs, n)
+                    if order_d is None:
+                        xb, yb = xd[s:e], yd[s:e]
+                    else:
+                        idx = order_d[s:e]
+                        xb, yb = xd[idx], yd[idx]
+                    self.train_step(xb, yb, loss_sum, correct, callbacks)
+                    for cb in callbacks:
+                        cb.on_batch_end(epoch, b + 1)
+                train_loss = float(loss_sum) / n
+                healthy = guard.healthy(train_loss)
+                if callbacks or val is not None or not healthy:  # others see the model: plain mode
+                    fast = self._fast_mode(False)
+                if not healthy:  # replay the epoch to name the first non-finite value
+                    raise guard.diagnose(epoch, self._epoch_batches(xd, yd, order_d, bs), callbacks)
+                self.epoch = epoch
+                row = {"epoch": epoch, "train_loss": train_loss + self._penalty(),
+                       "train_accuracy": float(correct) / n if self.classification else None}
+                if val is not None:
+                    m = self._evaluate_device(*val)
+                    row["val_loss"], row["val_accuracy"] = m["loss"], m["accuracy"]
+                else:
+                    row["val_loss"] = row["val_accuracy"] = None
+                row["learning_rate"] = float(self.optimizer.learning_rate)
+                row["seconds"] = time.perf_counter() - t0
+                history.rows.append(row)
+                stop = False
+                for cb in callbacks:
+                    stop = bool(cb.on_epoch_end(epoch, row)) or stop
+                if stop:
+                    break
+        finally:
+            if fast:
+                self._fast_mode(False)
         for cb in callbacks:
             cb.on_train_end(history.rows)
         return history

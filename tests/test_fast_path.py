@@ -189,3 +189,39 @@ def test_blocked_update_equals_whole_array_update(spec):
             opt.step()
         results.append(p.data)
     assert np.array_equal(results[0], results[1])
+
+
+class Fails(Layer):
+    """Identity that raises on its n-th training forward."""
+
+    def __init__(self, at: int = 3):
+        self.at, self.calls = at, 0
+
+    def forward(self, x, y=None):
+        self.calls += 1
+        if self.calls == self.at:
+            raise RuntimeError("boom")
+        return x
+
+    def backward(self, dy):
+        return dy
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_fit_leaves_the_model_and_loss_in_plain_mode(fails):
+    """fit holds the fast mode across epochs when nothing outside the loop looks, and always leaves it."""
+    rng = np.random.default_rng(6)
+    x, y = rng.standard_normal((12, 3)).astype(np.float32), rng.integers(0, 3, 12)
+    layers = [registry.layers.build({"type": "Linear", "units": 4}), Fails(3 if fails else 10**9),
+              registry.layers.build("ReLU"), registry.layers.build({"type": "Linear", "units": 3})]
+    model = Sequential(layers, (3,), seed=0)
+    trainer = Trainer(model, registry.losses.build("SoftmaxCrossEntropy"), SGD(learning_rate=0.1), batch_size=None)
+    if fails:
+        with pytest.raises(RuntimeError, match="boom"):
+            trainer.fit(x, y, epochs=5)
+    else:
+        trainer.fit(x, y, epochs=5)
+    assert all(layer.training and not layer.buffers.enabled and layer.needs_input_grad for layer in model.layers)
+    assert not trainer.loss.buffers.enabled
+    first = model.forward(x)
+    assert model.forward(2 * x) is not first  # plain mode: a new output array per call

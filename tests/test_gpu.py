@@ -196,8 +196,7 @@ def test_train_step_never_waits_for_the_host(case):
     xb = cupy.asarray(rng.standard_normal((16,) + in_shape, dtype=np.float32))
     yb = cupy.asarray(rng.integers(0, 3, 16))
     loss_sum, correct = cupy.zeros((), np.float64), cupy.zeros((), np.int64)
-    model.train(fast=True)
-    trainer._fast_loss(True)
+    trainer._fast_mode(True)
     trainer.train_step(xb, yb, loss_sum, correct, callbacks)  # warm-up: kernels compiled, pool filled
     before = {n: p.data.copy() for n, p in model.named_parameters()}
     gpu.synchronize()
