@@ -121,6 +121,9 @@ def main() -> None:
               flush=True)
     raw: dict = {n: {} for n in names}
     impls = {n: (["dlrun"] if n == "gradcheck" else ["dlrun", "torch"]) for n in names}
+    for n in names:  # the hand-written numpy floor (benchmarks/bench_numpy.py) where one exists
+        if n == "spiral" and not gpu:
+            impls[n].append("numpy")
     for rnd in range(a.rounds):
         for n in names:
             for impl in impls[n]:
@@ -145,7 +148,7 @@ def main() -> None:
             flops = next((r.get("gemm_flops") for r in raw[n].get("dlrun", []) if r.get("gemm_flops")), None)
             if flops:
                 s["gemm_gflops"] = flops / s["median"] / 1e9
-                peak = peaks["numpy" if impl == "dlrun" else "torch"]
+                peak = peaks["torch" if impl == "torch" else "numpy"]
                 s["percent_of_peak"] = 100 * s["gemm_gflops"] / peak if peak else None
             row[impl] = s
         d, t = row.get("dlrun", {}), row.get("torch", {})
@@ -154,6 +157,10 @@ def main() -> None:
             row["rss_ratio"] = d["rss_mib"] / t["rss_mib"]
             if "gpu_mib" in d and t.get("gpu_mib"):
                 row["gpu_mem_ratio"] = d["gpu_mib"] / t["gpu_mib"]
+            h = row.get("numpy", {})
+            if h.get("available"):
+                row["numpy_ratio"] = h["median"] / t["median"]
+                row["dlrun_over_numpy"] = d["median"] / h["median"]
         rows.append(row)
     result = {"when": datetime.now().isoformat(timespec="seconds"), "machine": info, "gemm_peak_gflops": peaks,
               "rounds": a.rounds, "repeats": a.repeats, "clock": a.clock, "rows": rows, "raw": raw}
@@ -212,6 +219,15 @@ def markdown(r: dict) -> str:
         lines.append(f"| {row['title']} | {_cell(d)} | {_cell(t)} | {ratio} | "
                      f"{d.get(mem, 0):.0f} | {t.get(mem, 0) and round(t[mem])} | {m_ratio} | "
                      f"{_gf(d)} | {_gf(t)} | {loss} |")
+    floors = [row for row in r["rows"] if "numpy_ratio" in row]
+    if floors:
+        lines += ["", "Hand-written numpy loop (benchmarks/bench_numpy.py: no framework, no accuracy, no NaN guard), "
+                  "the floor for numpy on this machine:", "",
+                  "| workload | numpy ms | numpy/torch | dlrun/numpy | final loss numpy |", "|---|---|---|---|---|"]
+        for row in floors:
+            h = row["numpy"]
+            lines.append(f"| {row['title']} | {_cell(h)} | {row['numpy_ratio']:.2f} | {row['dlrun_over_numpy']:.2f} | "
+                         f"{h['final_loss']:.6g} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,6 @@
 """One benchmark configuration in its own process; prints one JSON line.
 
-    python benchmarks/worker.py train dlrun|torch WORKLOAD --repeats 5 [--device gpu]
+    python benchmarks/worker.py train dlrun|torch|numpy WORKLOAD --repeats 5 [--device gpu]
     python benchmarks/worker.py gemm numpy|torch [--device gpu]
     python benchmarks/worker.py gradcheck --repeats 2
 
@@ -119,6 +119,13 @@ def train(impl: str, name: str, threads: int, repeats: int, device: str = "cpu")
         except bench_torch.Unsupported as e:
             return {"available": False, "reason": f"not available: {e}"}
         flops = None
+    elif impl == "numpy":
+        import bench_numpy
+
+        try:
+            run, flops = bench_numpy.prepare(w, device), None
+        except bench_numpy.Unsupported as e:
+            return {"available": False, "reason": f"not available: {e}"}
     else:
         import bench_dlrun
 
