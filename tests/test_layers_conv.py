@@ -60,18 +60,21 @@ CONV_CASES = [
 ]
 
 
-def build_conv(opts, shape, dtype=np.float64):
+def build_conv(opts, shape, dtype=np.float64, one_gemm=None):
     layer = layers.build({"type": "Conv2D", **opts})
     out_shape = make(layer, shape, dtype)
+    if one_gemm is not None:  # force a layout (build picks it from the output size)
+        layer.one_gemm = one_gemm
     if layer.bias is not None:  # a nonzero bias, so its effect is visible
         layer.bias.data[...] = np.random.default_rng(5).standard_normal(layer.bias.shape)
     return layer, out_shape
 
 
+@pytest.mark.parametrize("one_gemm", [False, True], ids=["batched", "one_gemm"])
 @pytest.mark.parametrize("opts", CONV_CASES)
-def test_conv_forward_matches_direct_convolution(opts):
+def test_conv_forward_matches_direct_convolution(opts, one_gemm):
     shape = (2, 7, 5)  # odd, non-square
-    layer, out_shape = build_conv(opts, shape)
+    layer, out_shape = build_conv(opts, shape, one_gemm=one_gemm)
     x = np.random.default_rng(1).standard_normal((3,) + shape)
     y = layer.forward(x)
     b = None if layer.bias is None else layer.bias.data
@@ -80,11 +83,18 @@ def test_conv_forward_matches_direct_convolution(opts):
     np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("one_gemm", [False, True], ids=["batched", "one_gemm"])
 @pytest.mark.parametrize("opts", CONV_CASES)
-def test_conv_gradients(opts):
-    layer, _ = build_conv(opts, (2, 6, 5))
+def test_conv_gradients(opts, one_gemm):
+    layer, _ = build_conv(opts, (2, 6, 5), one_gemm=one_gemm)
     x = np.random.default_rng(2).standard_normal((2, 2, 6, 5))
     assert check_gradients(layer, x) == x.size
+
+
+def test_conv_layout_follows_the_output_size():
+    small, _ = build_conv(dict(filters=2, kernel_size=3, padding="same"), (1, 8, 8))  # 64 output pixels
+    large, _ = build_conv(dict(filters=2, kernel_size=3, padding="same"), (1, 9, 8))  # 72
+    assert small.one_gemm and not large.one_gemm
 
 
 def test_conv_same_padding_keeps_size_and_matches_keras_rule():

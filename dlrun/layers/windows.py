@@ -115,11 +115,13 @@ def unpad(dxp, win: Window):
     return dxp[:, :, t:t + h, l:l + w]
 
 
-def im2col(xp, xpad, win: Window):
-    """Columns (N, C·kh·kw, Ho·Wo) of the padded input: one strided view, one copy.
+def im2col(xp, xpad, win: Window, one_gemm: bool = False):
+    """Columns of the padded input: one strided view, one copy.
 
     Row ``c·kh·kw + i·kw + j`` holds channel c at kernel offset (i, j), matching a weight
-    of shape (O, C, kh, kw) reshaped to (O, C·kh·kw).
+    of shape (O, C, kh, kw) reshaped to (O, C·kh·kw). The columns are (N, C·kh·kw, Ho·Wo), one
+    matrix per sample for a batched GEMM, or with ``one_gemm`` (C·kh·kw, N·Ho·Wo): all samples
+    side by side, for one GEMM.
     """
     n, c = xpad.shape[:2]
     (kh, kw), (ho, wo) = win.kernel, win.out_hw
@@ -128,15 +130,21 @@ def im2col(xp, xpad, win: Window):
         xpad, shape=(n, c, kh, kw, ho, wo),
         strides=(sn, sc, sh * win.dilation[0], sw * win.dilation[1], sh * win.stride[0], sw * win.stride[1]),
     )
+    if one_gemm:
+        return view.transpose(1, 2, 3, 0, 4, 5).reshape(c * kh * kw, n * ho * wo)  # the one copy
     return view.reshape(n, c * kh * kw, ho * wo)  # the one copy
 
 
-def col2im(xp, cols, win: Window, channels: int):
+def col2im(xp, cols, win: Window, channels: int, batch: int | None = None):
     """Adjoint of :func:`im2col`: sum the columns back onto the padded input, as kh·kw
-    strided slab adds; returns (N, C, Hp, Wp)."""
-    n = cols.shape[0]
+    strided slab adds; returns (N, C, Hp, Wp). Give ``batch`` (N) for ``one_gemm`` columns."""
     (kh, kw), (ho, wo) = win.kernel, win.out_hw
-    c6 = cols.reshape(n, channels, kh, kw, ho, wo)
+    if batch is None:
+        n = cols.shape[0]
+        c6 = cols.reshape(n, channels, kh, kw, ho, wo)
+    else:  # (C·kh·kw, N·P) -> a (N, C, kh, kw, Ho, Wo) view
+        n = batch
+        c6 = cols.reshape(channels, kh, kw, n, ho, wo).transpose(3, 0, 1, 2, 4, 5)
     dxp = xp.zeros((n, channels) + win.padded_hw, dtype=cols.dtype)
     for i, j in win.offsets():
         rs, cs = win.offset_slices(i, j)
