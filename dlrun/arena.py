@@ -11,7 +11,8 @@ and stays zero under an elementwise update (zero gradient, zero state). Layers k
 ``param.data`` and ``param.grad`` as before. A layer (or a user's optimizer) that *rebinds* one
 of them to a new array instead of writing into it still works: :meth:`ParamArena.adopt` copies
 the new array into its slot and points the parameter back at the view; the optimizer and the
-guard call it before they use the flat buffers.
+guard call it before they use the flat buffers; it costs one flag test unless a tensor was
+rebound (``Parameter`` flags its arena when ``data`` or ``grad`` is assigned).
 """
 from __future__ import annotations
 
@@ -47,8 +48,10 @@ class ParamArena:
             if p.grad is not None:
                 grad[...] = p.grad
             p.data, p.grad = data, grad
+            object.__setattr__(p, "_arena", self)  # from now on a rebinding sets self.dirty
         self._views = [(p.data, p.grad) for p in self.params]
         self._offset_of = {id(p): off for p, off in zip(self.params, self.offsets)}
+        self.dirty = False
 
     def view(self, flat, p, offset: int | None = None):
         """The slice of a flat array (``data``, ``grad`` or one shaped like them) that holds ``p``."""
@@ -61,7 +64,12 @@ class ParamArena:
         return self.xp.zeros_like(self.data)
 
     def adopt(self) -> None:
-        """Bring back into the flat arrays any ``data``/``grad`` a layer replaced by a new array."""
+        """Bring back into the flat arrays any ``data``/``grad`` a layer replaced by a new array.
+
+        Free when nothing was rebound: :class:`~dlrun.layers.base.Parameter` sets ``dirty``
+        on assignment to ``data`` or ``grad``, so the usual call is one attribute test."""
+        if not self.dirty:
+            return
         for p, (data, grad) in zip(self.params, self._views):
             if p.data is not data:
                 data[...] = p.data
@@ -70,6 +78,7 @@ class ParamArena:
                 if p.grad is not None:
                     grad[...] = p.grad
                 p.grad = grad
+        self.dirty = False  # after the loop: pointing the tensors back set it again
 
     def holds(self, params) -> bool:
         """True when ``params`` are exactly the packed tensors (so a flat update covers them all)."""

@@ -118,7 +118,7 @@ class NonFiniteGuard:
             total = float(params[0].dot(params[0]))
         else:
             total = float(sum(a.sum() for a in params)) if params else 0.0
-        return np.isfinite(total) or all(nonfinite_kind(a) is None for a in params)
+        return math.isfinite(total) or all(nonfinite_kind(a) is None for a in params)
 
     def diagnose(self, epoch: int, batches, callbacks=()) -> NonFiniteError:
         """Replay the epoch from the snapshot, checking every step; return the error to raise."""

@@ -121,3 +121,19 @@ def test_an_optimizer_that_rebinds_data_trains_and_the_arena_takes_the_values_ba
         trainer.fit(x, y, epochs=16)
     for name, value in m.state_arrays().items():  # restored into the live arrays, not a stale copy
         np.testing.assert_array_equal(value, saved[name], err_msg=name)
+
+
+def test_rebinding_a_tensor_flags_the_arena_and_adopt_copies_it_back():
+    m = model()
+    arena, weight = m.arena, m.layers[0].weight
+    view = weight.data
+    assert not arena.dirty  # building the model leaves nothing to adopt
+    view[0, 0] = 7.0  # writing into the view is not a rebinding
+    assert not arena.dirty
+    weight.grad = np.full(weight.shape, 2.0, np.float32)  # a layer that returns a new gradient array
+    weight.data = weight.data + 1.0
+    assert arena.dirty
+    arena.adopt()
+    assert not arena.dirty and weight.data is view
+    assert np.shares_memory(weight.grad, arena.grad) and (arena.view(arena.grad, weight) == 2.0).all()
+    assert arena.view(arena.data, weight)[0, 0] == 8.0

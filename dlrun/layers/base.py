@@ -47,6 +47,15 @@ class Parameter:
     regularizer: Any = None
     regularize: bool = True
 
+    def __setattr__(self, name, value):
+        # rebinding data or grad (not writing into them) tells the arena holding this tensor,
+        # so its per-step ``adopt`` is one flag test instead of a loop over every tensor
+        object.__setattr__(self, name, value)
+        if name == "data" or name == "grad":
+            arena = self.__dict__.get("_arena")
+            if arena is not None:
+                arena.dirty = True
+
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.data.shape)

@@ -34,7 +34,7 @@ class Optimizer:
     needs_work: bool = False
     elementwise: bool = False
     block_size: int = 1 << 17  # elements per block (0.5 MiB per float32 array)
-    _flat = None  # (arena, flat state, whole-model Parameter) when setup packed the update
+    _flat = None  # (arena, flat state, whole-model Parameter, flat slot arrays) when setup packed the update
 
     def __init__(self, learning_rate: float):
         self.learning_rate = learning_rate
@@ -55,7 +55,7 @@ class Optimizer:
         if self.elementwise and arena is not None and arena.holds([p for _, p in self.params]):
             keys = self.slots + (("_work",) if self.needs_work else ())
             flat = {k: arena.zeros_like() for k in keys}
-            self._flat = (arena, flat, Parameter(arena.data, arena.grad))
+            self._flat = (arena, flat, Parameter(arena.data, arena.grad), [flat[s] for s in self.slots])
             self.state = {n: {k: arena.view(f, p) for k, f in flat.items()} for n, p in self.params}
             return
         self.state = {n: {s: array_module(p.data).zeros_like(p.data) for s in self.slots} for n, p in self.params}
@@ -67,7 +67,7 @@ class Optimizer:
         """Apply one update to every trainable parameter."""
         self.iterations += 1
         if self._flat is not None:
-            arena, state, whole = self._flat
+            arena, state, whole, _ = self._flat
             arena.adopt()
             self._apply("*", state, whole)
             return
@@ -77,7 +77,7 @@ class Optimizer:
     def buffers(self) -> list:
         """The distinct arrays holding this optimizer's state (the flat ones when flat)."""
         if self._flat is not None:
-            return [self._flat[1][s] for s in self.slots]
+            return self._flat[3]
         return [slots[s] for slots in self.state.values() for s in self.slots]
 
     def _apply(self, key: str, state: dict, p) -> None:
