@@ -29,15 +29,31 @@ class BufferPool:
             a = self._arrays[key] = xp.empty(shape, dtype)
         return a
 
+    def group(self, key, make):
+        """Several scratch arrays made together by ``make()`` (an object holding them), so a
+        layer or loss pays one lookup per call instead of one per array. ``key`` must name
+        everything they depend on (shapes, dtypes). Cached while enabled; made fresh while
+        disabled, since callers may then keep what was written into them."""
+        if not self.enabled:
+            return make()
+        g = self._arrays.get(key)
+        if g is None:
+            g = self._arrays[key] = make()
+        return g
+
     def ones(self, xp, n: int, dtype):
         """A cached vector of n ones (a constant: safe to share whether or not the pool is enabled)."""
-        return self.constant(xp, ("ones", n, dtype), lambda: xp.ones(n, dtype))
+        key = ("ones", n, dtype, xp)  # looked up here, not through constant(): this is per batch
+        a = self._arrays.get(key)
+        if a is None:
+            a = self._arrays[key] = xp.ones(n, dtype)
+        return a
 
     def constant(self, xp, key, make):
         """``make()``, called once per (key, array module) and cached: for arrays nobody writes to
         (ones, index ranges), so they are shared whether or not the pool is enabled. ``key`` must
         name everything the array depends on (shapes, dtype)."""
-        key = ("constant", key, xp.__name__)
+        key = ("constant", key, xp)
         a = self._arrays.get(key)
         if a is None:
             a = self._arrays[key] = make()

@@ -59,6 +59,36 @@ def test_pooled_softmax_cross_entropy_follows_the_batch_shape():
         np.testing.assert_allclose(d, (p - np.eye(c)[y]) / n, atol=1e-6)
 
 
+def test_pooled_softmax_cross_entropy_reads_every_logits_array_afresh():
+    """Column views are cached for the last logits array seen: values written into that same
+    array, and another array of the same shape, must both be read anew."""
+    rng = np.random.default_rng(6)
+    loss = registry.losses.build("SoftmaxCrossEntropy")
+    loss.buffers.enabled = True
+    y = rng.integers(0, 4, 6)
+    same = np.empty((6, 4), np.float32)
+    for z in (rng.standard_normal((6, 4)), rng.standard_normal((6, 4)), None, None):
+        if z is None:  # the training loop's case: the last layer rewrites one buffer
+            same[...] = 3 * rng.standard_normal((6, 4))
+            z = same
+        z = z.astype(np.float32, copy=False)
+        lse = np.log(np.exp(z.astype(np.float64)).sum(axis=1))
+        np.testing.assert_allclose(float(loss.forward(z, y)), np.mean(lse - z[np.arange(6), y]), rtol=1e-5)
+
+
+def test_train_step_returns_the_batch_loss_sum_and_correct_count_before_the_update():
+    rng = np.random.default_rng(7)
+    x, y = rng.standard_normal((9, 3)).astype(np.float32), rng.integers(0, 3, 9)
+    model = mlp(np.float32)
+    out = model.forward(x)
+    expected_loss = 9 * loss_of(model, x, y)
+    expected_correct = int((out.argmax(axis=1) == y).sum())
+    trainer = Trainer(model, registry.losses.build("SoftmaxCrossEntropy"), SGD(0.1), batch_size=9)
+    total, correct = trainer.train_step(x, y)
+    assert float(total) == pytest.approx(expected_loss, rel=1e-6) and int(correct) == expected_correct
+    assert trainer.step == 1 and loss_of(model, x, y) != pytest.approx(expected_loss / 9)  # the step updated
+
+
 def test_fast_training_gradients_match_central_differences():
     rng = np.random.default_rng(1)
     x, y = rng.standard_normal((6, 3)), rng.integers(0, 3, 6)

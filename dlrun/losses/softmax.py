@@ -25,22 +25,28 @@ class SoftmaxCrossEntropy(Loss):
         if xp is not np:
             return self._forward_fused(xp, z, y)
         n, c = z.shape
-        get = self.buffers.get
-        fold = c <= _FEW_CLASSES  # CPU: C-1 ufunc calls beat one axis-1 reduction (on GPU each is a launch)
-        m = _row_reduce(xp, xp.maximum, z, get(xp, "m", (n,), z.dtype)) if fold else z.max(axis=1)
-        p = xp.subtract(z, m[:, None], out=get(xp, "p", z.shape, z.dtype))
-        xp.exp(p, out=p)
-        s = _row_reduce(xp, xp.add, p, get(xp, "s", (n,), z.dtype)) if fold else p.sum(axis=1)
+        w = self._work = self.buffers.group(("sce", n, c, z.dtype, y.dtype), lambda: _Work(n, c, z.dtype, y.dtype))
+        m, s = w.m, w.s
+        if c <= _FEW_CLASSES:  # CPU: C-1 ufunc calls over columns beat one axis-1 reduction
+            if z is not w.z:  # in the training loop z is the last layer's reused buffer
+                w.z, w.z_cols = z, [z[:, j] for j in range(c)]
+            _fold(np.maximum, w.z_cols, m)
+        else:
+            z.max(axis=1, out=m)
+        p = np.subtract(z, w.m_col, out=w.p)
+        np.exp(p, out=p)
+        if c <= _FEW_CLASSES:
+            _fold(np.add, w.p_cols, s)
+        else:
+            p.sum(axis=1, out=s)
         # p = exp(z - m) is normalised in backward, where it is scaled by 1/N anyway: d = p·(1/(N s))
-        self._r = xp.divide(1.0 / n, s, out=get(xp, "r", (n,), z.dtype))
+        np.divide(1.0 / n, s, out=w.r)
         # flat index of (i, y_i): 1-D take/setitem are ~4x cheaper than [rows, y]
-        flat = xp.add(self.buffers.constant(xp, ("row_starts", n, c), lambda: xp.arange(0, n * c, c)), y,
-                      out=get(xp, "flat", (n,), y.dtype))
-        self._p, self._flat = p, flat
+        np.add(w.row_starts, y, out=w.flat)
         # log-sum-exp form: -log p_y = log Σ exp(z - m) - (z_y - m); never log(0)
-        xp.log(s, out=s)
+        np.log(s, out=s)
         s += m
-        s -= z.reshape(-1).take(flat)
+        s -= z.reshape(-1).take(w.flat, out=w.zy)
         return s.sum() * (1.0 / n)  # ndarray.mean() costs ~3x more Python for small arrays
 
     def _forward_fused(self, xp, z, y):
@@ -54,21 +60,22 @@ class SoftmaxCrossEntropy(Loss):
         # per-sample −log p_y = log Σ exp(z − m) − (z_y − m), reading z_y from the raw logits
         nll = fused_elementwise(xp, "T s, T m, Y y, raw T z, int32 c", "T out",
                                 "out = log(s) + m - z[i * c + y];", "dlrun_sce_nll")(s, m.reshape(-1), y, z, c)
-        self._p, self._s, self._y = p, s, y
+        self._p, self._s, self._y, self._work = p, s, y, None
         return nll.sum() * (1.0 / n)
 
     def backward(self):
-        xp = array_module(self._p)
-        scale = 1.0 / self._p.shape[0]  # a Python float keeps float32 float32
-        if xp is not np:
+        if self._work is None:  # GPU
+            xp = array_module(self._p)
+            scale = 1.0 / self._p.shape[0]  # a Python float keeps float32 float32
             n, c = self._p.shape
             return fused_elementwise(xp, "T p, T s, Y y, int32 c, T scale", "T d",
                                      "d = (p / s - ((Y)(i % c) == y ? (T)1 : (T)0)) * scale;", "dlrun_sce_grad")(
                 self._p, self._s[:, None], self._y[:, None], c, scale,
                 *out_args(self.buffers.get(xp, "d", self._p.shape, self._p.dtype)))
-        d = xp.multiply(self._p, self._r[:, None], out=self.buffers.get(xp, "d", self._p.shape, self._p.dtype))
-        d.reshape(-1)[self._flat] -= scale  # d is contiguous: the reshape is a view
-        return d
+        w = self._work
+        np.multiply(w.p, w.r_col, out=w.d)
+        w.d_flat[w.flat] -= 1.0 / len(w.d)  # d_flat is a view of d; a Python float keeps float32
+        return w.d
 
     def probabilities(self, z):
         xp = array_module(z)
@@ -77,17 +84,31 @@ class SoftmaxCrossEntropy(Loss):
 
 
 
-def _row_reduce(xp, ufunc, z, out):
-    """ufunc folded over the columns of z (N, C): C-1 cheap calls instead of one axis-1 reduction."""
-    if z.shape[1] == 1:
-        if out is None:
-            return z[:, 0].copy()
-        out[...] = z[:, 0]
-        return out
-    out = ufunc(z[:, 0], z[:, 1], out=out)
-    for j in range(2, z.shape[1]):
-        ufunc(out, z[:, j], out=out)
-    return out
+class _Work:
+    """The CPU forward/backward arrays for one (N, C, dtypes): made together, looked up once.
+
+    Views that every call would otherwise slice anew (column views, broadcast columns, the
+    flat view of d) are made here too."""
+
+    def __init__(self, n: int, c: int, dtype, label_dtype):
+        self.m, self.s, self.r, self.zy = (np.empty(n, dtype) for _ in range(4))
+        self.p, self.d = np.empty((n, c), dtype), np.empty((n, c), dtype)
+        self.m_col, self.r_col = self.m[:, None], self.r[:, None]
+        self.p_cols = [self.p[:, j] for j in range(c)]
+        self.d_flat = self.d.reshape(-1)
+        self.flat = np.empty(n, label_dtype)
+        self.row_starts = np.arange(0, n * c, c, dtype=label_dtype)
+        self.z, self.z_cols = None, []  # column views of the last logits seen
+
+
+def _fold(ufunc, cols: list, out):
+    """ufunc folded over the columns (C-1 cheap calls instead of one axis-1 reduction)."""
+    if len(cols) == 1:
+        out[...] = cols[0]
+        return
+    ufunc(cols[0], cols[1], out=out)
+    for col in cols[2:]:
+        ufunc(out, col, out=out)
 
 
 @losses.register()
