@@ -109,7 +109,7 @@ class Trainer:
         history = history or History()
         for cb in callbacks:
             cb.on_train_begin(self)
-        xp = self.backend.xp
+        in_order = [(xd[s:s + bs], yd[s:s + bs]) for s in range(0, n, bs)] if not self.shuffle else None
         from .faults import NonFiniteGuard
 
         self._guard = guard = NonFiniteGuard(self)
@@ -125,17 +125,17 @@ class Trainer:
                 shuffle_state = self.shuffle_rng.bit_generator.state if self.shuffle else None
                 order = self.shuffle_rng.permutation(n) if self.shuffle else None
                 order_d = self.backend.asarray(order) if order is not None else None
-                loss_sum = xp.zeros((), dtype=np.float64)
-                correct = xp.zeros((), dtype=np.int64)
+                loss_sum, correct = self.backend.zero(np.float64), self.backend.zero(np.int64)  # fresh: += is in place on GPU
                 guard.mark(shuffle_state)
                 for b in range(batches):
-                    s, e = b * bs, min((b + 1) * bs, n)
                     if order_d is None:
-                        xb, yb = xd[s:e], yd[s:e]
+                        xb, yb = in_order[b]
                     else:
-                        idx = order_d[s:e]
+                        idx = order_d[b * bs:(b + 1) * bs]
                         xb, yb = xd[idx], yd[idx]
-                    self.train_step(xb, yb, loss_sum, correct, callbacks)
+                    batch_loss, batch_correct = self.train_step(xb, yb, callbacks)
+                    loss_sum += batch_loss
+                    correct += batch_correct
                     for cb in callbacks:
                         cb.on_batch_end(epoch, b + 1)
                 train_loss = float(loss_sum) / n
@@ -167,14 +167,12 @@ class Trainer:
             cb.on_train_end(history.rows)
         return history
 
-    def train_step(self, xb, yb, loss_sum, correct, callbacks=()) -> None:
-        """One optimisation step on a device batch. The batch loss (times its size) and the
-        number of correct predictions are added into the device scalars ``loss_sum`` and
-        ``correct``: nothing is read back to the host, so on GPU the step never waits for it."""
+    def train_step(self, xb, yb, callbacks=()):
+        """One optimisation step on a device batch; returns ``(batch loss × batch size, number of
+        correct predictions)`` as device scalars (see :meth:`_score`): nothing is read back to
+        the host, so on GPU the step never waits for it."""
         out = self.model.forward(xb, yb)
-        loss_sum += self.loss.forward(out, yb) * len(xb)
-        if self.classification:
-            correct += self.backend.xp.count_nonzero(self.loss.predict(out) == yb)  # ~5x cheaper than .sum()
+        score = self._score(out, yb)
         self.model.backward(self.loss.backward())
         for p, reg in self._regularized:
             reg.add_gradient(p.data, p.grad)
@@ -182,6 +180,15 @@ class Trainer:
             cb.on_after_backward(self)
         self.optimizer.step()
         self.step += 1
+        return score
+
+    def _score(self, out, y):
+        """(batch loss × batch size, correct predictions; 0 for regression), to be added up over
+        an epoch: numpy scalars on the CPU, 0-d device arrays on the GPU (never read here)."""
+        total = self.loss.forward(out, y) * len(y)
+        if not self.classification:
+            return total, 0
+        return total, self.backend.xp.count_nonzero(self.loss.predict(out) == y)  # ~5x cheaper than .sum()
 
     def rewind_epoch(self) -> None:
         """Undo a partly run epoch (after an interrupt): back to the state its first batch saw."""
@@ -201,15 +208,12 @@ class Trainer:
 
     def _evaluate_device(self, xd, yd, batch_size: int | None = None) -> dict:
         self.model.eval()
-        xp = self.backend.xp
         n = len(xd)
-        loss_sum = xp.zeros((), dtype=np.float64)
-        correct = xp.zeros((), dtype=np.int64)
+        loss_sum, correct = self.backend.zero(np.float64), self.backend.zero(np.int64)
         for s, e in self._batches(n, batch_size or self.batch_size or n):
-            out = self.model.forward(xd[s:e])
-            loss_sum += self.loss.forward(out, yd[s:e]) * (e - s)
-            if self.classification:
-                correct += xp.count_nonzero(self.loss.predict(out) == yd[s:e])
+            batch_loss, batch_correct = self._score(self.model.forward(xd[s:e]), yd[s:e])
+            loss_sum += batch_loss
+            correct += batch_correct
         self.model.train()
         return {"loss": float(loss_sum) / n + self._penalty(),
                 "accuracy": float(correct) / n if self.classification else None}

@@ -50,3 +50,13 @@ def test_gpu_starts_from_identical_weights_and_matches_cpu():
         assert np.array_equal(v, mg.state_arrays()[k])
     x = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
     np.testing.assert_allclose(gpu.to_host(mg.forward(gpu.asarray(x))), mc.forward(x), rtol=1e-5, atol=1e-6)
+
+
+def test_cpu_accumulator_zero_is_a_float64_scalar_that_float32_values_add_into_exactly():
+    zero = get_backend("cpu").zero(np.float64)
+    assert isinstance(zero, np.float64) and zero == 0
+    total = zero
+    for v in (np.float32(1e8), np.float32(1.0), np.float32(-1e8)):
+        total += v  # float32 alone would lose the 1.0
+    assert total.dtype == np.float64 and total == 1.0
+    assert get_backend("cpu").zero(np.int64).dtype == np.int64
