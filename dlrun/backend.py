@@ -44,8 +44,9 @@ class Backend:
         """A zero to accumulate device scalars into with ``+``: a numpy scalar on the CPU (adding
         to it costs a tenth of an in-place add to a 0-d array), a 0-d array on the GPU (adding
         to it queues a kernel and never reads anything back)."""
-        z = self.xp.zeros((), dtype)
-        return z[()] if self.xp is np else z
+        if self.xp is np:
+            return np.dtype(dtype).type(0)  # immutable, so += rebinds and never alters a shared zero
+        return self.xp.zeros((), dtype)
 
     def synchronize(self) -> None:
         if self.xp is not np:

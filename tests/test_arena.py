@@ -128,8 +128,9 @@ def test_rebinding_a_tensor_flags_the_arena_and_adopt_copies_it_back():
     arena, weight = m.arena, m.layers[0].weight
     view = weight.data
     assert not arena.dirty  # building the model leaves nothing to adopt
-    view[0, 0] = 7.0  # writing into the view is not a rebinding
-    assert not arena.dirty
+    view[0, 0] = 6.0  # writing into the view is not a rebinding
+    weight.data += 1.0  # nor is an augmented assignment, which assigns the same array back
+    assert not arena.dirty and weight.data is view and view[0, 0] == 7.0
     weight.grad = np.full(weight.shape, 2.0, np.float32)  # a layer that returns a new gradient array
     weight.data = weight.data + 1.0
     assert arena.dirty

@@ -48,13 +48,14 @@ class Parameter:
     regularize: bool = True
 
     def __setattr__(self, name, value):
-        # rebinding data or grad (not writing into them) tells the arena holding this tensor,
-        # so its per-step ``adopt`` is one flag test instead of a loop over every tensor
-        object.__setattr__(self, name, value)
-        if name == "data" or name == "grad":
+        # rebinding data or grad to another array (not writing into them, and not ``p.data -= g``,
+        # which assigns the same array back) tells the arena holding this tensor, so its
+        # per-step ``adopt`` is one flag test instead of a loop over every tensor
+        if (name == "data" or name == "grad") and value is not self.__dict__.get(name):
             arena = self.__dict__.get("_arena")
             if arena is not None:
                 arena.dirty = True
+        object.__setattr__(self, name, value)
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -72,7 +72,8 @@ class Adam(Optimizer):
         g += self._eps_t
         xp.divide(m, g, out=g)
         g *= self._lr_t
-        p.data -= g
+        w = p.data  # a local: `p.data -= g` would also call Parameter.__setattr__
+        w -= g
 
 
 @optimizers.register()

@@ -62,7 +62,8 @@ class RMSProp(Optimizer):
             xp.multiply(b, self.learning_rate, out=g)
         else:
             g *= self.learning_rate
-        p.data -= g
+        w = p.data  # a local: `p.data -= g` would also call Parameter.__setattr__
+        w -= g
 
 
 @optimizers.register()
@@ -111,4 +112,5 @@ class AdaGrad(Optimizer):
         work += self.epsilon
         g /= work
         g *= self.learning_rate
-        p.data -= g
+        w = p.data  # a local: `p.data -= g` would also call Parameter.__setattr__
+        w -= g

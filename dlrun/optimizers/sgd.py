@@ -1,6 +1,8 @@
 """SGD with optional (Nesterov) momentum."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..backend import array_module, fused_elementwise
 from ..options import Fraction, NonNegativeFloat, PositiveFloat
 from ..registry import optimizers
@@ -36,23 +38,15 @@ class SGD(Optimizer):
     def _update(self, state, p) -> None:
         g = p.grad  # rewritten by every backward, so it doubles as scratch here
         xp = array_module(g)
-        if self.momentum:
-            fused = fused_elementwise(xp, "T g, T lr, T wd, T mom, bool nesterov", "T w, T v",
-                                      "T d = g + wd * w; v = mom * v + d; w -= lr * (nesterov ? d + mom * v : v);",
-                                      "dlrun_sgd_momentum")
-            if fused is not None:
-                fused(g, self.learning_rate, self.weight_decay, self.momentum, self.nesterov, p.data, state["velocity"])
-                return
-        else:
-            fused = fused_elementwise(xp, "T g, T lr, T wd", "T w", "w -= lr * (g + wd * w);", "dlrun_sgd")
-            if fused is not None:
-                fused(g, self.learning_rate, self.weight_decay, p.data)
-                return
+        if xp is not np:  # GPU: the whole update in one fused kernel
+            self._update_fused(xp, g, state, p)
+            return
+        w = p.data  # a local: `p.data -= g` would also call Parameter.__setattr__
         if self.weight_decay:
-            self._add_decay(g, p.data, self.weight_decay, state["_work"])
+            self._add_decay(g, w, self.weight_decay, state["_work"])
         if not self.momentum:
             g *= self.learning_rate
-            p.data -= g
+            w -= g
             return
         v = state["velocity"]
         v *= self.momentum
@@ -63,4 +57,14 @@ class SGD(Optimizer):
             g *= self.learning_rate
         else:  # step = v; v is state, so scale it into g
             xp.multiply(v, self.learning_rate, out=g)
-        p.data -= g
+        w -= g
+
+    def _update_fused(self, xp, g, state, p) -> None:
+        if self.momentum:
+            fused_elementwise(xp, "T g, T lr, T wd, T mom, bool nesterov", "T w, T v",
+                              "T d = g + wd * w; v = mom * v + d; w -= lr * (nesterov ? d + mom * v : v);",
+                              "dlrun_sgd_momentum")(g, self.learning_rate, self.weight_decay, self.momentum,
+                                                    self.nesterov, p.data, state["velocity"])
+        else:
+            fused_elementwise(xp, "T g, T lr, T wd", "T w", "w -= lr * (g + wd * w);", "dlrun_sgd")(
+                g, self.learning_rate, self.weight_decay, p.data)
