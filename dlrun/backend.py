@@ -44,8 +44,9 @@ class Backend:
         """A zero to accumulate device scalars into with ``+``: a numpy scalar on the CPU (adding
         to it costs a tenth of an in-place add to a 0-d array), a 0-d array on the GPU (adding
         to it queues a kernel and never reads anything back)."""
-        if self.xp is np:
-            return np.dtype(dtype).type(0)  # immutable, so += rebinds and never alters a shared zero
+        if self.xp is np:  # immutable, so += rebinds and a shared zero never changes
+            z = _CPU_ZEROS.get(dtype)
+            return z if z is not None else np.dtype(dtype).type(0)
         return self.xp.zeros((), dtype)
 
     def synchronize(self) -> None:
@@ -64,6 +65,7 @@ class Backend:
 
 
 CPU = Backend("cpu", np)
+_CPU_ZEROS = {t: t(0) for t in (np.float64, np.float32, np.int64)}
 _gpu: Backend | None = None
 
 

@@ -49,6 +49,9 @@ class NonFiniteGuard:
         self._params = ([arena.data] if arena is not None else []) + [
             p.data for _, p in t.model.named_parameters() if id(p) not in packed]
         self._stateful = [layer for layer in t.model.layers if layer.state or layer.stochastic]
+        # the usual case: every weight is in the model's flat buffer, checked with one dot
+        self._one_flat = len(self._params) == 1 and self._params[0].ndim == 1
+        self.states, self.rngs = {}, {}
 
     def _optim(self) -> list:
         opt = self.trainer.optimizer
@@ -76,8 +79,8 @@ class NonFiniteGuard:
             dst[...] = src  # a device-side copy; cheaper to call than xp.copyto
         for dst, src in zip(self.optim, optim):
             dst[...] = src
-        self.states = {}
-        self.rngs = {}  # only layers that declare they draw random numbers (copying a generator is slow)
+        if self._stateful:
+            self.states, self.rngs = {}, {}  # rngs: only layers that draw random numbers (copies are slow)
         for layer in self._stateful:
             self.states[id(layer)] = {a: copy.deepcopy(getattr(layer, a)) for a in layer.state}
             if layer.stochastic:
@@ -114,7 +117,7 @@ class NonFiniteGuard:
         params = self._params
         # on GPU: one read, not one per array. Usually there is one array, the model's flat buffer,
         # and its dot with itself (a sum of squares: NaN and inf survive it) is the cheapest reduction
-        if len(params) == 1 and params[0].ndim == 1:
+        if self._one_flat:
             total = float(params[0].dot(params[0]))
         else:
             total = float(sum(a.sum() for a in params)) if params else 0.0

@@ -16,6 +16,9 @@ from .model import Sequential
 from .backend import array_module
 
 
+_NO_VALIDATION = {"loss": None, "accuracy": None}
+
+
 class Callback:
     """Hooks called by :meth:`Trainer.fit`. Return True from ``on_epoch_end`` to stop."""
 
@@ -145,15 +148,12 @@ class Trainer:
                 if not healthy:  # replay the epoch to name the first non-finite value
                     raise guard.diagnose(epoch, self._epoch_batches(xd, yd, order_d, bs), callbacks)
                 self.epoch = epoch
+                m = self._evaluate_device(*val) if val is not None else _NO_VALIDATION
                 row = {"epoch": epoch, "train_loss": train_loss + self._penalty(),
-                       "train_accuracy": float(correct) / n if self.classification else None}
-                if val is not None:
-                    m = self._evaluate_device(*val)
-                    row["val_loss"], row["val_accuracy"] = m["loss"], m["accuracy"]
-                else:
-                    row["val_loss"] = row["val_accuracy"] = None
-                row["learning_rate"] = float(self.optimizer.learning_rate)
-                row["seconds"] = time.perf_counter() - t0
+                       "train_accuracy": float(correct) / n if self.classification else None,
+                       "val_loss": m["loss"], "val_accuracy": m["accuracy"],
+                       "learning_rate": float(self.optimizer.learning_rate),
+                       "seconds": time.perf_counter() - t0}
                 history.rows.append(row)
                 stop = False
                 for cb in callbacks:
