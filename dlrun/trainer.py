@@ -188,7 +188,7 @@ class Trainer:
         total = self.loss.forward(out, y) * len(y)
         if not self.classification:
             return total, 0
-        return total, self.backend.xp.count_nonzero(self.loss.predict(out) == y)  # ~5x cheaper than .sum()
+        return total, self.loss.count_correct(out, y)
 
     def rewind_epoch(self) -> None:
         """Undo a partly run epoch (after an interrupt): back to the state its first batch saw."""

@@ -76,6 +76,35 @@ def test_pooled_softmax_cross_entropy_reads_every_logits_array_afresh():
         np.testing.assert_allclose(float(loss.forward(z, y)), np.mean(lse - z[np.arange(6), y]), rtol=1e-5)
 
 
+@pytest.mark.parametrize("pooled", [False, True])
+@pytest.mark.parametrize("classes", [3, 40])
+def test_softmax_cross_entropy_counts_correct_predictions_exactly_as_argmax(classes, pooled):
+    """Its count from the forward's row maxima equals argmax's, also with exact ties (first
+    maximum wins), near-ties that round exp(z - m) to 1, NaN rows, and when asked about other arrays."""
+    rng = np.random.default_rng(classes)
+    loss = registry.losses.build("SoftmaxCrossEntropy")
+    loss.buffers.enabled = pooled
+    y = rng.integers(0, classes, 12)
+    plain = rng.standard_normal((12, classes)).astype(np.float32)
+    tied = plain.copy()
+    tied[:4] = 0.0  # a dead network's logits: argmax says class 0 for these rows
+    tied[4, :2] = tied[4].max() + 1  # a tie between the first two columns only
+    near = np.full((12, classes), -1.0, np.float32)
+    near[:, 1] = 1e-3
+    near[:, 0] = np.nextafter(np.float32(1e-3), np.float32(-1))  # column 1 is the unique max ...
+    assert np.exp(near[:, 0] - near[:, 1]).min() == 1.0  # ... but exp(z - m) rounds to 1 in both
+    nan = plain.copy()
+    nan[3, 1] = np.nan
+    for z in (plain, tied, near, nan):
+        labels = y.copy()
+        labels[:6] = rng.integers(0, 2, 6)  # many labels on the tied columns
+        expected = int((z.argmax(axis=1) == labels).sum())
+        loss.forward(z, labels)
+        assert int(loss.count_correct(z, labels)) == expected
+        other = rng.standard_normal(z.shape).astype(np.float32)  # not what forward saw: argmax of it
+        assert int(loss.count_correct(other, labels)) == int((other.argmax(axis=1) == labels).sum())
+
+
 def test_train_step_returns_the_batch_loss_sum_and_correct_count_before_the_update():
     rng = np.random.default_rng(7)
     x, y = rng.standard_normal((9, 3)).astype(np.float32), rng.integers(0, 3, 9)

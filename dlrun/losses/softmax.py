@@ -19,6 +19,7 @@ class SoftmaxCrossEntropy(Loss):
     """
 
     task = "classification"
+    _work = _scored = None  # the CPU forward's arrays, and the (z, y) they were computed for
 
     def forward(self, z, y):
         xp = array_module(z)
@@ -47,7 +48,21 @@ class SoftmaxCrossEntropy(Loss):
         np.log(s, out=s)
         s += m
         s -= z.reshape(-1).take(w.flat, out=w.zy)
+        self._scored = (z, y)
         return s.sum() * (1.0 / n)  # ndarray.mean() costs ~3x more Python for small arrays
+
+    def count_correct(self, z, y):
+        """argmax(z) == y counted from the forward's row maxima (CPU), ~2x cheaper than argmax.
+
+        Exact, ties included: exp(z - m) is exactly 1 at a row maximum (and, rarely, within
+        rounding of it), so when n entries of p equal 1 every row has a single maximum, and
+        the prediction is right iff z_y equals the row maximum. Otherwise (ties, NaN) argmax."""
+        w = self._work
+        if w is None or self._scored[0] is not z or self._scored[1] is not y:
+            return super().count_correct(z, y)
+        if np.count_nonzero(np.equal(w.p_flat, w.ones, out=w.at_max)) == len(w.m):
+            return np.count_nonzero(np.equal(w.zy, w.m, out=w.right))
+        return super().count_correct(z, y)
 
     def _forward_fused(self, xp, z, y):
         """GPU: the same log-sum-exp in five launches; p holds exp(z − m), normalised in backward."""
@@ -60,7 +75,7 @@ class SoftmaxCrossEntropy(Loss):
         # per-sample −log p_y = log Σ exp(z − m) − (z_y − m), reading z_y from the raw logits
         nll = fused_elementwise(xp, "T s, T m, Y y, raw T z, int32 c", "T out",
                                 "out = log(s) + m - z[i * c + y];", "dlrun_sce_nll")(s, m.reshape(-1), y, z, c)
-        self._p, self._s, self._y, self._work = p, s, y, None
+        self._p, self._s, self._y, self._work, self._scored = p, s, y, None, None
         return nll.sum() * (1.0 / n)
 
     def backward(self):
@@ -95,7 +110,8 @@ class _Work:
         self.p, self.d = np.empty((n, c), dtype), np.empty((n, c), dtype)
         self.m_col, self.r_col = self.m[:, None], self.r[:, None]
         self.p_cols = [self.p[:, j] for j in range(c)]
-        self.d_flat = self.d.reshape(-1)
+        self.d_flat, self.p_flat = self.d.reshape(-1), self.p.reshape(-1)
+        self.ones, self.at_max, self.right = np.ones(n * c, dtype), np.empty(n * c, bool), np.empty(n, bool)
         self.flat = np.empty(n, label_dtype)
         self.row_starts = np.arange(0, n * c, c, dtype=label_dtype)
         self.z, self.z_cols = None, []  # column views of the last logits seen
