@@ -71,7 +71,7 @@ class NonFiniteGuard:
         if self._arena is not None:
             self._arena.adopt()
         optim = self._optim()
-        if self.params is None:
+        if self.params is None or len(self.optim) != len(optim):  # a plugin may add state lazily
             xp = t.backend.xp
             self.params = [xp.empty(a.shape, a.dtype) for a in self._params]
             self.optim = [xp.empty(a.shape, a.dtype) for a in optim]
