@@ -138,3 +138,39 @@ def test_rebinding_a_tensor_flags_the_arena_and_adopt_copies_it_back():
     assert not arena.dirty and weight.data is view
     assert np.shares_memory(weight.grad, arena.grad) and (arena.view(arena.grad, weight) == 2.0).all()
     assert arena.view(arena.data, weight)[0, 0] == 8.0
+
+
+class LazyState:
+    """A user's optimizer written without the base class that creates its state on the first step."""
+
+    def __init__(self):
+        self.learning_rate, self.iterations, self.slots, self.state = 0.1, 0, ("velocity",), {}
+
+    def setup(self, named_params):
+        self.params = [(n, p) for n, p in named_params if p.trainable]
+
+    def step(self):
+        self.iterations += 1
+        for name, p in self.params:
+            v = self.state.setdefault(name, {"velocity": np.zeros_like(p.data)})["velocity"]
+            v *= 0.9
+            v += p.grad
+            p.data -= self.learning_rate * v
+
+
+def test_the_guard_snapshots_optimizer_state_created_after_the_first_epoch():
+    from dlrun.faults import NonFiniteGuard
+
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((12, 3)).astype(np.float32), rng.integers(0, 3, 12)
+    trainer = Trainer(model(), registry.losses.build("SoftmaxCrossEntropy"), LazyState(), batch_size=12, seed=0)
+    guard = NonFiniteGuard(trainer)
+    guard.mark()  # no state yet
+    trainer.train_step(x, y)
+    guard.mark()  # now one velocity per tensor
+    saved = {n: s["velocity"].copy() for n, s in trainer.optimizer.state.items()}
+    assert len(guard.optim) == len(saved) == 4
+    trainer.train_step(x, y)
+    guard.restore()
+    for name, slots in trainer.optimizer.state.items():
+        np.testing.assert_array_equal(slots["velocity"], saved[name], err_msg=name)
