@@ -218,3 +218,29 @@ def test_direct_construction_defaults():
     assert conv.kernel_size == (3, 3) and conv.stride == (1, 1) and conv.padding == (0, 0)
     pool = MaxPool2D(pool_size=3)
     assert pool.stride == (3, 3)
+
+
+@pytest.mark.parametrize("opts", POOL_CASES + [dict(pool_size=[1, 3], stride=[1, 2]), dict(pool_size=[3, 1])])
+def test_maxpool_partial_ties_follow_row_major_first_winner(opts):
+    """Windows where some but not all entries share the maximum (0/1 inputs): the gradient goes
+    to the first maximum in row-major window order, as the reference argmax says, also when a
+    second forward writes into the reused output buffer."""
+    layer = layers.build({"type": "MaxPool2D", **opts})
+    make(layer, (2, 7, 6))
+    layer.buffers.enabled = True
+    rng = np.random.default_rng(8)
+    for _ in range(2):
+        x = rng.integers(0, 2, (3, 2, 7, 6)).astype(np.float64)
+        y = layer.forward(x)
+        ref, arg = reference_pool(x, layer.pool_size, layer.stride, layer.padding, np.max, -np.inf)
+        np.testing.assert_array_equal(y, ref)
+        np.testing.assert_array_equal(layer.branch_signature(), arg)
+        dy = rng.standard_normal(y.shape)
+        expected = np.zeros_like(x)
+        kh, kw = layer.pool_size
+        for idx in np.ndindex(y.shape):
+            n, c, a, b = idx
+            i, j = divmod(int(arg[idx]), kw)
+            r, col = a * layer.stride[0] + i - layer.padding[0], b * layer.stride[1] + j - layer.padding[1]
+            expected[n, c, r, col] += dy[idx]
+        np.testing.assert_allclose(layer.backward(dy), expected, rtol=1e-12, atol=1e-12)

@@ -66,8 +66,12 @@ class MaxPool2D(Layer):
         fill = float("-inf") if x.dtype.kind == "f" else x.min()
         xpad = pad_input(xp, x, win, fill)
         grids = [xpad[(slice(None), slice(None)) + win.offset_slices(i, j)] for i, j in win.offsets()]
-        out = grids[0].copy()
-        for g in grids[1:]:
+        out = self.buffer("y", grids[0].shape, x.dtype)  # reused in fast mode: no page faults
+        if len(grids) == 1:  # a 1x1 pool
+            out = grids[0].copy()
+        else:
+            out = xp.maximum(grids[0], grids[1], out=out)  # the first pass writes out: no copy
+        for g in grids[2:]:
             xp.maximum(out, g, out=out)
         self._grids, self._out, self._masks = grids, out, None
         self._xshape = xpad.shape
