@@ -91,6 +91,26 @@ def test_conv_gradients(opts, one_gemm):
     assert check_gradients(layer, x) == x.size
 
 
+@pytest.mark.parametrize("one_gemm", [False, True], ids=["batched", "one_gemm"])
+@pytest.mark.parametrize("opts", CONV_CASES[:3])
+def test_conv_with_reused_buffers_matches_fresh_arrays(opts, one_gemm):
+    """Fast mode writes columns and outputs into per-shape buffers: every call, including a
+    smaller last batch, must equal the plain computation, and backward must see the columns
+    of its own forward."""
+    pooled, _ = build_conv(opts, (2, 7, 5), one_gemm=one_gemm)
+    plain, _ = build_conv(opts, (2, 7, 5), one_gemm=one_gemm)
+    pooled.buffers.enabled = True
+    rng = np.random.default_rng(9)
+    for n in (3, 3, 2):
+        x = rng.standard_normal((n, 2, 7, 5))
+        y = pooled.forward(x)
+        np.testing.assert_allclose(y, plain.forward(x), rtol=1e-12, atol=1e-12)
+        dy = rng.standard_normal(y.shape)
+        np.testing.assert_allclose(pooled.backward(dy), plain.backward(dy), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(pooled.weight.grad, plain.weight.grad, rtol=1e-12, atol=1e-12)
+    assert len(pooled.buffers) > 0
+
+
 def test_conv_layout_follows_the_output_size():
     small, _ = build_conv(dict(filters=2, kernel_size=3, padding="same"), (1, 8, 8))  # 64 output pixels
     large, _ = build_conv(dict(filters=2, kernel_size=3, padding="same"), (1, 9, 8))  # 72

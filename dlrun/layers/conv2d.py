@@ -90,13 +90,23 @@ class Conv2D(Layer):
         xp = self.xp
         n = x.shape[0]
         o = self.filters
-        cols = im2col(xp, pad_input(xp, x, self.win), self.win, self.one_gemm)  # (N, K, P) or (K, N·P)
+        k, p = self.weight.data[0].size, self.win.out_hw[0] * self.win.out_hw[1]
+        # in fast mode the columns and the output are reused buffers: at MB sizes a fresh
+        # array costs its page faults every step
+        cols = im2col(xp, pad_input(xp, x, self.win), self.win, self.one_gemm,  # (N, K, P) or (K, N·P)
+                      self.buffer("cols", (k, n * p) if self.one_gemm else (n, k, p), x.dtype))
         self._cols = cols
-        out = xp.matmul(self.weight.data.reshape(o, -1), cols)  # (N, O, P): already NCHW order; or (O, N·P)
+        # (N, O, P): already NCHW order; or (O, N·P)
+        out = xp.matmul(self.weight.data.reshape(o, -1), cols,
+                        out=self.buffer("gemm" if self.one_gemm else "y", (o, n * p) if self.one_gemm else (n, o, p), x.dtype))
         if self.bias is not None:
             out += self.bias.data[:, None]
         if self.one_gemm:
-            out = xp.ascontiguousarray(out.reshape(o, n, -1).transpose(1, 0, 2))
+            y = self.buffer("y", (n, o, p), x.dtype)
+            if y is None:
+                y = xp.empty((n, o, p), x.dtype)
+            y[...] = out.reshape(o, n, p).transpose(1, 0, 2)
+            out = y
         return out.reshape((n, o) + self.win.out_hw)
 
     def backward(self, dy):

@@ -115,13 +115,13 @@ def unpad(dxp, win: Window):
     return dxp[:, :, t:t + h, l:l + w]
 
 
-def im2col(xp, xpad, win: Window, one_gemm: bool = False):
-    """Columns of the padded input: one strided view, one copy.
+def im2col(xp, xpad, win: Window, one_gemm: bool = False, out=None):
+    """Columns of the padded input: one strided view, one copy (into ``out`` when given).
 
     Row ``c·kh·kw + i·kw + j`` holds channel c at kernel offset (i, j), matching a weight
     of shape (O, C, kh, kw) reshaped to (O, C·kh·kw). The columns are (N, C·kh·kw, Ho·Wo), one
     matrix per sample for a batched GEMM, or with ``one_gemm`` (C·kh·kw, N·Ho·Wo): all samples
-    side by side, for one GEMM.
+    side by side, for one GEMM. ``out``, if given, is a contiguous array of that shape.
     """
     n, c = xpad.shape[:2]
     (kh, kw), (ho, wo) = win.kernel, win.out_hw
@@ -131,8 +131,14 @@ def im2col(xp, xpad, win: Window, one_gemm: bool = False):
         strides=(sn, sc, sh * win.dilation[0], sw * win.dilation[1], sh * win.stride[0], sw * win.stride[1]),
     )
     if one_gemm:
-        return view.transpose(1, 2, 3, 0, 4, 5).reshape(c * kh * kw, n * ho * wo)  # the one copy
-    return view.reshape(n, c * kh * kw, ho * wo)  # the one copy
+        view = view.transpose(1, 2, 3, 0, 4, 5)
+        shape = (c * kh * kw, n * ho * wo)
+    else:
+        shape = (n, c * kh * kw, ho * wo)
+    if out is None:
+        return view.reshape(shape)  # the one copy
+    out.reshape(view.shape)[...] = view  # the one copy, into a reused buffer
+    return out
 
 
 def col2im(xp, cols, win: Window, channels: int, batch: int | None = None):
