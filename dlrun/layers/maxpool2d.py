@@ -145,7 +145,11 @@ class MaxPool2D(Layer):
         if self._arg is not None:
             return self._backward_gpu(xp, dy)
         win = self.win
-        dxp = (xp.empty if self.tiling else xp.zeros)(self._xshape, dtype=dy.dtype)
+        dxp = self.buffer("dx", self._xshape, dy.dtype)  # reused in fast mode
+        if dxp is None:
+            dxp = (xp.empty if self.tiling else xp.zeros)(self._xshape, dtype=dy.dtype)
+        elif not self.tiling:  # some elements are in no window, or several windows add up
+            dxp.fill(0)
         for (i, j), m in zip(win.offsets(), self._winner_masks()):
             idx = (slice(None), slice(None)) + win.offset_slices(i, j)
             if self.overlapping:
