@@ -100,7 +100,7 @@ class EarlyStopping(Callback):
                  mode: str = "auto", restore_best_weights: bool = False):
         self.monitor, self.patience, self.min_delta = monitor, patience, min_delta
         self.mode, self.restore_best_weights = resolve_mode(mode, monitor), restore_best_weights
-        self._restored = None
+        self._restored = self._offered = None
 
     def on_train_begin(self, trainer):
         self.model = trainer.model
@@ -110,14 +110,23 @@ class EarlyStopping(Callback):
         if self._restored is not None:  # a resumed run: the counters go on where they stopped
             self.best, self.best_epoch, self.wait = (self._restored[k] for k in ("best", "best_epoch", "wait"))
             self._restored = None
+            if self._offered is not None and self._offered[0] == self.best_epoch:
+                self.best_weights = self._offered[1]
+        self._offered = None
 
     def state_dict(self) -> dict:
-        """The best value, its epoch and the epochs waited since (the best weights are not kept:
-        after a resume, ``restore_best_weights`` restores only a best reached after the resume)."""
+        """The best value, its epoch and the epochs waited since. The best weights are not part
+        of it: after a resume they come from the run's best.npz (see :meth:`offer_best_weights`)."""
         return {"best": self.best, "best_epoch": self.best_epoch, "wait": self.wait}
 
     def load_state_dict(self, state: dict) -> None:
         self._restored = dict(state)
+
+    def offer_best_weights(self, epoch: int, arrays: dict) -> None:
+        """Weights (``state_arrays`` form) recorded elsewhere for ``epoch``, such as the run's
+        best.npz. A resumed run takes them as its best weights when ``epoch`` is the restored
+        best epoch, so ``restore_best_weights`` works across a resume."""
+        self._offered = (epoch, arrays)
 
     def on_epoch_end(self, epoch, metrics):
         current = metrics[self.monitor]

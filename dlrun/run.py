@@ -198,6 +198,22 @@ def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from
     return _fit(config, ds, trainer, run_dir, callbacks, extra, train_controls)
 
 
+def _offer_best_weights(run_dir: Path, train_controls: list) -> None:
+    """Early stopping's best weights are not in last.npz; best.npz holds them when it recorded
+    the same epoch (the usual case: early stopping watches ``train.monitor``)."""
+    stoppers = [c for c in train_controls if isinstance(c, controls.EarlyStopping) and c.restore_best_weights]
+    path = run_dir / "checkpoints" / "best.npz"
+    if not stoppers or not path.is_file():
+        return
+    try:
+        best = checkpoint.read(path)
+    except CheckpointError:  # an unreadable best.npz must not stop the resume; its best is then lost
+        return
+    epoch = (best.meta.get("best") or {}).get("epoch")
+    for c in stoppers:
+        c.offer_best_weights(epoch, best.model)
+
+
 def resume_config(run_dir: str | Path, overrides=(), device: str | None = None) -> tuple[Config, checkpoint.Checkpoint]:
     """The config recorded in ``RUN_DIR/checkpoints/last.npz`` (with ``--set`` overrides) and the checkpoint."""
     run_dir = Path(run_dir)
@@ -228,4 +244,5 @@ def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, cal
     extra["resumed_from_epoch"] = trainer.epoch
     train_controls = _controls(config, ds, trainer)
     controls.load_control_states(train_controls, ckpt.meta.get("controls"))
+    _offer_best_weights(run_dir, train_controls)
     return _fit(config, ds, trainer, run_dir, callbacks, extra, train_controls, ckpt.meta.get("best"), before)

@@ -211,3 +211,33 @@ def test_resume_continues_schedule_and_early_stopping_state(tmp_path, patience, 
         assert len(rows) == 3  # stopped by early stopping at epoch 3, in both runs
     else:
         assert min(rates[2:]) < max(rates)  # the plateau schedule reduced the rate after the resume point
+
+
+OVERSHOOT = """\
+name: overshoot
+seed: 4
+data: {type: spiral, classes: 3, points_per_class: 30, noise: 0.2, seed: 2}
+model: [{type: Linear, units: 12}, ReLU, {type: Linear, units: 3}]
+loss: SoftmaxCrossEntropy
+optimizer: {type: SGD, learning_rate: 2.0, momentum: 0.9}
+train:
+  epochs: EPOCHS
+  batch_size: 16
+  validation_split: 0.2
+  early_stopping: {monitor: val_loss, patience: 4, restore_best_weights: true}
+"""
+
+
+def test_restore_best_weights_after_a_resume_restores_a_best_from_before_it(tmp_path):
+    """A too-large rate: val_loss is best at epoch 2, then never again, so early stopping ends
+    at epoch 6 and puts epoch 2's weights back. Stopped after epoch 3 and resumed, the run must
+    end with the same weights, which it now takes from best.npz (they are not in last.npz)."""
+    straight = train(write(tmp_path / "s.yaml", OVERSHOOT.replace("EPOCHS", "12")), tmp_path / "a")
+    part = train(write(tmp_path / "h.yaml", OVERSHOOT.replace("EPOCHS", "3")), tmp_path / "b")
+    assert checkpoint.read(part / "checkpoints" / "best.npz").meta["best"]["epoch"] == 2
+    r = run_cli("train", "--resume", part, "--set", "train.epochs=12")
+    assert r.code == 0, r.err
+    assert metrics_rows(part) == metrics_rows(straight) and len(metrics_rows(part)) == 6
+    # final_* are evaluated on the restored weights (without them, on epoch 6's: a different value)
+    for key in ("final_train_loss", "final_train_accuracy"):
+        assert summary(part)[key] == summary(straight)[key], key
