@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 from conftest import ROOT, write
 
 BROKEN = '''
@@ -102,3 +103,78 @@ def test_example_plugin_workflow(cli, tmp_path):
     assert r.code == 0, r.err
     acc = float(r.out.split("train_accuracy=")[1].split()[0])
     assert acc >= 0.95
+
+
+SUBTLE = '''
+from dlrun.layers import InputSpec, Layer
+from dlrun.registry import layers
+
+
+@layers.register()
+class NearlyTriple(Layer):
+    """y = 3x; backward is off by a relative 1e-4 (within the default rtol, not within --strict's)."""
+
+    input_spec = InputSpec(shape=("D",))
+
+    def forward(self, x):
+        return 3.0 * x
+
+    def backward(self, dy):
+        return dy * 3.0003
+
+
+@layers.register()
+class EvalWrong(Layer):
+    """y = 2x in training, 3x in evaluation; backward always returns 2·dy."""
+
+    input_spec = InputSpec(shape=("D",))
+    has_phase = True
+
+    def forward(self, x):
+        return (2.0 if self.training else 3.0) * x
+
+    def backward(self, dy):
+        return 2.0 * dy
+'''
+
+
+def test_strict_tolerances_catch_a_relative_error_the_defaults_accept(cli, tmp_path):
+    plugin = write(tmp_path / "subtle.py", SUBTLE)
+    r = cli("gradcheck", "NearlyTriple", "--plugin", plugin)
+    assert r.code == 0, r.out + r.err
+    r = cli("gradcheck", "NearlyTriple", "--plugin", plugin, "--strict", "--json")
+    j = json.loads(r.out)
+    assert r.code == 1 and j["result"] == "FAIL" and (j["settings"]["atol"], j["settings"]["rtol"]) == (1e-7, 1e-6)
+    assert cli("gradcheck", "LargeMarginFC", "--strict").code == 0  # correct layers pass it
+    r = cli("gradcheck", "ReQU", "--strict", "--dtype", "float32")
+    assert r.code == 2 and "--strict needs --dtype float64" in r.err
+
+
+def test_phase_selects_training_evaluation_or_both(cli, tmp_path):
+    plugin = write(tmp_path / "subtle.py", SUBTLE)
+    for phase, code, shown in (("train", 0, "train"), ("eval", 1, "eval"), ("both", 1, "train+eval"),
+                               ("auto", 1, "train+eval")):
+        r = cli("gradcheck", "EvalWrong", "--plugin", plugin, "--phase", phase, "--json")
+        assert r.code == code, (phase, r.out + r.err)
+        assert json.loads(r.out)["settings"]["phase"] == shown
+    assert json.loads(cli("gradcheck", "ReQU", "--json").out)["settings"]["phase"] == "train"  # no phase: train only
+    r = cli("gradcheck", "ReQU", "--phase", "test")
+    assert r.code == 2 and "--phase must be one of auto, train, eval, both" in r.err
+
+
+def test_points_samples_and_directions_set_how_much_is_checked(cli):
+    def checked(*args):
+        r = cli("gradcheck", "Linear", "--json", *args)
+        assert r.code == 0, r.out + r.err
+        return {t["name"]: (t["checked"], [int(np.prod(s)) for s in t["shape"]]) for t in json.loads(r.out)["tensors"]}
+
+    two, one = checked(), checked("--points", "1")
+    for name, (count, sizes) in one.items():  # every element of every tensor, in each shape configuration
+        assert count == sum(sizes) and two[name][0] == 2 * count, name
+    for name, (count, sizes) in checked("--mode", "sampled", "--samples", "3", "--points", "1").items():
+        assert count == sum(min(3, s) for s in sizes), name  # 3 elements per tensor and configuration
+    for name, (count, sizes) in checked("--mode", "fast", "--directions", "5", "--points", "1").items():
+        assert count == 5 * len(sizes), name  # 5 directions per tensor and configuration
+    for bad in (("--points", "0"), ("--samples", "0"), ("--directions", "0"), ("--resample", "-1")):
+        r = cli("gradcheck", "Linear", *bad)
+        assert r.code == 2 and f"{bad[0]} must be at least" in r.err

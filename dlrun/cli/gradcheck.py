@@ -102,11 +102,19 @@ def gradcheck_cmd(
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance (float64 1e-3, float32 1e-2)."),
     seed: int = typer.Option(0, "--seed", help="Seed of inputs, parameters, upstream gradients and layer randomness."),
     mode: str = typer.Option("auto", "--mode", help="auto, exhaustive, fast or sampled."),
+    strict: bool = typer.Option(False, "--strict", help="float64 tolerances atol 1e-7, rtol 1e-6 (smooth layers)."),
+    phase: str = typer.Option("auto", "--phase",
+                              help="auto (train and eval for layers whose forward depends on it), train, eval or both."),
+    points: int = typer.Option(2, "--points", help="Random points per shape and phase, on the same layer instance."),
+    directions: int = typer.Option(4, "--directions", help="Random directions per tensor in fast mode."),
+    samples: int = typer.Option(64, "--samples", help="Elements per tensor in sampled mode."),
+    resample: int = typer.Option(20, "--resample", help="Redraws of a point with over 1% of elements at a kink."),
     json_: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Check backward passes against central finite differences. Exit 0 PASS, 1 FAIL, 2 cannot run."""
     load_plugins(plugin)
-    settings = Settings(dtype=dtype, eps=eps, atol=atol, rtol=rtol, seed=seed, mode=mode).resolved()
+    settings = Settings(dtype=dtype, eps=eps, atol=atol, rtol=rtol, seed=seed, mode=mode, strict=strict, phase=phase,
+                        points=points, directions=directions, samples=samples, resample=resample).resolved()
     if all_:
         if target is not None:
             raise UsageError(f"give either a layer name / config or --all, not both (got {target!r} and --all)")

@@ -149,9 +149,10 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
     spec = cls.input_spec
     report = LayerReport(name, {k: v for k, v in settings.as_dict().items()
                                 if k in ("dtype", "eps", "atol", "rtol", "seed", "mode", "points")})
+    phases = settings.phases(cls.has_phase)
+    report.settings["phase"] = "+".join(phases)
     if settings.dtype == "float32":
         report.warnings.append(F32_WARNING)
-    phases = ("train", "eval") if cls.has_phase else ("train",)
     configs = list(inputs.DIM_CONFIGS) if input_shape is None else [None]
     results: dict[str, TensorResult] = {}
     log = aux.AuxLog()

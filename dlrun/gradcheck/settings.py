@@ -11,7 +11,11 @@ from ..errors import UsageError
 # dtype -> (eps, atol, rtol). float64: PyTorch's defaults; float32: a step large enough to rise
 # above rounding noise, and loose tolerances (JAX f32 2e-3, MXNet rtol 1e-2).
 DEFAULTS = {"float64": (1e-6, 1e-5, 1e-3), "float32": (1e-3, 1e-3, 1e-2)}
+# --strict (float64): cs231n's "1e-7 and less, you should be happy"; correct smooth layers
+# measure ≤ 4e-8 (docs/gradcheck.md)
+STRICT = (1e-7, 1e-6)
 MODES = ("auto", "exhaustive", "fast", "sampled")
+PHASES = ("auto", "train", "eval", "both")
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,9 @@ class Settings:
         samples: elements per tensor in sampled mode.
         max_exhaustive: the largest total element count checked exhaustively in auto mode.
         resample: how often a point is redrawn when more than 1% of its elements sit on a kink.
+        phase: auto (train and eval for layers that declare ``has_phase``, else train), train,
+            eval or both.
+        strict: float64 only: default tolerances atol 1e-7, rtol 1e-6 instead of 1e-5, 1e-3.
     """
 
     dtype: Literal["float64", "float32"] = "float64"
@@ -43,6 +50,8 @@ class Settings:
     samples: int = 64
     max_exhaustive: int = 5000
     resample: int = 20
+    phase: str = "auto"
+    strict: bool = False
 
     def resolved(self) -> "Settings":
         """A copy with the dtype's defaults filled in; raises UsageError for bad values."""
@@ -50,7 +59,16 @@ class Settings:
             raise UsageError(f"--dtype must be float64 or float32, got {self.dtype!r}")
         if self.mode not in MODES:
             raise UsageError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.phase not in PHASES:
+            raise UsageError(f"--phase must be one of {', '.join(PHASES)}, got {self.phase!r}")
+        for name, low in (("points", 1), ("directions", 1), ("samples", 1), ("resample", 0)):
+            if getattr(self, name) < low:
+                raise UsageError(f"--{name} must be at least {low}, got {getattr(self, name)}")
+        if self.strict and self.dtype != "float64":
+            raise UsageError("--strict needs --dtype float64 (float32 rounding alone exceeds its tolerances)")
         eps, atol, rtol = DEFAULTS[self.dtype]
+        if self.strict:
+            atol, rtol = STRICT
         s = replace(self, eps=eps if self.eps is None else self.eps,
                     atol=atol if self.atol is None else self.atol,
                     rtol=rtol if self.rtol is None else self.rtol)
@@ -59,6 +77,12 @@ class Settings:
             if not (v >= 0 and np.isfinite(v)) or (name == "eps" and v == 0):
                 raise UsageError(f"--{name} must be a {'positive' if name == 'eps' else 'non-negative'} number, got {v}")
         return s
+
+    def phases(self, has_phase: bool) -> tuple[str, ...]:
+        """The phases to check a layer in (``has_phase``: its forward depends on training)."""
+        if self.phase == "auto":
+            return ("train", "eval") if has_phase else ("train",)
+        return ("train", "eval") if self.phase == "both" else (self.phase,)
 
     @property
     def np_dtype(self) -> np.dtype:
