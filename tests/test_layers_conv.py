@@ -7,7 +7,7 @@ import pytest
 
 from dlrun.errors import ConfigError, ShapeError
 from dlrun.layers.avgpool2d import AvgPool2D
-from dlrun.layers.conv2d import Conv2D
+from dlrun.layers.conv2d import LAYOUTS, Conv2D, choose_layout
 from dlrun.layers.globalavgpool2d import GlobalAvgPool2D
 from dlrun.layers.maxpool2d import MaxPool2D
 from dlrun.registry import layers
@@ -60,21 +60,21 @@ CONV_CASES = [
 ]
 
 
-def build_conv(opts, shape, dtype=np.float64, one_gemm=None):
+def build_conv(opts, shape, dtype=np.float64, layout=None):
     layer = layers.build({"type": "Conv2D", **opts})
     out_shape = make(layer, shape, dtype)
-    if one_gemm is not None:  # force a layout (build picks it from the output size)
-        layer.one_gemm = one_gemm
+    if layout is not None:  # force a layout (build picks it from the channels and output size)
+        layer.layout = layout
     if layer.bias is not None:  # a nonzero bias, so its effect is visible
         layer.bias.data[...] = np.random.default_rng(5).standard_normal(layer.bias.shape)
     return layer, out_shape
 
 
-@pytest.mark.parametrize("one_gemm", [False, True], ids=["batched", "one_gemm"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("opts", CONV_CASES)
-def test_conv_forward_matches_direct_convolution(opts, one_gemm):
+def test_conv_forward_matches_direct_convolution(opts, layout):
     shape = (2, 7, 5)  # odd, non-square
-    layer, out_shape = build_conv(opts, shape, one_gemm=one_gemm)
+    layer, out_shape = build_conv(opts, shape, layout=layout)
     x = np.random.default_rng(1).standard_normal((3,) + shape)
     y = layer.forward(x)
     b = None if layer.bias is None else layer.bias.data
@@ -83,22 +83,22 @@ def test_conv_forward_matches_direct_convolution(opts, one_gemm):
     np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("one_gemm", [False, True], ids=["batched", "one_gemm"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("opts", CONV_CASES)
-def test_conv_gradients(opts, one_gemm):
-    layer, _ = build_conv(opts, (2, 6, 5), one_gemm=one_gemm)
+def test_conv_gradients(opts, layout):
+    layer, _ = build_conv(opts, (2, 6, 5), layout=layout)
     x = np.random.default_rng(2).standard_normal((2, 2, 6, 5))
     assert check_gradients(layer, x) == x.size
 
 
-@pytest.mark.parametrize("one_gemm", [False, True], ids=["batched", "one_gemm"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("opts", CONV_CASES[:3])
-def test_conv_with_reused_buffers_matches_fresh_arrays(opts, one_gemm):
+def test_conv_with_reused_buffers_matches_fresh_arrays(opts, layout):
     """Fast mode writes columns and outputs into per-shape buffers: every call, including a
     smaller last batch, must equal the plain computation, and backward must see the columns
     of its own forward."""
-    pooled, _ = build_conv(opts, (2, 7, 5), one_gemm=one_gemm)
-    plain, _ = build_conv(opts, (2, 7, 5), one_gemm=one_gemm)
+    pooled, _ = build_conv(opts, (2, 7, 5), layout=layout)
+    plain, _ = build_conv(opts, (2, 7, 5), layout=layout)
     pooled.buffers.enabled = True
     rng = np.random.default_rng(9)
     for n in (3, 3, 2):
@@ -115,6 +115,11 @@ def test_conv_layout_follows_the_output_size():
     small, _ = build_conv(dict(filters=2, kernel_size=3, padding="same"), (1, 8, 8))  # 64 output pixels
     large, _ = build_conv(dict(filters=2, kernel_size=3, padding="same"), (1, 9, 8))  # 72
     assert small.one_gemm and not large.one_gemm
+    assert small.layout == "one_gemm" and large.layout == "batched"
+    # many channels on few output columns: channels-last columns (runs of C contiguous floats)
+    assert [choose_layout(c, hw) for c, hw in ((32, (4, 4)), (3, (4, 4)), (32, (9, 8)), (8, (8, 8)))] == [
+        "channels_last", "one_gemm", "batched", "channels_last"]
+    assert choose_layout(32, (4, 4), cpu=False) == "one_gemm"  # channels-last not yet run on a GPU
 
 
 def test_conv_same_padding_keeps_size_and_matches_keras_rule():

@@ -158,6 +158,45 @@ def col2im(xp, cols, win: Window, channels: int, batch: int | None = None):
     return dxp
 
 
+def pad_channels_last(xp, x, win: Window, out=None):
+    """NCHW ``x`` as a zero-padded NHWC array (one transposing copy into the interior). A reused
+    ``out`` must have a zero border: only the interior is written."""
+    t, b, l, r = win.pad
+    n, c, h, w = x.shape
+    if out is None:
+        out = xp.zeros((n,) + win.padded_hw + (c,), dtype=x.dtype)
+    out[:, t:t + h, l:l + w, :] = x.transpose(0, 2, 3, 1)
+    return out
+
+
+def im2col_channels_last(xp, xpad, win: Window, out=None):
+    """Columns (N·Ho·Wo, kh·kw·C) of a padded NHWC input: one strided view and one copy whose
+    inner runs are C contiguous channels (NCHW columns have runs of only Wo pixels, which is
+    what makes small images slow). Column ``(i·kw + j)·C + c`` is channel c at offset (i, j)."""
+    n, _, _, c = xpad.shape
+    (kh, kw), (ho, wo) = win.kernel, win.out_hw
+    sn, sh, sw, sc = xpad.strides
+    view = xp.lib.stride_tricks.as_strided(
+        xpad, shape=(n, ho, wo, kh, kw, c),
+        strides=(sn, sh * win.stride[0], sw * win.stride[1], sh * win.dilation[0], sw * win.dilation[1], sc))
+    shape = (n * ho * wo, kh * kw * c)
+    if out is None:
+        return view.reshape(shape)  # the one copy
+    out.reshape(view.shape)[...] = view
+    return out
+
+
+def col2im_channels_last(xp, cols, win: Window, channels: int, batch: int):
+    """Adjoint of :func:`im2col_channels_last`: (N, Hp, Wp, C) from columns (N·Ho·Wo, kh·kw·C)."""
+    (kh, kw), (ho, wo) = win.kernel, win.out_hw
+    c6 = cols.reshape(batch, ho, wo, kh, kw, channels)
+    dxp = xp.zeros((batch,) + win.padded_hw + (channels,), dtype=cols.dtype)
+    for i, j in win.offsets():
+        rs, cs = win.offset_slices(i, j)
+        dxp[:, rs, cs, :] += c6[:, :, :, i, j, :]
+    return dxp
+
+
 def expect_image(layer, input_shape) -> tuple[int, int, int]:
     """(C, H, W) from a per-sample shape, or a ShapeError naming the layer."""
     layer.expect_rank(input_shape, 3, "(N, C, H, W) images (channels first)")
