@@ -284,3 +284,23 @@ def test_fit_leaves_the_model_and_loss_in_plain_mode(fails):
     assert not trainer.loss.buffers.enabled
     first = model.forward(x)
     assert model.forward(2 * x) is not first  # plain mode: a new output array per call
+
+
+def test_pooled_softmax_cross_entropy_reads_a_strided_logits_buffer_afresh():
+    """A last layer may hand the loss a transposed view of a buffer it rewrites: the loss must
+    not keep a flattened copy of it between calls, and a gradient kept from a plain-mode call
+    must not be overwritten once the pool is enabled."""
+    rng = np.random.default_rng(11)
+    loss = registry.losses.build("SoftmaxCrossEntropy")
+    y = rng.integers(0, 3, 5)
+    kept = (loss.forward(rng.standard_normal((5, 3)).astype(np.float32), y), loss.backward())[1]
+    before = kept.copy()
+    loss.buffers.enabled = True
+    buf = np.empty((3, 5), np.float32)
+    z = buf.T  # one strided view object, new values in its memory before each call
+    for _ in range(3):
+        buf[...] = 4 * rng.standard_normal((3, 5))
+        lse = np.log(np.exp(z.astype(np.float64)).sum(axis=1))
+        np.testing.assert_allclose(float(loss.forward(z, y)), np.mean(lse - z[np.arange(5), y]), rtol=1e-5)
+        loss.backward()
+    np.testing.assert_array_equal(kept, before)

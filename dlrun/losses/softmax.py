@@ -19,18 +19,23 @@ class SoftmaxCrossEntropy(Loss):
     """
 
     task = "classification"
-    _work = _scored = None  # the CPU forward's arrays, and the (z, y) they were computed for
+    _work = _scored = _pooled = None  # the CPU forward's arrays, the (z, y) they were computed for
 
     def forward(self, z, y):
         xp = array_module(z)
         if xp is not np:
             return self._forward_fused(xp, z, y)
         n, c = z.shape
-        w = self._work = self.buffers.group(("sce", n, c, z.dtype, y.dtype), lambda: _Work(n, c, z.dtype, y.dtype))
+        w = self._pooled  # the pool's arrays for the last batch shape: one tuple compare, no lookup
+        if not (self.buffers.enabled and w is not None and w.key == (n, c, z.dtype, y.dtype)):
+            w = self.buffers.group(("sce", n, c, z.dtype, y.dtype), lambda: _Work(n, c, z.dtype, y.dtype))
+            self._pooled = w if self.buffers.enabled else None
+        self._work = w
         m, s = w.m, w.s
+        if z is not w.z:  # in the training loop z is the last layer's reused buffer: its views are kept
+            w.z, w.z_cols = z, [z[:, j] for j in range(c)] if c <= _FEW_CLASSES else []
+            w.z_flat = z.reshape(-1) if z.flags.c_contiguous else None  # a copy would go stale
         if c <= _FEW_CLASSES:  # CPU: C-1 ufunc calls over columns beat one axis-1 reduction
-            if z is not w.z:  # in the training loop z is the last layer's reused buffer
-                w.z, w.z_cols = z, [z[:, j] for j in range(c)]
             _fold(np.maximum, w.z_cols, m)
         else:
             z.max(axis=1, out=m)
@@ -47,9 +52,9 @@ class SoftmaxCrossEntropy(Loss):
         # log-sum-exp form: -log p_y = log Σ exp(z - m) - (z_y - m); never log(0)
         np.log(s, out=s)
         s += m
-        s -= z.reshape(-1).take(w.flat, out=w.zy)
+        s -= (w.z_flat if w.z_flat is not None else z.reshape(-1)).take(w.flat, out=w.zy)
         self._scored = (z, y)
-        return s.sum() * (1.0 / n)  # ndarray.mean() costs ~3x more Python for small arrays
+        return np.add.reduce(s) * (1.0 / n)  # ndarray.mean() and .sum() cost more Python for small arrays
 
     def count_correct(self, z, y):
         """argmax(z) == y counted from the forward's row maxima (CPU), ~2x cheaper than argmax.
@@ -114,7 +119,8 @@ class _Work:
         self.ones, self.at_max, self.right = np.ones(n * c, dtype), np.empty(n * c, bool), np.empty(n, bool)
         self.flat = np.empty(n, label_dtype)
         self.row_starts = np.arange(0, n * c, c, dtype=label_dtype)
-        self.z, self.z_cols = None, []  # column views of the last logits seen
+        self.key = (n, c, np.dtype(dtype), np.dtype(label_dtype))
+        self.z, self.z_cols, self.z_flat = None, [], None  # views of the last logits seen
 
 
 def _fold(ufunc, cols: list, out):
