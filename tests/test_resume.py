@@ -213,19 +213,11 @@ def test_resume_continues_schedule_and_early_stopping_state(tmp_path, patience, 
         assert min(rates[2:]) < max(rates)  # the plateau schedule reduced the rate after the resume point
 
 
-OVERSHOOT = """\
-name: overshoot
-seed: 4
-data: {type: spiral, classes: 3, points_per_class: 30, noise: 0.2, seed: 2}
-model: [{type: Linear, units: 12}, ReLU, {type: Linear, units: 3}]
-loss: SoftmaxCrossEntropy
-optimizer: {type: SGD, learning_rate: 2.0, momentum: 0.9}
-train:
-  epochs: EPOCHS
-  batch_size: 16
-  validation_split: 0.2
-  early_stopping: {monitor: val_loss, patience: 4, restore_best_weights: true}
-"""
+# CONTROLLED without the schedule, with a rate so large that val_loss is best early, and
+# early stopping that restores the best weights
+OVERSHOOT = (CONTROLLED.replace("learning_rate: 0.3", "learning_rate: 2.0")
+             .replace(CONTROLLED[CONTROLLED.index("  schedule:"):CONTROLLED.index("  early_stopping:")], "")
+             .replace("PATIENCE, min_delta: 0.5}", "4, restore_best_weights: true}"))
 
 
 def test_restore_best_weights_after_a_resume_restores_a_best_from_before_it(tmp_path):
