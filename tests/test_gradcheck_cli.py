@@ -178,3 +178,21 @@ def test_points_samples_and_directions_set_how_much_is_checked(cli):
     for bad in (("--points", "0"), ("--samples", "0"), ("--directions", "0"), ("--resample", "-1")):
         r = cli("gradcheck", "Linear", *bad)
         assert r.code == 2 and f"{bad[0]} must be at least" in r.err
+
+
+def test_jacobian_mode_compares_every_entry_and_names_the_output(cli, tmp_path):
+    j = json.loads(cli("gradcheck", "Linear", "--mode", "jacobian", "--points", "1", "--json").out)
+    assert j["result"] == "PASS"
+    x = next(t for t in j["tensors"] if t["name"] == "x")
+    w = next(t for t in j["tensors"] if t["name"] == "weight")
+    # per shape configuration: every output element (N x units) against every element of the tensor
+    assert x["checked"] == 7 * 4 * (7 * 3) + 3 * 2 * (3 * 5)
+    assert w["checked"] == 7 * 4 * (4 * 3) + 3 * 2 * (2 * 5)
+    plugin = write(tmp_path / "broken.py", BROKEN)
+    r = cli("gradcheck", "HalfReQU", "--plugin", plugin, "--mode", "jacobian", "--json")
+    worst = json.loads(r.out)["tensors"][0]["worst"]
+    assert r.code == 1
+    # an elementwise layer: the wrong entry is on the diagonal, d out[i,j] / d x[i,j]
+    assert f"d out[{','.join(map(str, worst['index']))}] / d x" in worst["where"]
+    r = cli("gradcheck", "Conv2D", "--mode", "jacobian")
+    assert r.code == 2 and "Jacobian entries, more than 250,000; use --mode auto" in r.out

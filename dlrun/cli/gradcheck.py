@@ -101,7 +101,8 @@ def gradcheck_cmd(
     atol: Optional[float] = typer.Option(None, "--atol", help="Absolute tolerance (float64 1e-5, float32 1e-3)."),
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance (float64 1e-3, float32 1e-2)."),
     seed: int = typer.Option(0, "--seed", help="Seed of inputs, parameters, upstream gradients and layer randomness."),
-    mode: str = typer.Option("auto", "--mode", help="auto, exhaustive, fast or sampled."),
+    mode: str = typer.Option("auto", "--mode", help="auto, exhaustive, fast, sampled, or jacobian (every "
+                             "entry of the full Jacobian, naming the output: for debugging small layers)."),
     strict: bool = typer.Option(False, "--strict", help="float64 tolerances atol 1e-7, rtol 1e-6 (smooth layers)."),
     phase: str = typer.Option("auto", "--phase",
                               help="auto (train and eval for layers whose forward depends on it), train, eval or both."),

@@ -105,7 +105,9 @@ def _check_model(report, model, loss, ds, idx, settings, rng) -> dict | None:
         return None
     params = [(n, p) for n, p in model.named_parameters() if p.trainable]
     grads = {n: np.array(to_host(p.grad), dtype=np.float64) for n, p in params}
-    mode = choose_mode(settings.mode, sum(p.size for _, p in params), settings)
+    # the model's output is the scalar loss: its Jacobian is the gradient, checked exhaustively
+    mode = choose_mode("exhaustive" if settings.mode == "jacobian" else settings.mode,
+                       sum(p.size for _, p in params), settings)
     probe = Probe(mp.value, mp.signature if any(kinks.has_signature(la) for la in model.layers) else None, sig0)
     results: dict[str, TensorResult] = {}
     where = f"whole model, batch of {len(idx)}"

@@ -9,6 +9,7 @@ from .. import registry
 from ..backend import CPU, to_host
 from . import aux, inputs, kinks
 from .harness import ContractError, Harness, LayerRaised, public_scalars, restore_state, state_changes
+from .jacobian import TooLarge, check_jacobians
 from .numeric import Probe, TensorRun, check_tensor
 from .report import FAIL, LayerReport, TensorResult
 from .settings import Settings
@@ -84,12 +85,19 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     tensors = ([("x", "input", x, first["x"])] if differentiable else [])
     tensors += [(n, "param", p.data, grads[n]) for n, p in trainable.items()]
     mode = choose_mode(settings.mode, sum(t[2].size for t in tensors), settings)
+    jac = {}
+    if mode == "jacobian":
+        jac = {r.name: r for r in check_jacobians(h, x, y, [(n, r, a) for n, r, a, _ in tensors if not bad.get(n)],
+                                                  settings, where, sig0)}
     runs = []
     for name, role, arr, grad in tensors:
         run_mode = mode if mode != "fast+sampled" or arr.size > settings.samples else "exhaustive"
         if bad.get(name):
             runs.append(TensorRun(name, role, tuple(arr.shape), str(arr.dtype), run_mode, failed=True,
                                   notes=[bad[name]]))
+            continue
+        if name in jac:
+            runs.append(jac[name])
             continue
         extra = _class_rows(x, y, rng) if name == "x" and y is not None else ()
         runs.append(check_tensor(probe, arr, grad, name, role, run_mode, settings, rng, where, extra))
@@ -171,7 +179,7 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
                 raise LayerRaised("build", e, f"input shape {shape}") from e
             h = Harness(layer, settings.seed)
             _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settings, rng, results, log)
-        except (LayerRaised, ContractError) as e:
+        except (LayerRaised, ContractError, TooLarge) as e:
             report.error = str(e)
             break
     report.tensors = list(results.values())

@@ -14,7 +14,7 @@ DEFAULTS = {"float64": (1e-6, 1e-5, 1e-3), "float32": (1e-3, 1e-3, 1e-2)}
 # --strict (float64): cs231n's "1e-7 and less, you should be happy"; correct smooth layers
 # measure ≤ 4e-8 (docs/gradcheck.md)
 STRICT = (1e-7, 1e-6)
-MODES = ("auto", "exhaustive", "fast", "sampled")
+MODES = ("auto", "exhaustive", "fast", "sampled", "jacobian")
 PHASES = ("auto", "train", "eval", "both")
 
 
@@ -28,7 +28,8 @@ class Settings:
         atol, rtol: an element passes when abs(a - n) <= atol + rtol * abs(n) (n = numeric).
         seed: seeds inputs, parameters, upstream gradients and every stochastic forward.
         mode: auto (exhaustive up to ``max_exhaustive`` elements, else fast + sampled),
-            exhaustive, fast (random directions per tensor) or sampled (``samples`` elements).
+            exhaustive, fast (random directions per tensor), sampled (``samples`` elements) or
+            jacobian (the full Jacobian, entry by entry: for debugging small layers).
         points: random points per shape configuration and phase, on the same layer instance.
         directions: random directions per tensor in fast mode.
         samples: elements per tensor in sampled mode.
