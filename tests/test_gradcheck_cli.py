@@ -196,3 +196,14 @@ def test_jacobian_mode_compares_every_entry_and_names_the_output(cli, tmp_path):
     assert f"d out[{','.join(map(str, worst['index']))}] / d x" in worst["where"]
     r = cli("gradcheck", "Conv2D", "--mode", "jacobian")
     assert r.code == 2 and "Jacobian entries, more than 250,000; use --mode auto" in r.out
+
+
+def test_dims_checks_one_configuration_of_the_given_sizes(cli):
+    j = json.loads(cli("gradcheck", "Linear", "--dims", "N=2, D=4,C=3", "--mode", "jacobian", "--json").out)
+    x = next(t for t in j["tensors"] if t["name"] == "x")
+    assert j["result"] == "PASS" and x["shape"] == [[2, 4]] and x["checked"] == 2 * (2 * 3) * (2 * 4)
+    assert j["settings"]["dims"].startswith("N=2,D=4,C=3,")
+    r = cli("gradcheck", "Linear", "--dims", "n=2")
+    assert r.code == 2 and "unknown dim 'n' (did you mean N?)" in r.err
+    r = cli("gradcheck", "Linear", "--dims", "N=two")
+    assert r.code == 2 and "must be NAME=POSITIVE_INTEGER" in r.err

@@ -110,12 +110,15 @@ def gradcheck_cmd(
     directions: int = typer.Option(4, "--directions", help="Random directions per tensor in fast mode."),
     samples: int = typer.Option(64, "--samples", help="Elements per tensor in sampled mode."),
     resample: int = typer.Option(20, "--resample", help="Redraws of a point with over 1% of elements at a kink."),
+    dims: Optional[str] = typer.Option(None, "--dims", metavar="N=7,D=3,...",
+                                       help="Check one shape configuration with these sizes instead of the two defaults."),
     json_: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Check backward passes against central finite differences. Exit 0 PASS, 1 FAIL, 2 cannot run."""
     load_plugins(plugin)
     settings = Settings(dtype=dtype, eps=eps, atol=atol, rtol=rtol, seed=seed, mode=mode, strict=strict, phase=phase,
-                        points=points, directions=directions, samples=samples, resample=resample).resolved()
+                        points=points, directions=directions, samples=samples, resample=resample,
+                        dims=dims).resolved()
     if all_:
         if target is not None:
             raise UsageError(f"give either a layer name / config or --all, not both (got {target!r} and --all)")

@@ -159,9 +159,11 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
                                 if k in ("dtype", "eps", "atol", "rtol", "seed", "mode", "points")})
     phases = settings.phases(cls.has_phase)
     report.settings["phase"] = "+".join(phases)
+    if settings.dims is not None and input_shape is None:
+        report.settings["dims"] = ",".join(f"{k}={v}" for k, v in settings.dim_configs()[0].items())
     if settings.dtype == "float32":
         report.warnings.append(F32_WARNING)
-    configs = list(inputs.DIM_CONFIGS) if input_shape is None else [None]
+    configs = settings.dim_configs() if input_shape is None else [None]
     results: dict[str, TensorResult] = {}
     log = aux.AuxLog()
     rng = np.random.default_rng(settings.seed)

@@ -7,6 +7,7 @@ from typing import Literal
 import numpy as np
 
 from ..errors import UsageError
+from ..options import did_you_mean
 
 # dtype -> (eps, atol, rtol). float64: PyTorch's defaults; float32: a step large enough to rise
 # above rounding noise, and loose tolerances (JAX f32 2e-3, MXNet rtol 1e-2).
@@ -38,6 +39,8 @@ class Settings:
         phase: auto (train and eval for layers that declare ``has_phase``, else train), train,
             eval or both.
         strict: float64 only: default tolerances atol 1e-7, rtol 1e-6 instead of 1e-5, 1e-3.
+        dims: ``"N=7,D=3"``: check one shape configuration with these sizes (the others from the
+            first default configuration) instead of the two defaults.
     """
 
     dtype: Literal["float64", "float32"] = "float64"
@@ -53,6 +56,7 @@ class Settings:
     resample: int = 20
     phase: str = "auto"
     strict: bool = False
+    dims: str | None = None
 
     def resolved(self) -> "Settings":
         """A copy with the dtype's defaults filled in; raises UsageError for bad values."""
@@ -65,6 +69,7 @@ class Settings:
         for name, low in (("points", 1), ("directions", 1), ("samples", 1), ("resample", 0)):
             if getattr(self, name) < low:
                 raise UsageError(f"--{name} must be at least {low}, got {getattr(self, name)}")
+        self.dim_configs()  # raises UsageError for a bad --dims
         if self.strict and self.dtype != "float64":
             raise UsageError("--strict needs --dtype float64 (float32 rounding alone exceeds its tolerances)")
         eps, atol, rtol = DEFAULTS[self.dtype]
@@ -78,6 +83,24 @@ class Settings:
             if not (v >= 0 and np.isfinite(v)) or (name == "eps" and v == 0):
                 raise UsageError(f"--{name} must be a {'positive' if name == 'eps' else 'non-negative'} number, got {v}")
         return s
+
+    def dim_configs(self) -> list[dict]:
+        """The shape configurations to check: the two defaults, or the one ``dims`` names."""
+        from .inputs import DIM_CONFIGS
+
+        if self.dims is None:
+            return [dict(c) for c in DIM_CONFIGS]
+        chosen = dict(DIM_CONFIGS[0])
+        for item in filter(None, (p.strip() for p in self.dims.split(","))):
+            name, sep, value = item.partition("=")
+            name = name.strip()
+            if name not in chosen:
+                raise UsageError(f"--dims: unknown dim {name!r}{did_you_mean(name, list(chosen))}; "
+                                 f"known dims: {', '.join(chosen)}")
+            if not sep or not value.strip().isdigit() or int(value) < 1:
+                raise UsageError(f"--dims: {item!r} must be NAME=POSITIVE_INTEGER, e.g. --dims N=7,D=3")
+            chosen[name] = int(value)
+        return [chosen]
 
     def phases(self, has_phase: bool) -> tuple[str, ...]:
         """The phases to check a layer in (``has_phase``: its forward depends on training)."""
