@@ -35,7 +35,7 @@ def check_jacobians(h, x, y, tensors, settings, where: str, sig0) -> list[Tensor
     entries = n_out * sum(arr.size for _, _, arr in tensors)
     if entries > MAX_ENTRIES:
         raise TooLarge(f"--mode jacobian: {n_out} outputs x {sum(a.size for _, _, a in tensors)} checked elements "
-                       f"= {entries:,} Jacobian entries, more than {MAX_ENTRIES:,}; use --mode auto")
+                       f"= {entries:,} Jacobian entries, more than {MAX_ENTRIES:,}; use --mode auto, or smaller --dims")
     analytic = {name: np.empty((n_out, arr.size)) for name, _, arr in tensors}
     onehot = np.zeros(out.shape, dtype=out.dtype)
     for k in range(n_out):  # row k: the gradient of output element k
