@@ -124,6 +124,21 @@ class NearlyTriple(Layer):
 
 
 @layers.register()
+class Jittery(Layer):
+    """y = 2x; backward's result jitters by 1e-14 relative, from an unseeded generator (as GPU atomics do)."""
+
+    input_spec = InputSpec(shape=("D",))
+
+    def forward(self, x):
+        return 2.0 * x
+
+    def backward(self, dy):
+        import numpy
+
+        return 2.0 * dy * (1 + 1e-14 * numpy.random.default_rng().random(dy.shape))
+
+
+@layers.register()
 class EvalWrong(Layer):
     """y = 2x in training, 3x in evaluation; backward always returns 2·dy."""
 
@@ -207,3 +222,12 @@ def test_dims_checks_one_configuration_of_the_given_sizes(cli):
     assert r.code == 2 and "unknown dim 'n' (did you mean N?)" in r.err
     r = cli("gradcheck", "Linear", "--dims", "N=two")
     assert r.code == 2 and "must be NAME=POSITIVE_INTEGER" in r.err
+
+
+def test_nondet_tol_lets_backward_passes_differ_by_that_much(cli, tmp_path):
+    plugin = write(tmp_path / "subtle.py", SUBTLE)
+    r = cli("gradcheck", "Jittery", "--plugin", plugin)
+    assert r.code == 1 and "reentrant" in r.out and "FAIL" in r.out
+    assert cli("gradcheck", "Jittery", "--plugin", plugin, "--nondet-tol", "1e-12").code == 0
+    r = cli("gradcheck", "Jittery", "--plugin", plugin, "--nondet-tol", "-1")
+    assert r.code == 2 and "--nondet-tol must be a non-negative number" in r.err

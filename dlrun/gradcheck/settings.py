@@ -41,6 +41,8 @@ class Settings:
         strict: float64 only: default tolerances atol 1e-7, rtol 1e-6 instead of 1e-5, 1e-3.
         dims: ``"N=7,D=3"``: check one shape configuration with these sizes (the others from the
             first default configuration) instead of the two defaults.
+        nondet_tol: how far two backward passes after one forward may differ (the reentrant
+            check); 0 demands identical results, right for numpy (PyTorch's ``nondet_tol``).
     """
 
     dtype: Literal["float64", "float32"] = "float64"
@@ -57,6 +59,7 @@ class Settings:
     phase: str = "auto"
     strict: bool = False
     dims: str | None = None
+    nondet_tol: float = 0.0
 
     def resolved(self) -> "Settings":
         """A copy with the dtype's defaults filled in; raises UsageError for bad values."""
@@ -78,6 +81,8 @@ class Settings:
         s = replace(self, eps=eps if self.eps is None else self.eps,
                     atol=atol if self.atol is None else self.atol,
                     rtol=rtol if self.rtol is None else self.rtol)
+        if not (self.nondet_tol >= 0 and np.isfinite(self.nondet_tol)):
+            raise UsageError(f"--nondet-tol must be a non-negative number, got {self.nondet_tol}")
         for name in ("eps", "atol", "rtol"):
             v = getattr(s, name)
             if not (v >= 0 and np.isfinite(v)) or (name == "eps" and v == 0):
