@@ -211,6 +211,11 @@ def test_jacobian_mode_compares_every_entry_and_names_the_output(cli, tmp_path):
     assert f"d out[{','.join(map(str, worst['index']))}] / d x" in worst["where"]
     r = cli("gradcheck", "Conv2D", "--mode", "jacobian")
     assert r.code == 2 and "Jacobian entries, more than 250,000; use --mode auto" in r.out
+    # outputs that are views of the input (Flatten; Dropout in evaluation) must be copied
+    # before the input is perturbed again, or every difference reads 0
+    for layer in ("Flatten", "Dropout"):
+        r = cli("gradcheck", layer, "--mode", "jacobian", "--dims", "N=2,C=2,H=2,W=3,D=4")
+        assert r.code == 0, r.out + r.err
 
 
 def test_dims_checks_one_configuration_of_the_given_sizes(cli):

@@ -24,7 +24,8 @@ class TooLarge(Exception):
 
 
 def _host64(a) -> np.ndarray:
-    return np.asarray(to_host(a), dtype=np.float64).ravel()
+    """A float64 host copy: never a view, since an output may alias the perturbed input."""
+    return np.array(to_host(a), dtype=np.float64).ravel()
 
 
 def check_jacobians(h, x, y, tensors, settings, where: str, sig0) -> list[TensorRun]:
