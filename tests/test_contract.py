@@ -61,3 +61,39 @@ def test_float64_gradcheck_passes(name):
     bad = [(t.name, t.worst, t.notes) for t in report.tensors if t.status != PASS]
     bad += [(a.name, a.detail) for a in report.aux if a.status not in (PASS, "n/a")]
     assert report.verdict == PASS, (report.error, bad)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_fast_mode_buffers_give_the_plain_results(name):
+    """In fast mode a layer may write outputs and gradients into reused per-shape buffers: three
+    calls with new inputs (the last a smaller batch) must equal a twin layer in plain mode, so
+    no call sees stale buffer contents."""
+    cls = registry.layers.get(name)
+    spec = cls.input_spec
+    dims = gi.DIM_CONFIGS[0]
+    twins = []
+    for pooled in (False, True):
+        layer = gi.build_layer(name, _options(name, dims), name)
+        layer.setup(CPU, np.float64, np.random.default_rng(0), CPU.rng(0))
+        out_shape = tuple(layer.build(gi.per_sample_shape(spec, dims)))
+        layer.buffers.enabled = pooled
+        twins.append(layer)
+    rng = np.random.default_rng(1)
+    shape = gi.per_sample_shape(spec, dims)
+    for n in (dims["N"], dims["N"], dims["N"] - 2):
+        high = gi.index_high(spec, dims, twins[0]) if spec.kind == "index" else None
+        x = gi.draw_x(spec, (n, *shape), high, np.float64, rng)
+        y = gi.labels(n, gi.label_count(spec, dims, out_shape), rng) if cls.needs_labels else None
+        dy = rng.standard_normal((n, *out_shape))
+        results = []
+        for layer in twins:
+            out = (layer.forward(x, y) if cls.needs_labels else layer.forward(x)).copy()
+            dx = layer.backward(dy.copy())
+            grads = {k: p.grad.copy() for k, p in layer.params.items() if p.trainable}
+            results.append((out, None if dx is None else dx.copy(), grads))
+        (out0, dx0, g0), (out1, dx1, g1) = results
+        np.testing.assert_allclose(out1, out0, rtol=1e-12, atol=1e-12)
+        if dx0 is not None and spec.kind in gi.FLOAT_KINDS:
+            np.testing.assert_allclose(dx1, dx0, rtol=1e-12, atol=1e-12)
+        for k in g0:
+            np.testing.assert_allclose(g1[k], g0[k], rtol=1e-12, atol=1e-12, err_msg=k)
