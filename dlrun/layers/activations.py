@@ -73,14 +73,26 @@ class Sigmoid(Layer):
     input_spec = _ANY
 
     def forward(self, x, y=None):
-        xp = self.xp
-        e = xp.exp(-xp.abs(x))  # in (0, 1]: never overflows
-        out = xp.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
-        self._y = out
-        return out
+        # (x >= 0 ? 1 : e) / (1 + e) with e = exp(-|x|) in (0, 1]: never overflows. The numerator
+        # is max(e, step(x)), step(x) = 1.0 where x >= 0 (e <= 1), so no where() is needed and
+        # every pass writes into a reused buffer (in fast mode) on numpy and CuPy alike
+        xp, buf = self.xp, self.buffer
+        e = xp.abs(x, out=buf("e", x.shape, x.dtype))
+        xp.negative(e, out=e)
+        xp.exp(e, out=e)
+        num = xp.greater_equal(x, 0, out=buf("num", x.shape, x.dtype))
+        if num.dtype != x.dtype:  # no buffer (plain mode): greater_equal gave booleans
+            num = num.astype(x.dtype)
+        xp.maximum(num, e, out=num)
+        e += 1
+        self._y = xp.divide(num, e, out=buf("y", x.shape, x.dtype))
+        return self._y
 
     def backward(self, dy):
-        return dy * self._y * (1 - self._y)
+        dx = self.xp.subtract(1, self._y, out=self.buffer("dx", dy.shape, dy.dtype))
+        dx *= self._y
+        dx *= dy
+        return dx
 
 
 @layers.register()
@@ -90,11 +102,14 @@ class Tanh(Layer):
     input_spec = _ANY
 
     def forward(self, x, y=None):
-        self._y = self.xp.tanh(x)
+        self._y = self.xp.tanh(x, out=self.buffer("y", x.shape, x.dtype))
         return self._y
 
     def backward(self, dy):
-        return dy * (1 - self._y * self._y)
+        dx = self.xp.multiply(self._y, self._y, out=self.buffer("dx", dy.shape, dy.dtype))
+        self.xp.subtract(1, dx, out=dx)
+        dx *= dy
+        return dx
 
 
 @layers.register()
