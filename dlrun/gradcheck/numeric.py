@@ -25,9 +25,10 @@ from .report import Worst
 
 @dataclass
 class Probe:
-    """The scalar function being differentiated, and the kink signature at the base point."""
+    """The function being differentiated (the scalar Σ G ⊙ out, or for ``--mode jacobian`` the
+    whole output as a float64 vector), and the kink signature at the base point."""
 
-    loss: Callable[[], float]
+    loss: Callable[[], Any]
     signature: Callable[[], Any] | None = None
     sig0: Any = None
 
@@ -55,7 +56,8 @@ def _crossed(probe: Probe) -> bool:
 
 
 def element_derivative(probe: Probe, arr: np.ndarray, idx: tuple, h: float) -> tuple[float, bool]:
-    """(numeric ∂L/∂arr[idx], whether the difference crossed a kink); arr[idx] is restored exactly."""
+    """(numeric ∂L/∂arr[idx], whether the difference crossed a kink); arr[idx] is restored exactly.
+    L may be an array (each entry differentiated), which must be a copy, not a view of ``arr``."""
     orig = arr[idx].copy()
     arr[idx] = orig + h
     hp = float(arr[idx]) - float(orig)

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..options import did_you_mean
+from .inputs import DIM_CONFIGS
 
 # dtype -> (eps, atol, rtol). float64: PyTorch's defaults; float32: a step large enough to rise
 # above rounding noise, and loose tolerances (JAX f32 2e-3, MXNet rtol 1e-2).
@@ -78,11 +79,11 @@ class Settings:
         eps, atol, rtol = DEFAULTS[self.dtype]
         if self.strict:
             atol, rtol = STRICT
+        if not (self.nondet_tol >= 0 and np.isfinite(self.nondet_tol)):
+            raise UsageError(f"--nondet-tol must be a non-negative number, got {self.nondet_tol}")
         s = replace(self, eps=eps if self.eps is None else self.eps,
                     atol=atol if self.atol is None else self.atol,
                     rtol=rtol if self.rtol is None else self.rtol)
-        if not (self.nondet_tol >= 0 and np.isfinite(self.nondet_tol)):
-            raise UsageError(f"--nondet-tol must be a non-negative number, got {self.nondet_tol}")
         for name in ("eps", "atol", "rtol"):
             v = getattr(s, name)
             if not (v >= 0 and np.isfinite(v)) or (name == "eps" and v == 0):
@@ -91,8 +92,6 @@ class Settings:
 
     def dim_configs(self) -> list[dict]:
         """The shape configurations to check: the two defaults, or the one ``dims`` names."""
-        from .inputs import DIM_CONFIGS
-
         if self.dims is None:
             return [dict(c) for c in DIM_CONFIGS]
         chosen = dict(DIM_CONFIGS[0])

@@ -26,8 +26,7 @@ class ReLU(Layer):
         # CPU: the mask as 0/1 in x's dtype: multiplying by it is ~2.5x faster than by a bool
         # mask (no cast in the loop), and both beat maximum(x, 0) and copyto(where=) (~17x slower).
         # It takes as much memory as the output PyTorch's ReLU keeps for its backward.
-        mask = self.buffer("mask", x.shape, x.dtype)
-        self._mask = xp.greater(x, 0, out=mask) if mask is not None else (x > 0).astype(x.dtype)
+        self._mask = xp.greater(x, 0, out=self.output_array("mask", x.shape, x.dtype))
         return xp.multiply(x, self._mask, out=self.buffer("y", x.shape, x.dtype))
 
     def backward(self, dy):
@@ -80,9 +79,7 @@ class Sigmoid(Layer):
         e = xp.abs(x, out=buf("e", x.shape, x.dtype))
         xp.negative(e, out=e)
         xp.exp(e, out=e)
-        num = xp.greater_equal(x, 0, out=buf("num", x.shape, x.dtype))
-        if num.dtype != x.dtype:  # no buffer (plain mode): greater_equal gave booleans
-            num = num.astype(x.dtype)
+        num = xp.greater_equal(x, 0, out=self.output_array("num", x.shape, x.dtype))  # 0/1 floats
         xp.maximum(num, e, out=num)
         e += 1
         self._y = xp.divide(num, e, out=buf("y", x.shape, x.dtype))

@@ -193,6 +193,12 @@ class Layer:
         """A reusable ``out=`` array for this (name, shape, dtype), or None: see ``buffers``."""
         return self.buffers.get(self.xp, name, tuple(shape), dtype)
 
+    def output_array(self, name: str, shape, dtype):
+        """An array to write into: the reused buffer in fast mode, else a new (empty) one. For
+        code that must be given an array (slice assignment, a kernel's raw output, a cast)."""
+        buf = self.buffer(name, shape, dtype)
+        return self.xp.empty(tuple(shape), dtype) if buf is None else buf
+
     def expect_rank(self, input_shape, rank: int, what: str) -> None:
         """Raise ShapeError unless the per-sample input has ``rank`` axes."""
         if len(input_shape) != rank:

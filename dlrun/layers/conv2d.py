@@ -110,9 +110,7 @@ class Conv2D(Layer):
         if self.bias is not None:
             out += self.bias.data[:, None]
         if self.one_gemm:
-            y = self.buffer("y", (n, o, p), x.dtype)
-            if y is None:
-                y = xp.empty((n, o, p), x.dtype)
+            y = self.output_array("y", (n, o, p), x.dtype)
             y[...] = out.reshape(o, n, p).transpose(1, 0, 2)
             out = y
         return out.reshape((n, o) + self.win.out_hw)
@@ -154,16 +152,14 @@ class Conv2D(Layer):
         out = xp.matmul(self._cols, self._w2, out=self.buffer("gemm", (n * p, o), x.dtype))
         if self.bias is not None:
             out += self.bias.data
-        y = self.buffer("y", (n, o, ho, wo), x.dtype)
-        y = xp.empty((n, o, ho, wo), x.dtype) if y is None else y
+        y = self.output_array("y", (n, o, ho, wo), x.dtype)
         y[...] = out.reshape(n, ho, wo, o).transpose(0, 3, 1, 2)
         return y
 
     def _backward_channels_last(self, dy):
         xp, win, n, o, c = self.xp, self.win, dy.shape[0], self.filters, self.channels
         (ho, wo), (kh, kw) = win.out_hw, self.kernel_size
-        d = self.buffer("d", (n * ho * wo, o), dy.dtype)
-        d = xp.empty((n * ho * wo, o), dy.dtype) if d is None else d
+        d = self.output_array("d", (n * ho * wo, o), dy.dtype)
         d.reshape(n, ho, wo, o)[...] = dy.transpose(0, 2, 3, 1)
         self.weight.grad[...] = xp.matmul(self._cols.T, d).reshape(kh, kw, c, o).transpose(3, 2, 0, 1)
         if self.bias is not None:
@@ -172,8 +168,7 @@ class Conv2D(Layer):
             return None
         dxp = col2im_channels_last(xp, xp.matmul(d, self._w2.T), win, c, n)
         (t, _, l, _), (h, w) = win.pad, win.in_hw
-        dx = self.buffer("dx", (n, c, h, w), dy.dtype)
-        dx = xp.empty((n, c, h, w), dy.dtype) if dx is None else dx
+        dx = self.output_array("dx", (n, c, h, w), dy.dtype)
         dx[...] = dxp[:, t:t + h, l:l + w, :].transpose(0, 3, 1, 2)
         return dx
 

@@ -97,20 +97,15 @@ class MaxPool2D(Layer):
             }
             y = best; arg = nan ? -1 : win;""", "dlrun_maxpool")
         shape = x.shape[:2] + (ho, wo)
-        out, self._arg = kernel(x, h, w, ho, wo, kh, kw, self._out_array(xp, "y", shape, x.dtype),
-                                self._out_array(xp, "arg", shape, np.int32))
+        # outputs always passed: the other arrays are raw and cannot give the kernel its size
+        out, self._arg = kernel(x, h, w, ho, wo, kh, kw, self.output_array("y", shape, x.dtype),
+                                self.output_array("arg", shape, np.int32))
         self._xshape = x.shape
         return out
 
-    def _out_array(self, xp, name, shape, dtype):
-        """An output the kernel writes: the reused buffer, or a new array. Always passed, since
-        every other array argument is raw and cannot give the kernel its size."""
-        buf = self.buffer(name, shape, dtype)
-        return xp.empty(shape, dtype) if buf is None else buf
-
     def _backward_gpu(self, xp, dy):
         (kh, kw), (h, w), (ho, wo) = self.pool_size, self._xshape[2:], self.win.out_hw
-        dx = self._out_array(xp, "dx", self._xshape, dy.dtype)
+        dx = self.output_array("dx", self._xshape, dy.dtype)
         return fused_elementwise(xp, "raw T dy, raw int32 arg, " + self._GPU_GEOMETRY, "T dx", """
             long long c = i % W, r = (i / W) % H, nc = i / ((long long)W * H);
             long long a = r / kh, b = c / kw;

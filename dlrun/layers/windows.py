@@ -135,9 +135,15 @@ def im2col(xp, xpad, win: Window, one_gemm: bool = False, out=None):
         shape = (c * kh * kw, n * ho * wo)
     else:
         shape = (n, c * kh * kw, ho * wo)
+    return _columns(view, shape, out)
+
+
+def _columns(view, shape, out):
+    """The strided window ``view`` copied once into columns of ``shape``: a new array, or the
+    contiguous ``out`` (a reused buffer)."""
     if out is None:
-        return view.reshape(shape)  # the one copy
-    out.reshape(view.shape)[...] = view  # the one copy, into a reused buffer
+        return view.reshape(shape)
+    out.reshape(view.shape)[...] = view
     return out
 
 
@@ -179,11 +185,7 @@ def im2col_channels_last(xp, xpad, win: Window, out=None):
     view = xp.lib.stride_tricks.as_strided(
         xpad, shape=(n, ho, wo, kh, kw, c),
         strides=(sn, sh * win.stride[0], sw * win.stride[1], sh * win.dilation[0], sw * win.dilation[1], sc))
-    shape = (n * ho * wo, kh * kw * c)
-    if out is None:
-        return view.reshape(shape)  # the one copy
-    out.reshape(view.shape)[...] = view
-    return out
+    return _columns(view, (n * ho * wo, kh * kw * c), out)
 
 
 def col2im_channels_last(xp, cols, win: Window, channels: int, batch: int):
