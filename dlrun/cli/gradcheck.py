@@ -110,6 +110,8 @@ def gradcheck_cmd(
     directions: int = typer.Option(4, "--directions", help="Random directions per tensor in fast mode."),
     samples: int = typer.Option(64, "--samples", help="Elements per tensor in sampled mode."),
     resample: int = typer.Option(20, "--resample", help="Redraws of a point with over 1% of elements at a kink."),
+    detect_kinks: bool = typer.Option(False, "--detect-kinks", help="Also sample at ±eps/2 and skip elements where "
+                                      "a quadratic does not fit (kinks without a branch_signature); 2x the forwards."),
     nondet_tol: float = typer.Option(0.0, "--nondet-tol", help="Allowed difference between two backward passes "
                                      "after one forward (0: identical, right for numpy)."),
     dims: Optional[str] = typer.Option(None, "--dims", metavar="N=7,D=3,...",
@@ -120,7 +122,7 @@ def gradcheck_cmd(
     load_plugins(plugin)
     settings = Settings(dtype=dtype, eps=eps, atol=atol, rtol=rtol, seed=seed, mode=mode, strict=strict, phase=phase,
                         points=points, directions=directions, samples=samples, resample=resample,
-                        dims=dims, nondet_tol=nondet_tol).resolved()
+                        dims=dims, nondet_tol=nondet_tol, detect_kinks=detect_kinks).resolved()
     if all_:
         if target is not None:
             raise UsageError(f"give either a layer name / config or --all, not both (got {target!r} and --all)")

@@ -110,3 +110,7 @@ class Harness:
         """L = Σ G ⊙ forward(x, y), accumulated in float64."""
         out = self.forward(x, y)
         return float(np.dot(g64.ravel(), np.asarray(to_host(out), dtype=np.float64).ravel()))
+
+    def parts(self, x, y, g64: np.ndarray) -> np.ndarray:
+        """The terms G ⊙ forward(x, y) of L, flat, in float64 (for ``--detect-kinks``)."""
+        return g64.ravel() * np.asarray(to_host(self.forward(x, y)), dtype=np.float64).ravel()

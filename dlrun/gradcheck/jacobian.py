@@ -45,7 +45,8 @@ def check_jacobians(h, x, y, tensors, settings, where: str, sig0) -> list[Tensor
         for name, _, _ in tensors:
             analytic[name][k] = _host64(dx if name == "x" else layer.params[name].grad)
     # the same central difference as the other modes, of the whole output instead of Σ G ⊙ out
-    probe = Probe(lambda: _host64(h.forward(x, y)), h.signature if h.signed else None, sig0)
+    whole = lambda: _host64(h.forward(x, y))  # noqa: E731
+    probe = Probe(whole, h.signature if h.signed else None, sig0, settings.kink_test(), whole, vector=True)
     runs = []
     for name, role, arr in tensors:
         run = TensorRun(name, role, tuple(arr.shape), str(arr.dtype), "jacobian")

@@ -5,8 +5,14 @@ branch choices from ``branch_signature()``: a mask, an argmax, or a tuple of tho
 signature after a forward at θ+h or θ−h differs from the one at θ, the two-sided difference
 straddles the kink and says nothing about either branch's derivative (cs231n's "winners"
 check). The element is counted as skipped; a point with more than 1% skipped is redrawn.
+
+A layer without a signature (a user's plugin) can opt into generic detection, ``--detect-kinks``
+(Chainer's ``detect_nondifferentiable``): the function is also evaluated at θ ± h/2, a quadratic is
+fitted through the five values, and a residual too large for a smooth function marks a kink.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -14,6 +20,13 @@ from ..backend import to_host
 from ..layers.base import Layer
 
 MAX_SKIPPED = 0.01
+# The least RMS residual of the five-point quadratic fit, per unit of the central-difference error
+# a kink causes: for a slope change Δ at t0 in (-h, h) the error is Δ(h - |t0|)/2h and the residual
+# at least KAPPA·2h times that (minimised over t0 numerically: 0.0426). With the threshold
+# KAPPA·h·tol every kink that moves a difference by more than tol/2 is detected.
+KAPPA = 0.042
+# Rounding: a residual below FLOOR·eps·|value| (eps of the layer's dtype) is noise, not a kink.
+FLOOR = 8.0
 
 
 def has_signature(layer) -> bool:
@@ -51,3 +64,65 @@ def too_many_skipped(skipped: int, checked: int) -> bool:
     """More than 1% of the compared elements skipped: redraw the point."""
     total = skipped + checked
     return total > 0 and skipped > MAX_SKIPPED * total
+
+
+@dataclass(frozen=True)
+class KinkTest:
+    """``--detect-kinks``: the tolerances a kink is measured against and the layer's dtype."""
+
+    atol: float
+    rtol: float
+    dtype: np.dtype
+
+
+def _projector() -> np.ndarray:
+    """I − V V⁺ for the Vandermonde matrix V of the steps (−1, −½, 0, ½, 1): it maps five samples
+    to the residuals of their least-squares quadratic."""
+    v = np.vander(np.array([-1.0, -0.5, 0.0, 0.5, 1.0]), 3)
+    return np.eye(5) - v @ np.linalg.pinv(v)
+
+
+RESIDUAL = _projector()
+
+
+def _residual(ts: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """RMS residual of the least-squares quadratic through (ts, y[:, k]) for every column k.
+
+    ``ts`` are the steps actually stored (h units), a rounding away from (−1, −½, 0, ½, 1): the
+    chord slope through the outer samples is removed with the real steps first, so the fixed
+    projector sees only the curvature and the kinks.
+    """
+    slope = (y[-1] - y[0]) / (ts[-1] - ts[0])
+    r = RESIDUAL @ (y - ts[:, None] * slope)
+    return np.sqrt(np.einsum("ij,ij->j", r, r) / len(ts))
+
+
+def nondifferentiable(test: KinkTest, ts, parts, numeric, h: float, vector: bool) -> bool:
+    """Whether the five samples (steps ``ts``, one of them 0) show a kink.
+
+    ``parts``: (5, m) float64 values. For a scalar loss they are its terms (their sum is the loss)
+    and ``numeric`` is the loss's central difference; for a vector loss (``--mode jacobian``) each
+    column is one output and ``numeric`` its difference. A kink is a change of finiteness, or a fit
+    residual above KAPPA·h·tol in a column (or in the sum of the columns that moved) that is
+    also above rounding: FLOOR·eps·max|value| (√moved times that for the sum), with the largest
+    value of all columns, since an output can be a cancelling sum of larger terms.
+    """
+    ts = np.asarray(ts, dtype=np.float64) / h
+    y = np.asarray(parts, dtype=np.float64).reshape(len(ts), -1)
+    finite = np.isfinite(y)
+    if (finite != finite[:1]).any():
+        return True
+    tol = test.atol + test.rtol * np.abs(np.asarray(numeric, dtype=np.float64))
+    moved = finite[0] & (y != y[:1]).any(axis=0)
+    if not moved.any():
+        return False
+    if vector:
+        tol = tol.ravel()[moved]
+    y = y[:, moved]
+    noise = FLOOR * float(np.finfo(test.dtype).eps) * float(np.abs(y).max())
+    if (_residual(ts, y) > np.maximum(KAPPA * h * tol, noise)).any():
+        return True
+    if vector:
+        return False
+    total = y.sum(axis=1, keepdims=True)
+    return bool(_residual(ts, total)[0] > max(KAPPA * h * float(tol), noise * np.sqrt(y.shape[1])))

@@ -61,6 +61,8 @@ def check_config(path, overrides=(), settings: Settings | None = None, batch: in
     settings = (settings or Settings()).resolved()
     cfg = load_config(path, overrides)
     report = LayerReport(str(path), {k: getattr(settings, k) for k in ("dtype", "eps", "atol", "rtol", "seed", "mode")})
+    if settings.detect_kinks:
+        report.settings["detect_kinks"] = True
     if settings.dtype == "float32":
         report.warnings.append(F32_WARNING)
     if cfg.regularizer is not None:
@@ -108,7 +110,8 @@ def _check_model(report, model, loss, ds, idx, settings, rng) -> dict | None:
     # the model's output is the scalar loss: its Jacobian is the gradient, checked exhaustively
     mode = choose_mode("exhaustive" if settings.mode == "jacobian" else settings.mode,
                        sum(p.size for _, p in params), settings)
-    probe = Probe(mp.value, mp.signature if any(kinks.has_signature(la) for la in model.layers) else None, sig0)
+    probe = Probe(mp.value, mp.signature if any(kinks.has_signature(la) for la in model.layers) else None, sig0,
+                  settings.kink_test(), lambda: np.array([mp.value()]))
     results: dict[str, TensorResult] = {}
     where = f"whole model, batch of {len(idx)}"
     for n, p in params:

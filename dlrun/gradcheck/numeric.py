@@ -31,6 +31,15 @@ class Probe:
     loss: Callable[[], Any]
     signature: Callable[[], Any] | None = None
     sig0: Any = None
+    # --detect-kinks: ``parts()`` gives float64 terms whose sum is the loss (a vector loss: the
+    # loss itself, ``vector``), sampled at θ ± h/2 as well and tested by kinks.nondifferentiable
+    kink_test: kinks.KinkTest | None = None
+    parts: Callable[[], np.ndarray] | None = None
+    vector: bool = False
+    center: np.ndarray | None = None
+
+    def value(self, parts: np.ndarray):
+        return parts if self.vector else float(parts.sum())
 
 
 @dataclass
@@ -55,37 +64,64 @@ def _crossed(probe: Probe) -> bool:
     return probe.signature is not None and not kinks.same(probe.signature(), probe.sig0)
 
 
+def _difference(probe: Probe, put: Callable[[float], float], h: float):
+    """(L(+h) − L(−h)) / (h₊ + h₋) and whether a kink lies between; ``put(t)`` writes θ + t·direction
+    and returns the step actually stored. With a kink test, θ ± h/2 are sampled too (the
+    derivative stays the ±h difference: at these steps rounding, not truncation, limits it, and
+    a five-point formula would amplify the rounding)."""
+    if probe.kink_test is None:
+        hp = put(h)
+        lp = probe.loss()
+        crossed = _crossed(probe)
+        hm = -put(-h)
+        lm = probe.loss()
+        return (lp - lm) / (hp + hm), crossed or _crossed(probe)
+    if probe.center is None:  # the terms at θ itself, the fifth sample of every fit
+        probe.center = probe.parts()
+    ts, parts, crossed = [], [], False
+    for t in (-h, -h / 2, h / 2, h):
+        ts.append(put(t))
+        parts.append(probe.parts())
+        crossed = crossed or _crossed(probe)
+    numeric = (probe.value(parts[3]) - probe.value(parts[0])) / (ts[3] - ts[0])
+    stack = np.stack([parts[0], parts[1], probe.center, parts[2], parts[3]])
+    kinked = kinks.nondifferentiable(probe.kink_test, [ts[0], ts[1], 0.0, ts[2], ts[3]], stack, numeric, h,
+                                     probe.vector)
+    return numeric, crossed or kinked
+
+
 def element_derivative(probe: Probe, arr: np.ndarray, idx: tuple, h: float) -> tuple[float, bool]:
     """(numeric ∂L/∂arr[idx], whether the difference crossed a kink); arr[idx] is restored exactly.
     L may be an array (each entry differentiated), which must be a copy, not a view of ``arr``."""
     orig = arr[idx].copy()
-    arr[idx] = orig + h
-    hp = float(arr[idx]) - float(orig)
-    lp = probe.loss()
-    crossed = _crossed(probe)
-    arr[idx] = orig - h
-    hm = float(orig) - float(arr[idx])
-    lm = probe.loss()
-    crossed = crossed or _crossed(probe)
-    arr[idx] = orig
-    return (lp - lm) / (hp + hm), crossed
+
+    def put(t):
+        arr[idx] = orig + t
+        return float(arr[idx]) - float(orig)
+
+    try:
+        return _difference(probe, put, h)
+    finally:
+        arr[idx] = orig
 
 
 def direction_derivative(probe: Probe, arr: np.ndarray, grad: np.ndarray, u: np.ndarray, h: float):
     """(numeric, analytic, crossed) derivatives along the unit direction u; arr restored exactly."""
     saved = arr.copy()
     base = saved.astype(np.float64)
-    arr[...] = base + h * u
-    dp = arr.astype(np.float64) - base
-    lp = probe.loss()
-    crossed = _crossed(probe)
-    arr[...] = base - h * u
-    dm = base - arr.astype(np.float64)
-    lm = probe.loss()
-    crossed = crossed or _crossed(probe)
-    arr[...] = saved
-    step = float(np.dot(u.ravel(), (dp + dm).ravel()))
-    return (lp - lm) / step, float(np.dot(grad.ravel(), (dp + dm).ravel())) / step, crossed
+    steps = {}
+
+    def put(t):  # the step along u actually stored (float32 rounds each element)
+        arr[...] = base + t * u
+        steps[t] = arr.astype(np.float64) - base
+        return float(np.dot(u.ravel(), steps[t].ravel()))
+
+    try:
+        num, crossed = _difference(probe, put, h)
+    finally:
+        arr[...] = saved
+    span = (steps[h] - steps[-h]).ravel()
+    return num, float(np.dot(grad.ravel(), span)) / float(np.dot(u.ravel(), span)), crossed
 
 
 def compare(run: TensorRun, a: np.ndarray, n: np.ndarray, flat: np.ndarray, atol: float, rtol: float,

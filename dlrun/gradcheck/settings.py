@@ -8,6 +8,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..options import did_you_mean
+from . import kinks
 from .inputs import DIM_CONFIGS
 
 # dtype -> (eps, atol, rtol). float64: PyTorch's defaults; float32: a step large enough to rise
@@ -44,6 +45,8 @@ class Settings:
             first default configuration) instead of the two defaults.
         nondet_tol: how far two backward passes after one forward may differ (the reentrant
             check); 0 demands identical results, right for numpy (PyTorch's ``nondet_tol``).
+        detect_kinks: also sample θ ± h/2 and skip elements where a quadratic does not fit the
+            five values (a kink the layer declares no ``branch_signature`` for); twice the forwards.
     """
 
     dtype: Literal["float64", "float32"] = "float64"
@@ -61,6 +64,7 @@ class Settings:
     strict: bool = False
     dims: str | None = None
     nondet_tol: float = 0.0
+    detect_kinks: bool = False
 
     def resolved(self) -> "Settings":
         """A copy with the dtype's defaults filled in; raises UsageError for bad values."""
@@ -111,6 +115,10 @@ class Settings:
         if self.phase == "auto":
             return ("train", "eval") if has_phase else ("train",)
         return ("train", "eval") if self.phase == "both" else (self.phase,)
+
+    def kink_test(self):
+        """The test ``--detect-kinks`` asks for (resolved settings), or None."""
+        return kinks.KinkTest(self.atol, self.rtol, self.np_dtype) if self.detect_kinks else None
 
     @property
     def np_dtype(self) -> np.dtype:
