@@ -113,6 +113,7 @@ class Trainer:
         for cb in callbacks:
             cb.on_train_begin(self)
         in_order = [(xd[s:s + bs], yd[s:s + bs]) for s in range(0, n, bs)] if not self.shuffle else None
+        classify = self.classification
         from .faults import NonFiniteGuard
 
         self._guard = guard = NonFiniteGuard(self)
@@ -138,7 +139,8 @@ class Trainer:
                         xb, yb = xd[idx], yd[idx]
                     batch_loss, batch_correct = self.train_step(xb, yb, callbacks)
                     loss_sum += batch_loss
-                    correct += batch_correct
+                    if classify:  # regression scores 0: adding it would still be a launch on GPU
+                        correct += batch_correct
                     for cb in callbacks:
                         cb.on_batch_end(epoch, b + 1)
                 train_loss = float(loss_sum) / n
@@ -213,7 +215,8 @@ class Trainer:
         for s, e in self._batches(n, batch_size or self.batch_size or n):
             batch_loss, batch_correct = self._score(self.model.forward(xd[s:e]), yd[s:e])
             loss_sum += batch_loss
-            correct += batch_correct
+            if self.classification:
+                correct += batch_correct
         self.model.train()
         return {"loss": float(loss_sum) / n + self._penalty(),
                 "accuracy": float(correct) / n if self.classification else None}
