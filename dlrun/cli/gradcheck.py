@@ -9,7 +9,9 @@ from rich.table import Table
 
 from ..config import Source, apply_override
 from ..errors import UsageError
-from ..gradcheck import ERROR, PASS, Settings, check_all, check_config, check_layer
+from ..options import did_you_mean
+from .. import registry
+from ..gradcheck import ERROR, PASS, Settings, check_all, check_config, check_layer, check_loss
 from ..plugins import load_plugins
 from . import app, err, out
 from .catalog import PLUGIN_HELP
@@ -68,7 +70,7 @@ def print_report(report, indent: str = "") -> None:
 
 def summary_table(reports) -> Table:
     t = Table(title="gradcheck --all", title_justify="left")
-    for c, j in (("layer", "left"), ("tensors", "left"), ("checked", "right"), ("skipped", "right"),
+    for c, j in (("layer / loss", "left"), ("tensors", "left"), ("checked", "right"), ("skipped", "right"),
                  ("max rel err", "right"), ("seconds", "right"), ("result", "left"), ("problem", "left")):
         t.add_column(c, justify=j)
     for r in reports:
@@ -91,11 +93,12 @@ def parse_sets(name: str, items: list[str]) -> dict:
 
 @app.command("gradcheck")
 def gradcheck_cmd(
-    target: Optional[str] = typer.Argument(None, help="Layer name (e.g. LargeMarginFC) or a CONFIG.yaml."),
+    target: Optional[str] = typer.Argument(None, help="Layer name (e.g. LargeMarginFC), loss name (e.g. Hinge) "
+                                           "or a CONFIG.yaml."),
     set_: list[str] = typer.Option([], "--set", metavar="OPTION=VALUE",
                                    help="Layer option (or, for a config, KEY.PATH=VALUE override); repeatable."),
     plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP),
-    all_: bool = typer.Option(False, "--all", help="Check every registered layer (and plugin layers)."),
+    all_: bool = typer.Option(False, "--all", help="Check every registered layer and loss (plugins' too)."),
     dtype: str = typer.Option("float64", "--dtype", help="float64 (default) or float32 (warns; loose tolerances)."),
     eps: Optional[float] = typer.Option(None, "--eps", help="Finite-difference step (float64 1e-6, float32 1e-3)."),
     atol: Optional[float] = typer.Option(None, "--atol", help="Absolute tolerance (float64 1e-5, float32 1e-3)."),
@@ -134,12 +137,20 @@ def gradcheck_cmd(
         else:
             out.print(summary_table(reports))
             bad = [r.layer for r in reports if r.verdict != PASS]
-            out.print(f"RESULT {len(reports) - len(bad)}/{len(reports)} layers PASS" + (f"; not passing: {', '.join(bad)}" if bad else ""))
+            kinds = f"{len(registry.layers.names())} layers, {len(registry.losses.names())} losses"
+            out.print(f"RESULT {len(reports) - len(bad)}/{len(reports)} PASS ({kinds})"
+                      + (f"; not passing: {', '.join(bad)}" if bad else ""))
         raise typer.Exit(1 if any(r.verdict != PASS for r in reports) else 0)
     if target is None:
         raise UsageError("give a layer name (dlrun list layers), a CONFIG.yaml, or --all")
     if target.endswith((".yaml", ".yml")) or Path(target).is_file():
         report = check_config(target, set_, settings)
+    elif target in registry.losses and target not in registry.layers:
+        report = check_loss(target, parse_sets(target, set_), settings)
+    elif target not in registry.layers:
+        layers, losses = registry.layers.names(), registry.losses.names()
+        raise UsageError(f"unknown layer or loss {target!r}{did_you_mean(target, layers + losses)}; "
+                         f"layers: {', '.join(layers)}; losses: {', '.join(losses)}")
     else:
         report = check_layer(target, parse_sets(target, set_), settings)
     if json_:

@@ -57,7 +57,7 @@ def grad_problem(grad, ref, what: str) -> str | None:
     if shape is None:
         return f"{what}: gradient is a {type(grad).__name__}, not an array"
     if tuple(shape) != tuple(ref.shape):
-        return f"{what}: grad shape {tuple(shape)} != {'input' if what == 'x' else 'param'} shape {tuple(ref.shape)}"
+        return f"{what}: grad shape {tuple(shape)} != {'input' if what in ('x', 'z') else 'param'} shape {tuple(ref.shape)}"
     if grad.dtype != ref.dtype:
         return f"{what}: grad dtype {grad.dtype} != tensor dtype {ref.dtype}"
     return None

@@ -1,0 +1,117 @@
+"""`dlrun gradcheck LOSS`: a registered loss's backward against central differences of its value.
+
+A loss maps scores z (N, C) and targets y to the scalar L = loss.forward(z, y), the batch mean;
+``backward()`` must return ∂L/∂z. So the checked function is L itself, with no upstream gradient.
+Scores are N(0, 1). A classification loss gets int64 labels with every class present and a
+repeat; if it refuses C score columns for C classes (``check_outputs``, as BinaryCrossEntropy
+does for more than two) it is checked as a binary loss, one score column and labels 0/1. A
+regression loss gets N(0, 1) targets of z's shape. The shape configurations, points, modes,
+tolerances and ``--detect-kinks`` are those of the layer check (the Jacobian of a scalar is its
+gradient, so ``--mode jacobian`` checks every element); the auxiliary checks that apply to a
+loss are grad-structure, reentrant, inputs-unchanged and second-point.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .. import registry
+from ..backend import to_host
+from . import aux, inputs, kinks
+from .numeric import Probe, TensorRun, check_tensor
+from .report import LayerReport, TensorResult
+from .runner import F32_WARNING, choose_mode, merge
+from .settings import Settings
+
+
+class LossRaised(Exception):
+    """The loss's own code raised or returned something that is not a scalar."""
+
+
+def _call(what: str, fn, *args):
+    try:
+        return fn(*args)
+    except Exception as e:  # the loss's own code: name the call
+        raise LossRaised(f"{what} raised {type(e).__name__}: {e}") from e
+
+
+def _value(loss, z, y) -> float:
+    v = _call("forward", loss.forward, z, y)
+    if np.ndim(to_host(v)) != 0:
+        raise LossRaised(f"forward returned shape {np.shape(to_host(v))}, expected a scalar (the batch mean)")
+    return float(v)
+
+
+def targets(loss, n: int, classes: int, settings: Settings, rng) -> tuple[np.ndarray, np.ndarray]:
+    """Scores z and targets y for one point (see the module docstring)."""
+    if getattr(loss, "task", "classification") != "classification":
+        z = rng.standard_normal((n, classes)).astype(settings.np_dtype)
+        return z, rng.standard_normal((n, classes)).astype(settings.np_dtype)
+    columns = classes if loss.check_outputs(classes, classes) is None else 1
+    labels = inputs.labels(n, classes if columns > 1 else 2, rng)
+    return rng.standard_normal((n, columns)).astype(settings.np_dtype), labels
+
+
+def check_loss(name: str, options: dict | None = None, settings: Settings | None = None) -> LayerReport:
+    """Gradient-check the registered loss ``name``; return a report (never prints)."""
+    settings = (settings or Settings()).resolved()
+    loss = registry.losses.build({"type": name, **(options or {})}, name)
+    report = LayerReport(name, {k: v for k, v in settings.as_dict().items()
+                                if k in ("dtype", "eps", "atol", "rtol", "seed", "mode", "points")})
+    if settings.detect_kinks:
+        report.settings["detect_kinks"] = True
+    if settings.dtype == "float32":
+        report.warnings.append(F32_WARNING)
+    results: dict[str, TensorResult] = {}
+    log = aux.AuxLog()
+    rng = np.random.default_rng(settings.seed)
+    t0 = time.perf_counter()
+    try:
+        for dims in settings.dim_configs():
+            passed_first = False
+            for p in range(settings.points):
+                where = f"N={dims['N']} C={dims['C']}, point {p + 1}"
+                for _ in range(settings.resample + 1):  # redraw a point with many elements at a kink
+                    point_log = aux.AuxLog()
+                    run = _check_point(loss, dims, settings, rng, where, point_log)
+                    if not kinks.too_many_skipped(run.skipped, run.checked):
+                        break
+                log.merge(point_log)
+                if p == 0:
+                    passed_first = not run.failed
+                elif run.failed and passed_first:
+                    log.record("second-point", False, f"z passes at point 1 but fails at point {p + 1} "
+                               "(stale cache or accumulating buffer)", where)
+                else:
+                    log.record("second-point", True)
+                merge(results, run)
+    except LossRaised as e:
+        report.error = str(e)
+    report.tensors = list(results.values())
+    report.aux = log.listing()
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _check_point(loss, dims: dict, settings: Settings, rng, where: str, log: aux.AuxLog):
+    z, y = targets(loss, dims["N"], dims["C"], settings, rng)
+    z0, y0 = z.copy(), y.copy()
+    _value(loss, z, y)
+    dz = _call("backward", loss.backward)
+    first = None if dz is None else np.array(to_host(dz), copy=True)
+    problem = aux.grad_problem(dz, z, "z")
+    log.record("grad-structure", problem is None, problem or "", where)
+    again = _call("backward", loss.backward)
+    gap = aux.max_gap({"z": first}, {"z": None if again is None else np.array(to_host(again))})
+    log.record("reentrant", gap is None or gap[1] <= settings.nondet_tol,
+               "" if gap is None else f"z's gradient differs between two backward calls after one forward "
+                                      f"(max diff {gap[1]:.3g})", where)
+    moved = aux.changed({"z": z0, "y": y0}, {"z": z, "y": y})
+    log.record("inputs-unchanged", not moved, f"{', '.join(moved)} modified in place by forward/backward", where)
+    mode = choose_mode("exhaustive" if settings.mode == "jacobian" else settings.mode, z.size, settings)
+    if problem is not None:
+        return TensorRun("z", "input", tuple(z.shape), str(z.dtype), mode, failed=True, notes=[problem])
+    value = lambda: _value(loss, z, y)  # noqa: E731
+    probe = Probe(value, None, None, settings.kink_test(), lambda: np.array([value()]))
+    return check_tensor(probe, z, first, "z", "input", mode, settings, rng, where)

@@ -1,0 +1,124 @@
+"""`dlrun gradcheck LOSS`: a registered loss's backward against central differences of its value,
+with planted bugs in plugin losses (each must FAIL on the check that names it)."""
+from __future__ import annotations
+
+import json
+
+from conftest import ROOT, write
+
+BROKEN = '''
+from dlrun.losses import Loss
+from dlrun.registry import losses
+
+
+@losses.register()
+class HalfMSE(Loss):
+    """Mean squared error whose backward forgets the factor 2."""
+
+    task = "regression"
+
+    def forward(self, z, y):
+        self._d = z - y
+        return (self._d ** 2).mean()
+
+    def backward(self):
+        return self._d / self._d.size
+
+
+@losses.register()
+class RowGrad(HalfMSE):
+    """Backward returns one value per row instead of the gradient's (N, C)."""
+
+    def backward(self):
+        return (2 * self._d / self._d.size).sum(axis=1)
+
+
+@losses.register()
+class Accumulates(HalfMSE):
+    """Backward adds into a kept array."""
+
+    def forward(self, z, y):
+        self._g = None
+        return super().forward(z, y)
+
+    def backward(self):
+        g = 2 * self._d / self._d.size
+        self._g = g if self._g is None else self._g + g
+        return self._g
+
+
+@losses.register()
+class ShiftsInput(HalfMSE):
+    """Forward subtracts the targets from the scores in place."""
+
+    def forward(self, z, y):
+        z -= 0.0 * y + 1e-3
+        return super().forward(z, y)
+
+
+@losses.register()
+class PerSample(HalfMSE):
+    """Forward returns one loss per row, not the batch mean."""
+
+    def forward(self, z, y):
+        self._d = z - y
+        return (self._d ** 2).mean(axis=1)
+'''
+
+
+def _json(cli, *args):
+    r = cli("gradcheck", *args, "--json")
+    return r.code, (json.loads(r.out) if r.out.strip() else None), r.err
+
+
+def test_every_builtin_loss_passes_and_names_its_shapes(cli):
+    for name, shape in (("SoftmaxCrossEntropy", [7, 4]), ("Hinge", [7, 4]), ("MSE", [7, 4]),
+                        ("BinaryCrossEntropy", [7, 1])):  # binary: one score column, labels 0/1
+        code, j, err = _json(cli, name)
+        assert code == 0 and j["result"] == "PASS", (name, err)
+        z = j["tensors"][0]
+        assert z["name"] == "z" and z["shape"][0] == shape and z["checked"] > 0
+        assert {a["name"]: a["status"] for a in j["aux"]}["reentrant"] == "PASS"
+
+
+def test_planted_loss_bugs_fail_on_the_check_that_names_them(cli, tmp_path):
+    plugin = write(tmp_path / "broken.py", BROKEN)
+    code, j, _ = _json(cli, "HalfMSE", "--plugin", plugin)
+    z = j["tensors"][0]
+    assert code == 1 and z["status"] == "FAIL" and abs(2 * z["worst"]["analytic"] - z["worst"]["numeric"]) < 1e-6
+    code, j, _ = _json(cli, "RowGrad", "--plugin", plugin)
+    assert code == 1 and "grad shape (7,) != input shape (7, 4)" in json.dumps(j)
+    for name, check in (("Accumulates", "reentrant"), ("ShiftsInput", "inputs-unchanged")):
+        code, j, _ = _json(cli, name, "--plugin", plugin)
+        assert code == 1 and check in j["failed"], (name, j["failed"])
+    r = cli("gradcheck", "PerSample", "--plugin", plugin)
+    assert r.code == 2 and "forward returned shape (7,), expected a scalar" in r.out + r.err
+
+
+def test_hinge_kinks_need_detection_at_a_coarse_step(cli):
+    # the hinge's kinks (a score within the margin of the true score) lie within 0.2 of several
+    # N(0,1) scores: a two-sided difference across one is wrong; --detect-kinks skips those
+    args = ("Hinge", "--eps", "0.2", "--resample", "0")
+    code, j, _ = _json(cli, *args)
+    assert code == 1 and j["tensors"][0]["status"] == "FAIL"
+    code, j, _ = _json(cli, *args, "--detect-kinks")
+    assert code == 0 and j["tensors"][0]["skipped"] > 0
+
+
+def test_loss_names_options_and_all(cli):
+    r = cli("gradcheck", "SoftmaxCrossEntrpy")
+    assert r.code == 2 and "did you mean SoftmaxCrossEntropy" in r.err and "losses: " in r.err
+    r = cli("gradcheck", "Hinge", "--set", "margn=0.5")
+    assert r.code == 2 and "did you mean margin" in r.err
+    assert cli("gradcheck", "Hinge", "--set", "margin=0.5").code == 0
+    r = cli("gradcheck", "--all")
+    assert r.code == 0 and "layers, 6 losses)" in r.out and "SoftmaxCrossEntropy" in r.out
+
+
+def test_the_documented_custom_loss_passes_and_its_sign_bug_fails(cli, tmp_path):
+    text = (ROOT / "docs" / "custom-layers.md").read_text()
+    code = text.split("## Your own loss", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert cli("gradcheck", "SquaredHinge", "--plugin", write(tmp_path / "my_loss.py", code)).code == 0
+    flipped = code.replace("= -dz.sum(axis=1)", "= dz.sum(axis=1)")
+    assert flipped != code
+    assert cli("gradcheck", "SquaredHinge", "--plugin", write(tmp_path / "flipped.py", flipped)).code == 1
