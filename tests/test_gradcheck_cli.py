@@ -87,12 +87,13 @@ def test_all_checks_every_layer_and_plugins(cli, tmp_path):
     assert r.code == 1 and "HalfReQU" in r.out and "not passing: HalfReQU, Raises" in r.out
 
 
-def test_config_checks_whole_model_then_each_layer(cli):
+def test_config_checks_whole_model_then_each_layer_and_the_loss(cli):
     r = cli("gradcheck", "configs/iris_requ.yaml", "--json")
     j = json.loads(r.out)
     assert r.code == 0, r.out
     assert [t["name"] for t in j["tensors"]] == ["0.weight", "0.bias", "2.weight", "2.bias"]
-    assert [c["layer"] for c in j["children"]] == ["model[0] Linear", "model[1] ReQU", "model[2] Linear"]
+    assert [c["layer"] for c in j["children"]] == ["model[0] Linear", "model[1] ReQU", "model[2] Linear",
+                                                  "loss SoftmaxCrossEntropy"]
     assert all(c["result"] == "PASS" for c in j["children"])
 
 

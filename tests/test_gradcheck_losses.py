@@ -122,3 +122,17 @@ def test_the_documented_custom_loss_passes_and_its_sign_bug_fails(cli, tmp_path)
     flipped = code.replace("= -dz.sum(axis=1)", "= dz.sum(axis=1)")
     assert flipped != code
     assert cli("gradcheck", "SquaredHinge", "--plugin", write(tmp_path / "flipped.py", flipped)).code == 1
+
+
+def test_a_config_check_also_checks_its_loss_on_its_own(cli, tmp_path):
+    write(tmp_path / "broken.py", BROKEN)
+    config = write(tmp_path / "c.yaml", f"seed: 0\nplugins: [broken.py]\n"
+                   f"data: {{type: file, path: {ROOT / 'configs' / 'data' / 'regression.csv'}, task: regression}}\n"
+                   "model: [{type: Linear, units: 4}, Tanh, {type: Linear, units: 1}]\n"
+                   "loss: HalfMSE\noptimizer: SGD\ntrain: {epochs: 1}\n")
+    code, j, err = _json(cli, config)
+    assert code == 1, err
+    children = {c["layer"]: c["result"] for c in j["children"]}
+    assert children["loss HalfMSE"] == "FAIL" and children["model[0] Linear"] == "PASS"
+    assert "loss HalfMSE: z, grad-structure" in j["failed"]
+    assert "the loss's backward returned shape (8, 8), expected the model output's (8, 1)" in j["error"]  # its targets (N,) broadcast z - y to (N, N)

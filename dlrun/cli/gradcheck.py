@@ -52,8 +52,8 @@ def print_report(report, indent: str = "") -> None:
     if report.tensors:
         out.print(tensor_table(report))
     for r in report.tensors:
-        for n in r.notes:
-            out.print(f"  {r.name}: {n}", markup=False, soft_wrap=True)
+        for n in r.notes:  # a grad-structure problem already starts with the tensor's name
+            out.print(f"  {n}" if n.startswith(f"{r.name}: ") else f"  {r.name}: {n}", markup=False, soft_wrap=True)
     for a in report.aux:
         if a.status == "n/a":
             continue

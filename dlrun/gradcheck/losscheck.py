@@ -5,7 +5,8 @@ A loss maps scores z (N, C) and targets y to the scalar L = loss.forward(z, y), 
 Scores are N(0, 1). A classification loss gets int64 labels with every class present and a
 repeat; if it refuses C score columns for C classes (``check_outputs``, as BinaryCrossEntropy
 does for more than two) it is checked as a binary loss, one score column and labels 0/1. A
-regression loss gets N(0, 1) targets of z's shape. The shape configurations, points, modes,
+regression loss gets N(0, 1) targets of z's shape, and is also checked with one output
+column and targets of shape (N,), as the trainer passes single-output data. The shape configurations, points, modes,
 tolerances and ``--detect-kinks`` are those of the layer check (the Jacobian of a scalar is its
 gradient, so ``--mode jacobian`` checks every element); the auxiliary checks that apply to a
 loss are grad-structure, reentrant, inputs-unchanged and second-point.
@@ -47,7 +48,8 @@ def targets(loss, n: int, classes: int, settings: Settings, rng) -> tuple[np.nda
     """Scores z and targets y for one point (see the module docstring)."""
     if getattr(loss, "task", "classification") != "classification":
         z = rng.standard_normal((n, classes)).astype(settings.np_dtype)
-        return z, rng.standard_normal((n, classes)).astype(settings.np_dtype)
+        shape = (n,) if classes == 1 else (n, classes)  # one output: targets (N,), as the trainer passes them
+        return z, rng.standard_normal(shape).astype(settings.np_dtype)
     columns = classes if loss.check_outputs(classes, classes) is None else 1
     labels = inputs.labels(n, classes if columns > 1 else 2, rng)
     return rng.standard_normal((n, columns)).astype(settings.np_dtype), labels
@@ -68,7 +70,10 @@ def check_loss(name: str, options: dict | None = None, settings: Settings | None
     rng = np.random.default_rng(settings.seed)
     t0 = time.perf_counter()
     try:
-        for dims in settings.dim_configs():
+        configs = settings.dim_configs()
+        if getattr(loss, "task", "") == "regression" and settings.dims is None:
+            configs.append({**configs[0], "C": 1})  # a single output, the shape of most regression data
+        for dims in configs:
             passed_first = False
             for p in range(settings.points):
                 where = f"N={dims['N']} C={dims['C']}, point {p + 1}"

@@ -4,7 +4,7 @@ The Oxford practical's whole-model check (seed 002): on a small batch of the con
 in float64, the loss is differentiated numerically with respect to every trainable parameter
 and compared with backpropagation through the model. The run-wide regularizer is left out
 (a penalty can hide a data-loss bug; cs231n). Then every layer is checked on the per-sample
-shape it sees in that model, with the config's options.
+shape it sees in that model, with the config's options, and the loss on its own.
 """
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ import time
 
 import numpy as np
 
+from .. import registry
 from ..backend import CPU, to_host
 from ..config import load_config
 from ..model import Sequential
 from . import kinks
 from .harness import restore_state, snapshot_state
+from .losscheck import check_loss
 from .numeric import Probe, check_tensor
 from .report import LayerReport, TensorResult
 from .runner import F32_WARNING, check_layer, choose_mode, merge
@@ -78,9 +80,8 @@ def check_config(path, overrides=(), settings: Settings | None = None, batch: in
         if results is None or not kinks.too_many_skipped(sum(t.skipped for t in results.values()),
                                                           sum(t.checked for t in results.values())):
             break
-    if results is None:
-        return report
-    report.tensors = list(results.values())
+    if results is not None:  # the model raised: the checks below still say which piece is broken
+        report.tensors = list(results.values())
     shapes = [model.input_shape, *model.shapes[:-1]]
     for i, (layer, shape) in enumerate(zip(model.layers, shapes)):
         spec = dict(getattr(layer, "spec", {}) or {})
@@ -88,6 +89,10 @@ def check_config(path, overrides=(), settings: Settings | None = None, batch: in
         child = check_layer(name, spec, settings, input_shape=shape, batch=len(idx))
         child.layer = f"model[{i}] {name}"
         report.children.append(child)
+    name, options = registry.losses.parse_spec(cfg.loss)
+    child = check_loss(name, options, settings)  # on its own, so a loss bug is named as one
+    child.layer = f"loss {name}"
+    report.children.append(child)
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -101,7 +106,13 @@ def _check_model(report, model, loss, ds, idx, settings, rng) -> dict | None:
     try:
         mp.value()
         sig0 = mp.signature()
-        model.backward(loss.backward())
+        dz = loss.backward()
+        expected = (len(x), *model.shapes[-1])
+        if tuple(getattr(dz, "shape", ())) != expected:  # caught here, not as a matmul error deep inside
+            report.error = (f"the loss's backward returned shape {tuple(getattr(dz, 'shape', ()))}, expected the model "
+                            f"output's {expected} (see the loss's own check)")
+            return None
+        model.backward(dz)
     except Exception as e:
         report.error = f"model forward/backward raised {type(e).__name__}: {e}"
         return None

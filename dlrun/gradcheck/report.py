@@ -77,10 +77,10 @@ class LayerReport:
     def verdict(self) -> str:
         if any(t.status == FAIL for t in self.tensors) or any(a.status == FAIL for a in self.aux):
             return FAIL
-        if self.error:
+        if any(c.verdict == FAIL for c in self.children):  # a failure found outranks a part that could not run
+            return FAIL
+        if self.error or any(c.verdict != PASS for c in self.children):
             return ERROR
-        if any(c.verdict != PASS for c in self.children):
-            return FAIL if any(c.verdict == FAIL for c in self.children) else ERROR
         return PASS
 
     def to_dict(self) -> dict:
