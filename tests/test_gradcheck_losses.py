@@ -1,5 +1,6 @@
-"""`dlrun gradcheck LOSS`: a registered loss's backward against central differences of its value,
-with planted bugs in plugin losses (each must FAIL on the check that names it)."""
+"""`dlrun gradcheck LOSS` / `REGULARIZER`: a registered loss's backward against central differences
+of its value, a regularizer's add_gradient against its penalty's, with planted bugs in plugins
+(each must FAIL on the check that names it)."""
 from __future__ import annotations
 
 import json
@@ -112,7 +113,7 @@ def test_loss_names_options_and_all(cli):
     assert r.code == 2 and "did you mean margin" in r.err
     assert cli("gradcheck", "Hinge", "--set", "margin=0.5").code == 0
     r = cli("gradcheck", "--all")
-    assert r.code == 0 and "layers, 6 losses)" in r.out and "SoftmaxCrossEntropy" in r.out
+    assert r.code == 0 and "layers, 6 losses, 2 regularizers)" in r.out and "SoftmaxCrossEntropy" in r.out
 
 
 def test_the_documented_custom_loss_passes_and_its_sign_bug_fails(cli, tmp_path):
@@ -136,3 +137,61 @@ def test_a_config_check_also_checks_its_loss_on_its_own(cli, tmp_path):
     assert children["loss HalfMSE"] == "FAIL" and children["model[0] Linear"] == "PASS"
     assert "loss HalfMSE: z, grad-structure" in j["failed"]
     assert "the loss's backward returned shape (8, 8), expected the model output's (8, 1)" in j["error"]  # its targets (N,) broadcast z - y to (N, N)
+
+
+REGULARIZERS = '''
+from dlrun.registry import regularizers
+from dlrun.regularizers import Regularizer
+
+
+@regularizers.register()
+class HalfL2(Regularizer):
+    """strength · Σ w², whose gradient forgets the factor 2."""
+
+    def __init__(self, strength: float = 1e-4):
+        self.strength = strength
+
+    def penalty(self, w):
+        return self.strength * float((w * w).sum())
+
+    def add_gradient(self, w, grad):
+        grad += self.strength * w
+
+
+@regularizers.register()
+class Overwrites(HalfL2):
+    """The right increment, assigned instead of added."""
+
+    def add_gradient(self, w, grad):
+        grad[...] = 2 * self.strength * w
+
+
+@regularizers.register()
+class ClipsWeights(HalfL2):
+    """A correct gradient, but the penalty clips w in place."""
+
+    def penalty(self, w):
+        w[w > 1] = 1
+        return self.strength * float((w * w).sum())
+
+    def add_gradient(self, w, grad):
+        grad += 2 * self.strength * w
+'''
+
+
+def test_regularizers_are_checked_at_strength_1_unless_set(cli, tmp_path):
+    for name in ("L1", "L2"):
+        code, j, err = _json(cli, name)
+        assert code == 0 and j["settings"]["strength"] == 1.0, err
+        assert {a["name"]: a["status"] for a in j["aux"]}["adds-gradient"] == "PASS"
+    code, j, _ = _json(cli, "L2", "--set", "strength=0.25")
+    assert code == 0 and j["settings"]["strength"] == 0.25
+    plugin = write(tmp_path / "regs.py", REGULARIZERS)
+    code, j, _ = _json(cli, "HalfL2", "--plugin", plugin)
+    w = j["tensors"][0]
+    assert code == 1 and w["name"] == "w" and abs(2 * w["worst"]["analytic"] - w["worst"]["numeric"]) < 1e-6
+    for name, check in (("Overwrites", "adds-gradient"), ("ClipsWeights", "inputs-unchanged")):
+        code, j, _ = _json(cli, name, "--plugin", plugin)
+        assert code == 1 and check in j["failed"], (name, j["failed"])
+    r = cli("gradcheck", "L11")
+    assert r.code == 2 and "did you mean L1" in r.err and "regularizers: L1, L2" in r.err

@@ -11,7 +11,7 @@ from ..config import Source, apply_override
 from ..errors import UsageError
 from ..options import did_you_mean
 from .. import registry
-from ..gradcheck import ERROR, PASS, Settings, check_all, check_config, check_layer, check_loss
+from ..gradcheck import ERROR, PASS, Settings, check_all, check_config, check_layer, check_loss, check_regularizer
 from ..plugins import load_plugins
 from . import app, err, out
 from .catalog import PLUGIN_HELP
@@ -93,12 +93,12 @@ def parse_sets(name: str, items: list[str]) -> dict:
 
 @app.command("gradcheck")
 def gradcheck_cmd(
-    target: Optional[str] = typer.Argument(None, help="Layer name (e.g. LargeMarginFC), loss name (e.g. Hinge) "
-                                           "or a CONFIG.yaml."),
+    target: Optional[str] = typer.Argument(None, help="Layer (e.g. LargeMarginFC), loss (e.g. Hinge) or "
+                                           "regularizer (e.g. L1) name, or a CONFIG.yaml."),
     set_: list[str] = typer.Option([], "--set", metavar="OPTION=VALUE",
                                    help="Layer option (or, for a config, KEY.PATH=VALUE override); repeatable."),
     plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP),
-    all_: bool = typer.Option(False, "--all", help="Check every registered layer and loss (plugins' too)."),
+    all_: bool = typer.Option(False, "--all", help="Check every registered layer, loss and regularizer (plugins' too)."),
     dtype: str = typer.Option("float64", "--dtype", help="float64 (default) or float32 (warns; loose tolerances)."),
     eps: Optional[float] = typer.Option(None, "--eps", help="Finite-difference step (float64 1e-6, float32 1e-3)."),
     atol: Optional[float] = typer.Option(None, "--atol", help="Absolute tolerance (float64 1e-5, float32 1e-3)."),
@@ -137,7 +137,8 @@ def gradcheck_cmd(
         else:
             out.print(summary_table(reports))
             bad = [r.layer for r in reports if r.verdict != PASS]
-            kinds = f"{len(registry.layers.names())} layers, {len(registry.losses.names())} losses"
+            kinds = ", ".join(f"{len(r.names())} {r.plural}" for r in (registry.layers, registry.losses,
+                                                                           registry.regularizers))
             out.print(f"RESULT {len(reports) - len(bad)}/{len(reports)} PASS ({kinds})"
                       + (f"; not passing: {', '.join(bad)}" if bad else ""))
         raise typer.Exit(1 if any(r.verdict != PASS for r in reports) else 0)
@@ -147,10 +148,13 @@ def gradcheck_cmd(
         report = check_config(target, set_, settings)
     elif target in registry.losses and target not in registry.layers:
         report = check_loss(target, parse_sets(target, set_), settings)
+    elif target in registry.regularizers and target not in registry.layers:
+        report = check_regularizer(target, parse_sets(target, set_), settings)
     elif target not in registry.layers:
-        layers, losses = registry.layers.names(), registry.losses.names()
-        raise UsageError(f"unknown layer or loss {target!r}{did_you_mean(target, layers + losses)}; "
-                         f"layers: {', '.join(layers)}; losses: {', '.join(losses)}")
+        kinds = {r.plural: r.names() for r in (registry.layers, registry.losses, registry.regularizers)}
+        names = [n for group in kinds.values() for n in group]
+        raise UsageError(f"unknown layer, loss or regularizer {target!r}{did_you_mean(target, names)}; "
+                         + "; ".join(f"{k}: {', '.join(v)}" for k, v in kinds.items()))
     else:
         report = check_layer(target, parse_sets(target, set_), settings)
     if json_:

@@ -10,7 +10,8 @@
   ``state`` so they are frozen, checkpointed and restored);
 * second-point: a tensor that passes at point 1 also passes at point 2 on the same instance
   (stale caches, accumulating buffers);
-* wiring: perturbing each trainable parameter changes the output.
+* wiring: perturbing each trainable parameter changes the output;
+* adds-gradient (regularizers): ``add_gradient`` adds its increment to the gradient it is given.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import numpy as np
 from .report import FAIL, NA, PASS, AuxResult
 
 NAMES = ("output-shape", "grad-structure", "zero-upstream", "reentrant", "inputs-unchanged", "state",
-         "second-point", "wiring")
+         "second-point", "wiring", "adds-gradient")
 
 
 class AuxLog:

@@ -30,7 +30,7 @@ class LossRaised(Exception):
     """The loss's own code raised or returned something that is not a scalar."""
 
 
-def _call(what: str, fn, *args):
+def user_call(what: str, fn, *args):
     try:
         return fn(*args)
     except Exception as e:  # the loss's own code: name the call
@@ -38,7 +38,7 @@ def _call(what: str, fn, *args):
 
 
 def _value(loss, z, y) -> float:
-    v = _call("forward", loss.forward, z, y)
+    v = user_call("forward", loss.forward, z, y)
     if np.ndim(to_host(v)) != 0:
         raise LossRaised(f"forward returned shape {np.shape(to_host(v))}, expected a scalar (the batch mean)")
     return float(v)
@@ -59,34 +59,46 @@ def check_loss(name: str, options: dict | None = None, settings: Settings | None
     """Gradient-check the registered loss ``name``; return a report (never prints)."""
     settings = (settings or Settings()).resolved()
     loss = registry.losses.build({"type": name, **(options or {})}, name)
+    rng = np.random.default_rng(settings.seed)
+    configs = settings.dim_configs()
+    if getattr(loss, "task", "") == "regression" and settings.dims is None:
+        configs.append({**configs[0], "C": 1})  # a single output, the shape of most regression data
+    return scalar_report(name, settings, configs, lambda d: f"N={d['N']} C={d['C']}",
+                         lambda dims, where, log: _check_point(loss, dims, settings, rng, where, log))
+
+
+def scalar_report(name: str, settings: Settings, configs: list, where_of, check_point, extra=None) -> LayerReport:
+    """The report of checking a scalar function (a loss, a penalty) at every configuration × point.
+
+    ``check_point(dims, where, log)`` checks one random point and returns its TensorRun; a point
+    with more than 1% of its elements at a kink is redrawn (``--resample``); second-point is
+    recorded per configuration. A LossRaised becomes the report's error.
+    """
     report = LayerReport(name, {k: v for k, v in settings.as_dict().items()
                                 if k in ("dtype", "eps", "atol", "rtol", "seed", "mode", "points")})
+    report.settings.update(extra or {})
     if settings.detect_kinks:
         report.settings["detect_kinks"] = True
     if settings.dtype == "float32":
         report.warnings.append(F32_WARNING)
     results: dict[str, TensorResult] = {}
     log = aux.AuxLog()
-    rng = np.random.default_rng(settings.seed)
     t0 = time.perf_counter()
     try:
-        configs = settings.dim_configs()
-        if getattr(loss, "task", "") == "regression" and settings.dims is None:
-            configs.append({**configs[0], "C": 1})  # a single output, the shape of most regression data
         for dims in configs:
             passed_first = False
             for p in range(settings.points):
-                where = f"N={dims['N']} C={dims['C']}, point {p + 1}"
-                for _ in range(settings.resample + 1):  # redraw a point with many elements at a kink
+                where = f"{where_of(dims)}, point {p + 1}"
+                for _ in range(settings.resample + 1):
                     point_log = aux.AuxLog()
-                    run = _check_point(loss, dims, settings, rng, where, point_log)
+                    run = check_point(dims, where, point_log)
                     if not kinks.too_many_skipped(run.skipped, run.checked):
                         break
                 log.merge(point_log)
                 if p == 0:
                     passed_first = not run.failed
                 elif run.failed and passed_first:
-                    log.record("second-point", False, f"z passes at point 1 but fails at point {p + 1} "
+                    log.record("second-point", False, f"{run.name} passes at point 1 but fails at point {p + 1} "
                                "(stale cache or accumulating buffer)", where)
                 else:
                     log.record("second-point", True)
@@ -103,11 +115,11 @@ def _check_point(loss, dims: dict, settings: Settings, rng, where: str, log: aux
     z, y = targets(loss, dims["N"], dims["C"], settings, rng)
     z0, y0 = z.copy(), y.copy()
     _value(loss, z, y)
-    dz = _call("backward", loss.backward)
+    dz = user_call("backward", loss.backward)
     first = None if dz is None else np.array(to_host(dz), copy=True)
     problem = aux.grad_problem(dz, z, "z")
     log.record("grad-structure", problem is None, problem or "", where)
-    again = _call("backward", loss.backward)
+    again = user_call("backward", loss.backward)
     gap = aux.max_gap({"z": first}, {"z": None if again is None else np.array(to_host(again))})
     log.record("reentrant", gap is None or gap[1] <= settings.nondet_tol,
                "" if gap is None else f"z's gradient differs between two backward calls after one forward "
