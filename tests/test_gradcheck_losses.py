@@ -195,3 +195,14 @@ def test_regularizers_are_checked_at_strength_1_unless_set(cli, tmp_path):
         assert code == 1 and check in j["failed"], (name, j["failed"])
     r = cli("gradcheck", "L11")
     assert r.code == 2 and "did you mean L1" in r.err and "regularizers: L1, L2" in r.err
+
+
+def test_check_all_reports_progress_before_each_check():
+    from dlrun import registry
+    from dlrun.gradcheck import check_all
+
+    seen = []
+    reports = check_all(names=["ReLU", "Linear"], on_start=lambda name, i, n: seen.append((name, i, n)))
+    expected = ["ReLU", "Linear", *registry.losses.names(), *registry.regularizers.names()]
+    assert seen == [(name, i + 1, len(expected)) for i, name in enumerate(expected)]
+    assert [r.layer for r in reports] == expected

@@ -1,6 +1,7 @@
 """`dlrun gradcheck`: check a layer's (or a whole config's) backward against finite differences."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Optional
 
@@ -9,8 +10,8 @@ from rich.table import Table
 
 from ..config import Source, apply_override
 from ..errors import UsageError
-from ..options import did_you_mean
 from .. import registry
+from ..options import did_you_mean
 from ..gradcheck import ERROR, PASS, Settings, check_all, check_config, check_layer, check_loss, check_regularizer
 from ..plugins import load_plugins
 from . import app, err, out
@@ -70,7 +71,7 @@ def print_report(report, indent: str = "") -> None:
 
 def summary_table(reports) -> Table:
     t = Table(title="gradcheck --all", title_justify="left")
-    for c, j in (("layer / loss", "left"), ("tensors", "left"), ("checked", "right"), ("skipped", "right"),
+    for c, j in (("name", "left"), ("tensors", "left"), ("checked", "right"), ("skipped", "right"),
                  ("max rel err", "right"), ("seconds", "right"), ("result", "left"), ("problem", "left")):
         t.add_column(c, justify=j)
     for r in reports:
@@ -128,8 +129,10 @@ def gradcheck_cmd(
                         dims=dims, nondet_tol=nondet_tol, detect_kinks=detect_kinks).resolved()
     if all_:
         if target is not None:
-            raise UsageError(f"give either a layer name / config or --all, not both (got {target!r} and --all)")
-        reports = check_all(settings)
+            raise UsageError(f"give either a name / config or --all, not both (got {target!r} and --all)")
+        with (err.status("gradcheck --all") if err.is_terminal else nullcontext()) as status:
+            show = None if status is None else (lambda name, i, n: status.update(f"gradcheck --all: {i}/{n} {name}"))
+            reports = check_all(settings, on_start=show)
         if json_:
             import json
 
@@ -143,7 +146,7 @@ def gradcheck_cmd(
                       + (f"; not passing: {', '.join(bad)}" if bad else ""))
         raise typer.Exit(1 if any(r.verdict != PASS for r in reports) else 0)
     if target is None:
-        raise UsageError("give a layer name (dlrun list layers), a CONFIG.yaml, or --all")
+        raise UsageError("give a layer, loss or regularizer name (dlrun list), a CONFIG.yaml, or --all")
     if target.endswith((".yaml", ".yml")) or Path(target).is_file():
         report = check_config(target, set_, settings)
     elif target in registry.losses and target not in registry.layers:

@@ -22,7 +22,7 @@ from ..backend import to_host
 from . import aux, inputs, kinks
 from .numeric import Probe, TensorRun, check_tensor
 from .report import LayerReport, TensorResult
-from .runner import F32_WARNING, choose_mode, merge
+from .runner import choose_mode, merge, new_report
 from .settings import Settings
 
 
@@ -74,13 +74,8 @@ def scalar_report(name: str, settings: Settings, configs: list, where_of, check_
     with more than 1% of its elements at a kink is redrawn (``--resample``); second-point is
     recorded per configuration. A LossRaised becomes the report's error.
     """
-    report = LayerReport(name, {k: v for k, v in settings.as_dict().items()
-                                if k in ("dtype", "eps", "atol", "rtol", "seed", "mode", "points")})
+    report = new_report(name, settings)
     report.settings.update(extra or {})
-    if settings.detect_kinks:
-        report.settings["detect_kinks"] = True
-    if settings.dtype == "float32":
-        report.warnings.append(F32_WARNING)
     results: dict[str, TensorResult] = {}
     log = aux.AuxLog()
     t0 = time.perf_counter()

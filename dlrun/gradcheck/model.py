@@ -21,7 +21,7 @@ from .harness import restore_state, snapshot_state
 from .losscheck import check_loss
 from .numeric import Probe, check_tensor
 from .report import LayerReport, TensorResult
-from .runner import F32_WARNING, check_layer, choose_mode, merge
+from .runner import check_layer, choose_mode, merge, new_report
 from .settings import Settings
 
 
@@ -62,11 +62,7 @@ def check_config(path, overrides=(), settings: Settings | None = None, batch: in
     """Check the model and loss of a config, then each of its layers; return the report."""
     settings = (settings or Settings()).resolved()
     cfg = load_config(path, overrides)
-    report = LayerReport(str(path), {k: getattr(settings, k) for k in ("dtype", "eps", "atol", "rtol", "seed", "mode")})
-    if settings.detect_kinks:
-        report.settings["detect_kinks"] = True
-    if settings.dtype == "float32":
-        report.warnings.append(F32_WARNING)
+    report = new_report(str(path), settings, ("dtype", "eps", "atol", "rtol", "seed", "mode"))
     if cfg.regularizer is not None:
         report.warnings.append("the run-wide regularizer is left out: this checks the data loss alone")
     t0 = time.perf_counter()
@@ -107,10 +103,10 @@ def _check_model(report, model, loss, ds, idx, settings, rng) -> dict | None:
         mp.value()
         sig0 = mp.signature()
         dz = loss.backward()
-        expected = (len(x), *model.shapes[-1])
-        if tuple(getattr(dz, "shape", ())) != expected:  # caught here, not as a matmul error deep inside
-            report.error = (f"the loss's backward returned shape {tuple(getattr(dz, 'shape', ()))}, expected the model "
-                            f"output's {expected} (see the loss's own check)")
+        got, expected = tuple(getattr(dz, "shape", ())), (len(x), *model.shapes[-1])
+        if got != expected:  # caught here, not as a matmul error deep inside the model
+            report.error = f"the loss's backward returned shape {got}, expected the model output's {expected} " \
+                           f"(see the loss's own check)"
             return None
         model.backward(dz)
     except Exception as e:

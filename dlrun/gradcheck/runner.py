@@ -22,6 +22,17 @@ def _host(a):
     return None if a is None else np.array(to_host(a), copy=True)
 
 
+def new_report(name: str, settings: Settings, keys=("dtype", "eps", "atol", "rtol", "seed", "mode", "points")):
+    """A report headed by the settings that shaped it (and --detect-kinks when on), with the
+    float32 warning when it applies."""
+    report = LayerReport(name, {k: getattr(settings, k) for k in keys})
+    if settings.detect_kinks:
+        report.settings["detect_kinks"] = True
+    if settings.dtype == "float32":
+        report.warnings.append(F32_WARNING)
+    return report
+
+
 def choose_mode(mode: str, total: int, settings: Settings) -> str:
     if mode != "auto":
         return mode
@@ -172,16 +183,11 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
     settings = (settings or Settings()).resolved()
     cls = registry.layers.get(name)
     spec = cls.input_spec
-    report = LayerReport(name, {k: v for k, v in settings.as_dict().items()
-                                if k in ("dtype", "eps", "atol", "rtol", "seed", "mode", "points")})
+    report = new_report(name, settings)
     phases = settings.phases(cls.has_phase)
     report.settings["phase"] = "+".join(phases)
-    if settings.detect_kinks:
-        report.settings["detect_kinks"] = True
     if settings.dims is not None and input_shape is None:
         report.settings["dims"] = ",".join(f"{k}={v}" for k, v in settings.dim_configs()[0].items())
-    if settings.dtype == "float32":
-        report.warnings.append(F32_WARNING)
     configs = settings.dim_configs() if input_shape is None else [None]
     results: dict[str, TensorResult] = {}
     log = aux.AuxLog()
