@@ -38,20 +38,25 @@ def _inputs(spec, rng):
     return rng.standard_normal(shape)
 
 
-def _build(name, backend):
+def _build(name, backend, extra=None):
     cls = registry.layers.get(name)
     spec = cls.input_spec
     opts = {k: _dim(v) for k, v in spec.options.items()}
-    layer = registry.layers.build({"type": name, **opts})
+    layer = registry.layers.build({"type": name, **opts, **(extra or {})})
     x_shape = tuple(_dim(d) for d in spec.shape)
     return Sequential([layer], x_shape, backend, np.float64, seed=7), spec
 
 
-@pytest.mark.parametrize("name", registry.layers.names())
+# options that switch a layer to another code path, checked on GPU as well as the defaults
+VARIANTS = [(n, None) for n in registry.layers.names()] + [("GELU", {"approximate": "tanh"})]
+
+
+@pytest.mark.parametrize("name,extra", VARIANTS, ids=[n + ("-" + "-".join(map(str, e.values())) if e else "")
+                                                       for n, e in VARIANTS])
 @pytest.mark.parametrize("training", [True, False])
-def test_layer_forward_backward_match_cpu(name, training):
-    cpu, spec = _build(name, get_backend("cpu"))
-    gpu, _ = _build(name, get_backend("gpu"))
+def test_layer_forward_backward_match_cpu(name, extra, training):
+    cpu, spec = _build(name, get_backend("cpu"), extra)
+    gpu, _ = _build(name, get_backend("gpu"), extra)
     if training and cpu.layers[0].stochastic:
         pytest.skip("random draws differ between numpy and CuPy generators; compared in eval mode")
     for (n, pc), (_, pg) in zip(cpu.named_parameters(), gpu.named_parameters()):

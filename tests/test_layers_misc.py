@@ -29,14 +29,54 @@ def test_elu_closed_form_and_gradients():
     assert np.isfinite(big.forward(np.array([[1e4, -1e4]], np.float32))).all()
 
 
-def test_gelu_is_the_tanh_approximation_and_close_to_exact():
-    layer, _ = built("GELU", (7,))
+# GELU at points in every region of the erf/erfc approximations (|x|/√2 below 0.84375, up to
+# 1.25, up to 1/0.35, beyond) and far into the tails
+X_GELU = np.array([[-40.0, -12.0, -6.5, -3.9, -2.2, -1.5, -0.9, -1e-9, 0.0],
+                   [3e-8, 0.4, 1.2, 1.7, 2.5, 3.5, 5.0, 9.0, 41.0]])
+
+
+def _gelu_oracle(x):  # test-only: Python's math.erfc, element by element
+    return x * np.vectorize(lambda v: 0.5 * math.erfc(-v / math.sqrt(2)))(x)
+
+
+def test_gelu_default_is_exact():
+    layer, _ = built("GELU", (9,))
+    y = layer.forward(X_GELU)
+    # rtol: x/√2 itself is rounded, and in the tail erfc's relative error is ~u² times that
+    np.testing.assert_allclose(y, _gelu_oracle(X_GELU), rtol=1e-13, atol=1e-300)
+    np.testing.assert_allclose(layer.forward(X), _gelu_oracle(X), rtol=1e-14, atol=1e-16)
+    assert check_gradients(layer, X) > 0
+    assert check_gradients(layer, X_GELU[:, 1:-1]) > 0  # every region, tails excluded by h
+    f32, _ = built("GELU", (9,), np.float32)
+    y32 = f32.forward(X_GELU.astype(np.float32))
+    assert y32.dtype == np.float32
+    np.testing.assert_allclose(y32, _gelu_oracle(X_GELU), rtol=1e-5, atol=1e-30)  # (same, u²·eps32)
+
+
+def test_gelu_tanh_approximation_and_close_to_exact():
+    layer, _ = built({"type": "GELU", "approximate": "tanh"}, (7,))
     y = layer.forward(X)
     c = math.sqrt(2 / math.pi)
     np.testing.assert_allclose(y, 0.5 * X * (1 + np.tanh(c * (X + 0.044715 * X ** 3))), rtol=1e-14)
-    exact = X * 0.5 * (1 + np.vectorize(math.erf)(X / math.sqrt(2)))  # test-only oracle
-    assert np.abs(y - exact).max() < 5e-4
+    assert 1e-5 < np.abs(y - _gelu_oracle(X)).max() < 5e-4  # an approximation, and a close one
     check_gradients(layer, X)
+
+
+def test_gelu_rejects_unknown_approximation():
+    with pytest.raises(ConfigError, match=r"approximate.*one of 'none', 'tanh'.*got 'exact'"):
+        layers.build({"type": "GELU", "approximate": "exact"})
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_matches_torch_when_available(approximate):
+    torch = pytest.importorskip("torch")
+    layer, _ = built({"type": "GELU", "approximate": approximate}, (7,))
+    t = torch.tensor(X, requires_grad=True)
+    ref = torch.nn.functional.gelu(t, approximate=approximate)
+    dy = np.random.default_rng(3).standard_normal(X.shape)
+    ref.backward(torch.tensor(dy))
+    np.testing.assert_allclose(layer.forward(X), ref.detach().numpy(), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(layer.backward(dy), t.grad.numpy(), rtol=1e-12, atol=1e-14)
 
 
 def test_softplus_stable_and_gradients():

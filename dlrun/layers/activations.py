@@ -160,33 +160,6 @@ class ELU(Layer):
         return self._mask
 
 
-_GELU_C = 0.7978845608028654  # sqrt(2/pi)
-
-
-@layers.register()
-class GELU(Layer):
-    """y = ½·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))): GELU, tanh approximation of x·Φ(x).
-
-    Hendrycks & Gimpel 2016; PyTorch's approximate="tanh", as used by BERT and GPT-2.
-
-    The approximation is within 5e-4 of the exact x·Φ(x) everywhere and its backward is the
-    exact derivative of the formula above:
-    ∂y/∂x = ½(1 + t) + ½·x·(1 − t²)·sqrt(2/π)·(1 + 3·0.044715·x²), t = tanh(u).
-    """
-
-    input_spec = _ANY
-
-    def forward(self, x, y=None):
-        t = self.xp.tanh(_GELU_C * (x + 0.044715 * (x * x * x)))
-        self._x, self._t = x, t
-        return 0.5 * x * (1 + t)
-
-    def backward(self, dy):
-        x, t = self._x, self._t
-        du = _GELU_C * (1 + (3 * 0.044715) * (x * x))
-        return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du)
-
-
 @layers.register()
 class Softplus(Layer):
     """y = (1/beta)·log(1 + exp(beta·x)); ∂y/∂x = sigmoid(beta·x).

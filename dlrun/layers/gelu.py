@@ -1,0 +1,67 @@
+"""GELU: x·Φ(x), exact (the default, as in PyTorch and Keras) or with the tanh approximation."""
+from __future__ import annotations
+
+from typing import Literal
+
+from ..backend import fused_elementwise, out_args
+from ..registry import layers
+from ..special import INV_SQRT_2PI, ndtr, normal_pdf
+from .base import InputSpec, Layer
+
+_TANH_C = 0.7978845608028654  # sqrt(2/pi)
+
+
+@layers.register()
+class GELU(Layer):
+    """y = x·Φ(x), Φ the standard normal CDF; ∂y/∂x = Φ(x) + x·φ(x) (Hendrycks & Gimpel 2016).
+
+    Args:
+        approximate: "none" (default): Φ computed to float64 accuracy, like PyTorch's
+            ``GELU()`` and Keras' ``gelu``; "tanh": y = ½·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))),
+            PyTorch's ``approximate="tanh"`` (BERT, GPT-2), within 5e-4 of the exact form; its
+            backward is the exact derivative of that formula.
+    """
+
+    input_spec = InputSpec(shape=("D", "C"))
+
+    def __init__(self, approximate: Literal["none", "tanh"] = "none"):
+        self.approximate = approximate
+
+    def forward(self, x, y=None):
+        if self.approximate == "tanh":
+            return self._forward_tanh(x)
+        xp = self.xp
+        fused = fused_elementwise(xp, "T x", "T y, T p",
+                                  "p = (T)0.5 * erfc(-x * (T)0.7071067811865476); y = x * p;", "dlrun_gelu")
+        if fused is not None:  # GPU: one launch, CUDA's erfc
+            y, p = self.output_array("y", x.shape, x.dtype), self.output_array("p", x.shape, x.dtype)
+            self._x, self._p = x, p
+            fused(x, y, p)
+            return y
+        self._x, self._p = x, ndtr(x)
+        return xp.multiply(x, self._p, out=self.buffer("y", x.shape, x.dtype))
+
+    def backward(self, dy):
+        if self.approximate == "tanh":
+            return self._backward_tanh(dy)
+        x, p = self._x, self._p
+        fused = fused_elementwise(self.xp, "T dy, T x, T p", "T dx",
+                                  f"dx = dy * (p + x * (T){INV_SQRT_2PI!r} * exp((T)-0.5 * x * x));",
+                                  "dlrun_gelu_grad")
+        if fused is not None:
+            return fused(dy, x, p, *out_args(self.buffer("dx", dy.shape, dy.dtype)))
+        dx = normal_pdf(x)
+        dx *= x
+        dx += p
+        dx *= dy
+        return dx
+
+    def _forward_tanh(self, x):
+        t = self.xp.tanh(_TANH_C * (x + 0.044715 * (x * x * x)))
+        self._x, self._t = x, t
+        return 0.5 * x * (1 + t)
+
+    def _backward_tanh(self, dy):
+        x, t = self._x, self._t
+        du = _TANH_C * (1 + (3 * 0.044715) * (x * x))
+        return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du)
