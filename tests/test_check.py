@@ -55,3 +55,9 @@ def test_check_catches_a_layer_whose_build_lies(tmp_path):
     r = run_cli("check", cfg, "--plugin", plugin)
     assert r.code == 2, r.err
     assert "c.yaml:3: model[0]: Liar(): build() promised output shape ('N', 2) but forward returned (10, 1)" in r.err
+
+
+def test_error_text_in_brackets_is_printed_not_taken_for_markup(cli, tmp_path):
+    cfg = write(tmp_path / "bad.yaml", "model:\n  - type: Linear\n    units: '[gpu]'\nloss: SoftmaxCrossEntropy\n")
+    r = cli("check", cfg)
+    assert r.code == 2 and "'[gpu]'" in r.err, r.err

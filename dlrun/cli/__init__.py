@@ -16,6 +16,7 @@ try:  # recent typer vendors click as typer._click; older releases use click its
 except ImportError:  # pragma: no cover
     from click.exceptions import ClickException, NoArgsIsHelpError, UsageError as ClickUsageError
 from rich.console import Console
+from rich.markup import escape
 
 from ..errors import ConfigErrors, DlrunError, Interrupted
 
@@ -45,7 +46,7 @@ def fail(e: DlrunError) -> int:
     for i, line in enumerate(str(e).splitlines() or [type(e).__name__]):
         # several config problems: one 'error:' each; one error over several lines: indent the rest
         head = f"[bold red]{label}:[/]" if i == 0 or isinstance(e, ConfigErrors) else " "
-        err.print(f"{head} {line}", markup=True, highlight=False, soft_wrap=True)
+        err.print(f"{head} {escape(line)}", markup=True, highlight=False, soft_wrap=True)
     return e.exit_code
 
 
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         err.print(e.format_message(), markup=False)
         sys.exit(2)
     except ClickException as e:
-        err.print(f"[bold red]error:[/] {e.format_message()}", soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(e.format_message())}", soft_wrap=True)
         if isinstance(e, ClickUsageError) and e.ctx is not None:
             err.print(f"  see: {e.ctx.command_path} --help", highlight=False, markup=False)
         sys.exit(e.exit_code)
@@ -81,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
         if debug_enabled():
             traceback.print_exc()
         else:
-            err.print(f"[bold red]error:[/] internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
+            err.print(f"[bold red]error:[/] internal error: {type(e).__name__}: {escape(str(e))} "
+                      "(run with --debug for the traceback)",
                       soft_wrap=True, markup=True)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)

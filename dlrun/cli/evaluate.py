@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from .. import inference, metrics
@@ -30,7 +31,7 @@ def evaluate_cmd(
         raise UsageError(f"--device: expected cpu or gpu, got {device!r}")
     restored = inference.open_model(target, device)
     for w in restored.warnings:
-        err.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
+        err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
     x, y, described = inference.evaluation_data(restored, data)
     result = metrics.evaluate(restored.trainer(batch_size), x, y, batch_size)
     if as_json:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from .. import inference
 from ..errors import UsageError
@@ -27,7 +28,7 @@ def predict_cmd(
         raise UsageError(f"--device: expected cpu or gpu, got {device!r}")
     restored = inference.open_model(target, device)
     for w in restored.warnings:
-        err.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
+        err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
     x = inference.read_features(input, restored.model.input_shape)
     table = inference.predictions(restored, x, proba, batch_size)
     if output is None:
