@@ -282,3 +282,14 @@ def test_maxpool_fused_gpu_path_matches_cpu(pool, pooled):
     (oc, dc), (og, dg) = results
     np.testing.assert_array_equal(og, oc)
     np.testing.assert_array_equal(dg, dc)
+
+
+def test_gradcheck_checks_everything_on_the_gpu(cli):
+    from dlrun.gradcheck import PASS, Settings, check_all
+
+    reports = check_all(Settings(device="gpu"))
+    assert [r.layer for r in reports if r.verdict != PASS] == []
+    r = cli("gradcheck", "LargeMarginFC", "--device", "gpu", "--json")
+    assert r.code == 0 and json.loads(r.out)["settings"]["device"] == "gpu", r.out + r.err
+    r = cli("gradcheck", str(CONFIGS / "spiral.yaml"), "--device", "gpu")
+    assert r.code == 0, r.out + r.err

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..config import Source, apply_override
@@ -49,7 +50,7 @@ def tensor_table(report) -> Table:
 
 def print_report(report, indent: str = "") -> None:
     for w in report.warnings:
-        err.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
+        err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
     if report.tensors:
         out.print(tensor_table(report))
     for r in report.tensors:
@@ -58,15 +59,15 @@ def print_report(report, indent: str = "") -> None:
     for a in report.aux:
         if a.status == "n/a":
             continue
-        out.print(f"  aux {a.name:<17} {_status(a.status)}" + (f"  {a.detail}" if a.detail else ""), soft_wrap=True)
+        out.print(f"  aux {a.name:<17} {_status(a.status)}" + (f"  {escape(a.detail)}" if a.detail else ""), soft_wrap=True)
     for c in report.children:
         out.print("")
         print_report(c)
     if report.error:
-        out.print(f"  [bold yellow]error:[/] {report.error}", soft_wrap=True)
+        out.print(f"  [bold yellow]error:[/] {escape(report.error)}", soft_wrap=True)
     failed = report.failed
     tail = f" ({', '.join(failed)})" if failed and report.verdict != PASS else ""
-    out.print(f"RESULT {report.layer}: {_status(report.verdict)}{tail}  [dim]{report.seconds:.2f}s[/]", soft_wrap=True)
+    out.print(f"RESULT {escape(report.layer)}: {_status(report.verdict)}{escape(tail)}  [dim]{report.seconds:.2f}s[/]", soft_wrap=True)
 
 
 def summary_table(reports) -> Table:
@@ -116,8 +117,11 @@ def gradcheck_cmd(
     resample: int = typer.Option(20, "--resample", help="Redraws of a point with over 1% of elements at a kink."),
     detect_kinks: bool = typer.Option(False, "--detect-kinks", help="Also sample at ±eps/2 and skip elements where "
                                       "a quadratic does not fit (kinks without a branch_signature); 2x the forwards."),
-    nondet_tol: float = typer.Option(0.0, "--nondet-tol", help="Allowed difference between two backward passes "
-                                     "after one forward (0: identical, right for numpy)."),
+    nondet_tol: Optional[float] = typer.Option(None, "--nondet-tol", help="Allowed difference between two backward "
+                                               "passes after one forward, relative to the largest gradient entry "
+                                               "(default 0 on cpu: identical; 1e-12 on gpu)."),
+    device: str = typer.Option("cpu", "--device", help="cpu, or gpu: run the checked code on CuPy (the "
+                               "comparison stays on the host in float64)."),
     dims: Optional[str] = typer.Option(None, "--dims", metavar="N=7,D=3,...",
                                        help="Check one shape configuration with these sizes instead of the two defaults."),
     json_: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -126,7 +130,7 @@ def gradcheck_cmd(
     load_plugins(plugin)
     settings = Settings(dtype=dtype, eps=eps, atol=atol, rtol=rtol, seed=seed, mode=mode, strict=strict, phase=phase,
                         points=points, directions=directions, samples=samples, resample=resample,
-                        dims=dims, nondet_tol=nondet_tol, detect_kinks=detect_kinks).resolved()
+                        dims=dims, nondet_tol=nondet_tol, detect_kinks=detect_kinks, device=device).resolved()
     if all_:
         if target is not None:
             raise UsageError(f"give either a name / config or --all, not both (got {target!r} and --all)")

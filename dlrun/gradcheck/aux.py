@@ -77,6 +77,11 @@ def max_gap(a: dict, b: dict) -> tuple[str, float] | None:
     return worst
 
 
+def magnitude(g) -> float:
+    """The scale nondet_tol is relative to: the largest gradient entry, at least 1."""
+    return max(1.0, float(np.max(np.abs(g)))) if g is not None and g.size else 1.0
+
+
 def nonzero(grads: dict) -> list[str]:
     return [k for k, g in grads.items() if g is not None and np.any(g != 0)]
 
@@ -98,4 +103,4 @@ def scalar_changes(before: dict, after: dict) -> list[str]:
             if k in after and not (before[k] == after[k] or (before[k] != before[k] and after[k] != after[k]))]
 
 
-__all__ = ["AuxLog", "grad_problem", "max_gap", "nonzero", "changed", "scalar_changes", "PASS", "FAIL", "NA"]
+__all__ = ["AuxLog", "grad_problem", "max_gap", "magnitude", "nonzero", "changed", "scalar_changes", "PASS", "FAIL", "NA"]

@@ -76,9 +76,10 @@ def _equal(a, b) -> bool:
 class Harness:
     """Runs forward/backward on one layer with frozen state and reseeded randomness."""
 
-    def __init__(self, layer, seed: int):
+    def __init__(self, layer, seed: int, device):
         self.layer = layer
         self.seed = seed
+        self.device = device  # where the layer's arrays live (gradcheck.device.Device)
         self.frozen = snapshot_state(layer)
         self.where = ""
         self.signed = kinks.has_signature(layer)
@@ -99,7 +100,8 @@ class Harness:
         return self.call("forward", layer.forward, x)
 
     def backward(self, dy):
-        return self.call("backward", self.layer.backward, dy)
+        """``dy`` on the host is moved to the device first (on the CPU: the same array)."""
+        return self.call("backward", self.layer.backward, self.device.put(dy))
 
     def signature(self):
         if not self.signed:

@@ -117,8 +117,8 @@ def label_count(spec, dims: dict | None, out_shape: tuple) -> int:
     return int(c)
 
 
-def redraw_params(layer, rng) -> None:
+def redraw_params(layer, rng, device) -> None:
     """Trainable parameters get N(0,1) values in place (tiny training inits make poor checks)."""
     for p in layer.params.values():
         if p.trainable:
-            p.data[...] = rng.standard_normal(p.data.shape).astype(p.data.dtype)
+            device.assign(p.data, rng.standard_normal(p.data.shape))

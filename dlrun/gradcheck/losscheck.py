@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import registry
 from ..backend import to_host
-from . import aux, inputs, kinks
+from . import aux, device as devices, inputs, kinks
 from .numeric import Probe, TensorRun, check_tensor
 from .report import LayerReport, TensorResult
 from .runner import choose_mode, merge, new_report
@@ -60,11 +60,12 @@ def check_loss(name: str, options: dict | None = None, settings: Settings | None
     settings = (settings or Settings()).resolved()
     loss = registry.losses.build({"type": name, **(options or {})}, name)
     rng = np.random.default_rng(settings.seed)
+    dev = devices.open_device(settings.device)
     configs = settings.dim_configs()
     if getattr(loss, "task", "") == "regression" and settings.dims is None:
         configs.append({**configs[0], "C": 1})  # a single output, the shape of most regression data
     return scalar_report(name, settings, configs, lambda d: f"N={d['N']} C={d['C']}",
-                         lambda dims, where, log: _check_point(loss, dims, settings, rng, where, log))
+                         lambda dims, where, log: _check_point(loss, dims, settings, rng, where, log, dev))
 
 
 def scalar_report(name: str, settings: Settings, configs: list, where_of, check_point, extra=None) -> LayerReport:
@@ -106,20 +107,20 @@ def scalar_report(name: str, settings: Settings, configs: list, where_of, check_
     return report
 
 
-def _check_point(loss, dims: dict, settings: Settings, rng, where: str, log: aux.AuxLog):
-    z, y = targets(loss, dims["N"], dims["C"], settings, rng)
-    z0, y0 = z.copy(), y.copy()
+def _check_point(loss, dims: dict, settings: Settings, rng, where: str, log: aux.AuxLog, dev):
+    z0, y0 = targets(loss, dims["N"], dims["C"], settings, rng)  # on the host; the loss reads z, y
+    z, y = dev.put(z0.copy()), dev.put(y0.copy())
     _value(loss, z, y)
     dz = user_call("backward", loss.backward)
-    first = None if dz is None else np.array(to_host(dz), copy=True)
+    first = dev.host(dz)
     problem = aux.grad_problem(dz, z, "z")
     log.record("grad-structure", problem is None, problem or "", where)
     again = user_call("backward", loss.backward)
-    gap = aux.max_gap({"z": first}, {"z": None if again is None else np.array(to_host(again))})
-    log.record("reentrant", gap is None or gap[1] <= settings.nondet_tol,
+    gap = aux.max_gap({"z": first}, {"z": dev.host(again)})
+    log.record("reentrant", gap is None or gap[1] <= settings.nondet_tol * aux.magnitude(first),
                "" if gap is None else f"z's gradient differs between two backward calls after one forward "
                                       f"(max diff {gap[1]:.3g})", where)
-    moved = aux.changed({"z": z0, "y": y0}, {"z": z, "y": y})
+    moved = aux.changed({"z": z0, "y": y0}, {"z": dev.host(z), "y": dev.host(y)})
     log.record("inputs-unchanged", not moved, f"{', '.join(moved)} modified in place by forward/backward", where)
     mode = choose_mode("exhaustive" if settings.mode == "jacobian" else settings.mode, z.size, settings)
     if problem is not None:

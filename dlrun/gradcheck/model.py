@@ -13,10 +13,10 @@ import time
 import numpy as np
 
 from .. import registry
-from ..backend import CPU, to_host
+from ..backend import to_host
 from ..config import load_config
 from ..model import Sequential
-from . import kinks
+from . import device as devices, kinks
 from .harness import restore_state, snapshot_state
 from .losscheck import check_loss
 from .numeric import Probe, check_tensor
@@ -67,8 +67,9 @@ def check_config(path, overrides=(), settings: Settings | None = None, batch: in
         report.warnings.append("the run-wide regularizer is left out: this checks the data loss alone")
     t0 = time.perf_counter()
     rng = np.random.default_rng(settings.seed)
+    dev = devices.open_device(settings.device)  # --device, not the config's device key
     ds = cfg.build("data")
-    model = Sequential(cfg.build_layers(), ds.input_shape, CPU, settings.np_dtype, settings.seed, cfg.locate)
+    model = Sequential(cfg.build_layers(), ds.input_shape, dev.backend, settings.np_dtype, settings.seed, cfg.locate)
     loss = cfg.build("loss")
     for _ in range(settings.resample + 1):  # a batch whose differences cross many kinks is redrawn
         idx = small_batch(ds.y, batch, rng)
@@ -95,8 +96,10 @@ def check_config(path, overrides=(), settings: Settings | None = None, batch: in
 
 def _check_model(report, model, loss, ds, idx, settings, rng) -> dict | None:
     """Every trainable parameter of the model at one batch; None when the model raised."""
-    x = np.ascontiguousarray(ds.x[idx], dtype=settings.np_dtype)
-    y = ds.y[idx].astype(np.int64 if getattr(loss, "task", "") == "classification" else settings.np_dtype)
+    backend = model.backend
+    x = backend.asarray(np.ascontiguousarray(ds.x[idx], dtype=settings.np_dtype))
+    y = backend.asarray(ds.y[idx].astype(np.int64 if getattr(loss, "task", "") == "classification"
+                                         else settings.np_dtype))
     model.train()
     mp = ModelProbe(model, loss, x, y, settings.seed)
     try:

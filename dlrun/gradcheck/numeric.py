@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..backend import array_module, to_host
 from . import kinks
 from .report import Worst
 
@@ -90,8 +91,9 @@ def _difference(probe: Probe, put: Callable[[float], float], h: float):
     return numeric, crossed or kinked
 
 
-def element_derivative(probe: Probe, arr: np.ndarray, idx: tuple, h: float) -> tuple[float, bool]:
+def element_derivative(probe: Probe, arr, idx: tuple, h: float) -> tuple[float, bool]:
     """(numeric ∂L/∂arr[idx], whether the difference crossed a kink); arr[idx] is restored exactly.
+    ``arr`` is numpy or a device array (each write and read-back is then a small transfer).
     L may be an array (each entry differentiated), which must be a copy, not a view of ``arr``."""
     orig = arr[idx].copy()
 
@@ -105,15 +107,17 @@ def element_derivative(probe: Probe, arr: np.ndarray, idx: tuple, h: float) -> t
         arr[idx] = orig
 
 
-def direction_derivative(probe: Probe, arr: np.ndarray, grad: np.ndarray, u: np.ndarray, h: float):
-    """(numeric, analytic, crossed) derivatives along the unit direction u; arr restored exactly."""
+def direction_derivative(probe: Probe, arr, grad: np.ndarray, u: np.ndarray, h: float):
+    """(numeric, analytic, crossed) derivatives along the unit direction u (host float64); ``arr``
+    (numpy or a device array) is restored exactly."""
     saved = arr.copy()
-    base = saved.astype(np.float64)
+    base = np.array(to_host(arr), dtype=np.float64)
+    xp = array_module(arr)
     steps = {}
 
     def put(t):  # the step along u actually stored (float32 rounds each element)
-        arr[...] = base + t * u
-        steps[t] = arr.astype(np.float64) - base
+        arr[...] = xp.asarray((base + t * u).astype(arr.dtype))
+        steps[t] = np.asarray(to_host(arr), dtype=np.float64) - base
         return float(np.dot(u.ravel(), steps[t].ravel()))
 
     try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import registry
-from . import aux
+from . import aux, device as devices
 from .losscheck import LossRaised, scalar_report, user_call
 from .numeric import Probe, check_tensor
 from .report import LayerReport
@@ -30,20 +30,22 @@ def check_regularizer(name: str, options: dict | None = None, settings: Settings
         options.setdefault("strength", 1.0)
     reg = registry.regularizers.build({"type": name, **options}, name)
     rng = np.random.default_rng(settings.seed)
+    dev = devices.open_device(settings.device)
     return scalar_report(name, settings, settings.dim_configs(), lambda d: f"w ({d['C']},{d['D']})",
-                         lambda dims, where, log: _check_point(reg, (dims["C"], dims["D"]), settings, rng, where, log),
+                         lambda dims, where, log: _check_point(reg, (dims["C"], dims["D"]), settings, rng, where, log,
+                                                               dev),
                          {k: v for k, v in options.items() if k == "strength"})
 
 
-def _check_point(reg, shape, settings: Settings, rng, where: str, log: aux.AuxLog):
-    w = rng.standard_normal(shape).astype(settings.np_dtype)
-    w0 = w.copy()
+def _check_point(reg, shape, settings: Settings, rng, where: str, log: aux.AuxLog, dev):
+    w0 = rng.standard_normal(shape).astype(settings.np_dtype)  # host; the regularizer reads w
+    w = dev.put(w0.copy())
     existing = rng.standard_normal(shape).astype(settings.np_dtype)
-    grad = existing.copy()
+    grad = dev.put(existing.copy())
     user_call("add_gradient", reg.add_gradient, w, grad)
-    alone = np.zeros_like(w)
+    alone = dev.put(np.zeros_like(w0))
     user_call("add_gradient", reg.add_gradient, w, alone)
-    added = grad.astype(np.float64) - existing
+    added, alone = dev.host(grad).astype(np.float64) - existing, dev.host(alone)
     scale = float(np.abs(existing).max()) + float(np.abs(alone).max())
     ok = np.allclose(added, alone, rtol=0, atol=4 * np.finfo(settings.np_dtype).eps * scale)
     log.record("adds-gradient", ok, "add_gradient(w, grad) does not add to grad: the increment on a random "
@@ -56,7 +58,7 @@ def _check_point(reg, shape, settings: Settings, rng, where: str, log: aux.AuxLo
         return float(v)
 
     penalty()
-    log.record("inputs-unchanged", np.array_equal(w, w0), "w modified in place by penalty/add_gradient", where)
+    log.record("inputs-unchanged", np.array_equal(dev.host(w), w0), "w modified in place by penalty/add_gradient", where)
 
     mode = choose_mode("exhaustive" if settings.mode == "jacobian" else settings.mode, w.size, settings)
     probe = Probe(penalty, None, None, settings.kink_test(), lambda: np.array([penalty()]))

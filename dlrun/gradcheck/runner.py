@@ -6,8 +6,7 @@ import time
 import numpy as np
 
 from .. import registry
-from ..backend import CPU, to_host
-from . import aux, inputs, kinks
+from . import aux, device as devices, inputs, kinks
 from .harness import ContractError, Harness, LayerRaised, public_scalars, restore_state, state_changes
 from .jacobian import TooLarge, check_jacobians
 from .numeric import Probe, TensorRun, check_tensor
@@ -18,10 +17,6 @@ F32_WARNING = ("float32 check: rounding noise (~1e-7 relative) divided by the st
                "differences coarse; tolerances are loosened, and a PASS here is weaker than in float64")
 
 
-def _host(a):
-    return None if a is None else np.array(to_host(a), copy=True)
-
-
 def new_report(name: str, settings: Settings, keys=("dtype", "eps", "atol", "rtol", "seed", "mode", "points")):
     """A report headed by the settings that shaped it (and --detect-kinks when on), with the
     float32 warning when it applies."""
@@ -30,6 +25,9 @@ def new_report(name: str, settings: Settings, keys=("dtype", "eps", "atol", "rto
         report.settings["detect_kinks"] = True
     if settings.dtype == "float32":
         report.warnings.append(F32_WARNING)
+    if settings.device != "cpu":
+        report.settings["device"] = settings.device
+    report.warnings += devices.warnings_for(settings.device, settings.dtype)
     return report
 
 
@@ -40,22 +38,25 @@ def choose_mode(mode: str, total: int, settings: Settings) -> str:
 
 
 def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where: str, log: aux.AuxLog):
-    """Forward/backward at one point, the aux checks, then the numeric check of each tensor."""
-    layer = h.layer
-    x, y = point.x, point.y
+    """Forward/backward at one point, the aux checks, then the numeric check of each tensor.
+
+    ``point`` is on the host; the layer reads (and the numeric check perturbs) device copies."""
+    layer, dev = h.layer, h.device
+    x, y = dev.put(point.x), dev.put(point.y)
+    _host = dev.host
     differentiable = spec.kind in inputs.FLOAT_KINDS
     out = h.forward(x, y)  # warm-up: replaces caches and attributes left by the previous shape
     expected = (x.shape[0], *out_shape)
     log.record("output-shape", tuple(out.shape) == expected,
                f"forward returned shape {tuple(out.shape)}, build declared {expected}", where)
     g = rng.standard_normal(out.shape).astype(out.dtype)
-    h.backward(g.copy())
+    h.backward(dev.put(g.copy()))
 
-    x0, y0 = x.copy(), None if y is None else y.copy()
+    x0, y0 = _host(x), _host(y)
     before = public_scalars(layer)
     out0 = _host(h.forward(x, y))
     sig0 = h.signature()
-    dy = g.copy()
+    dy = dev.put(g.copy())  # the array backward receives, checked afterwards for in-place writes
     dx = h.backward(dy)
     trainable = {n: p for n, p in layer.params.items() if p.trainable}
     grads = {n: _host(p.grad) for n, p in trainable.items()}
@@ -75,7 +76,7 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     second = {n: _host(p.grad) for n, p in trainable.items()}
     second["x"] = _host(again) if differentiable else None
     gap = aux.max_gap(first, second)
-    log.record("reentrant", gap is None or gap[1] <= settings.nondet_tol,
+    log.record("reentrant", gap is None or gap[1] <= settings.nondet_tol * aux.magnitude(first[gap[0]]),
                "" if gap is None else f"{gap[0]} differs between two backward calls after one forward (max diff {gap[1]:.3g}): "
                        f"state mutated or a buffer accumulated", where)
     zx = h.backward(np.zeros_like(g))
@@ -85,7 +86,8 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     log.record("zero-upstream", not nz,
                f"backward(0) gives a non-zero gradient for {', '.join(nz)} (not multiplied by the upstream gradient?)",
                where)
-    moved = aux.changed({"x": x0, "y": y0, "upstream gradient": g}, {"x": x, "y": y, "upstream gradient": dy})
+    moved = aux.changed({"x": x0, "y": y0, "upstream gradient": g},
+                        {"x": _host(x), "y": _host(y), "upstream gradient": _host(dy)})
     log.record("inputs-unchanged", not moved, f"{', '.join(moved)} modified in place by forward/backward", where)
     note = f"declared state {', '.join(declared)} changes in a step; frozen and restored during the check" if declared else ""
     log.record("state", not hidden, f"{'; '.join(hidden)} in one forward/backward but is not declared in `state`",
@@ -111,7 +113,7 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
         if name in jac:
             runs.append(jac[name])
             continue
-        extra = _class_rows(x, y, rng) if name == "x" and y is not None else ()
+        extra = _class_rows(point.x, point.y, rng) if name == "x" and y is not None else ()
         runs.append(check_tensor(probe, arr, grad, name, role, run_mode, settings, rng, where, extra))
     if settings.dtype == "float32":
         _explain_rounding(runs, g64, out0, settings)
@@ -119,7 +121,7 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     unwired = []
     for n, p in trainable.items():
         saved = p.data.copy()
-        p.data[...] = saved + (1e-2 * rng.standard_normal(saved.shape)).astype(saved.dtype)
+        dev.assign(p.data, _host(saved) + 1e-2 * rng.standard_normal(saved.shape))
         moved_out = _host(h.forward(x, y))
         p.data[...] = saved
         if np.array_equal(moved_out, out0):
@@ -178,9 +180,11 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
 
     Without ``input_shape`` the layer is checked on two shape configurations from its
     ``input_spec``; with it (a whole-model check), on that per-sample shape with ``batch`` rows.
-    Raises ConfigError for an unknown name or a bad option; a layer that raises is reported.
+    The layer runs on ``settings.device``. Raises ConfigError for an unknown name or a bad
+    option, BackendError for an unusable device; a layer that raises is reported.
     """
     settings = (settings or Settings()).resolved()
+    dev = devices.open_device(settings.device)
     cls = registry.layers.get(name)
     spec = cls.input_spec
     report = new_report(name, settings)
@@ -199,12 +203,13 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
         where_dims = _dims_text(spec, dims, input_shape)
         try:
             shape = tuple(input_shape) if dims is None else inputs.per_sample_shape(spec, dims)
-            layer.setup(CPU, settings.np_dtype, np.random.default_rng(settings.seed), CPU.rng(settings.seed))
+            layer.setup(dev.backend, settings.np_dtype, np.random.default_rng(settings.seed),
+                        dev.backend.rng(settings.seed))
             try:
                 out_shape = tuple(layer.build(shape))
             except Exception as e:
                 raise LayerRaised("build", e, f"input shape {shape}") from e
-            h = Harness(layer, settings.seed)
+            h = Harness(layer, settings.seed, dev)
             _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settings, rng, results, log)
         except (LayerRaised, ContractError, TooLarge) as e:
             report.error = str(e)
@@ -224,7 +229,7 @@ def _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settin
             where = f"{phase}, {where_dims}, point {p + 1}"
             h.where = where
             for attempt in range(settings.resample + 1):
-                inputs.redraw_params(layer, rng)
+                inputs.redraw_params(layer, rng, h.device)
                 point = _draw(spec, dims, shape, out_shape, n, layer, settings, rng)
                 attempt_log = aux.AuxLog()
                 runs = run_point(h, spec, point, out_shape, settings, rng, where, attempt_log)

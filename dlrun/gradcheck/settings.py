@@ -6,6 +6,7 @@ from typing import Literal
 
 import numpy as np
 
+from ..backend import DEVICES
 from ..errors import UsageError
 from ..options import did_you_mean
 from . import kinks
@@ -17,6 +18,8 @@ DEFAULTS = {"float64": (1e-6, 1e-5, 1e-3), "float32": (1e-3, 1e-3, 1e-2)}
 # --strict (float64): cs231n's "1e-7 and less, you should be happy"; correct smooth layers
 # measure ≤ 4e-8 (docs/gradcheck.md)
 STRICT = (1e-7, 1e-6)
+# the reentrant check's default: numpy's backward is deterministic; CuPy's atomic adds are not
+NONDET_TOL = {"cpu": 0.0, "gpu": 1e-12}
 MODES = ("auto", "exhaustive", "fast", "sampled", "jacobian")
 PHASES = ("auto", "train", "eval", "both")
 
@@ -44,9 +47,12 @@ class Settings:
         dims: ``"N=7,D=3"``: check one shape configuration with these sizes (the others from the
             first default configuration) instead of the two defaults.
         nondet_tol: how far two backward passes after one forward may differ (the reentrant
-            check); 0 demands identical results, right for numpy (PyTorch's ``nondet_tol``).
+            check), relative to the tensor's largest gradient entry (at least 1); 0 demands
+            identical results. Default: 0 on the CPU (numpy is deterministic), 1e-12 on the GPU
+            (atomic adds may sum in any order). PyTorch's ``nondet_tol``.
         detect_kinks: also sample θ ± h/2 and skip elements where a quadratic does not fit the
             five values (a kink the layer declares no ``branch_signature`` for); twice the forwards.
+        device: cpu, or gpu (CuPy): where the checked code runs; the comparison stays on the host.
     """
 
     dtype: Literal["float64", "float32"] = "float64"
@@ -63,8 +69,9 @@ class Settings:
     phase: str = "auto"
     strict: bool = False
     dims: str | None = None
-    nondet_tol: float = 0.0
+    nondet_tol: float | None = None
     detect_kinks: bool = False
+    device: str = "cpu"
 
     def resolved(self) -> "Settings":
         """A copy with the dtype's defaults filled in; raises UsageError for bad values."""
@@ -83,9 +90,13 @@ class Settings:
         eps, atol, rtol = DEFAULTS[self.dtype]
         if self.strict:
             atol, rtol = STRICT
-        if not (self.nondet_tol >= 0 and np.isfinite(self.nondet_tol)):
-            raise UsageError(f"--nondet-tol must be a non-negative number, got {self.nondet_tol}")
-        s = replace(self, eps=eps if self.eps is None else self.eps,
+        if self.device not in DEVICES:
+            raise UsageError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}"
+                             f"{did_you_mean(self.device, DEVICES)}")
+        nondet = NONDET_TOL[self.device] if self.nondet_tol is None else self.nondet_tol
+        if not (nondet >= 0 and np.isfinite(nondet)):
+            raise UsageError(f"--nondet-tol must be a non-negative number, got {nondet}")
+        s = replace(self, nondet_tol=nondet, eps=eps if self.eps is None else self.eps,
                     atol=atol if self.atol is None else self.atol,
                     rtol=rtol if self.rtol is None else self.rtol)
         for name in ("eps", "atol", "rtol"):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .. import registry
 from ..errors import DlrunError
+from . import device as devices
 from .losscheck import check_loss
 from .regcheck import check_regularizer
 from .report import LayerReport
@@ -15,6 +16,7 @@ def check_all(settings: Settings | None = None, names=None, losses: bool = True,
     ``losses`` is False; one that cannot be built is reported as an ERROR, not raised.
     ``on_start(name, i, total)`` is called before each check (the CLI's progress line)."""
     settings = (settings or Settings()).resolved()
+    devices.open_device(settings.device)  # an unusable device is one error, not one per check
     jobs = [(n, check_layer, "from its input_spec") for n in names or registry.layers.names()]
     if losses:
         jobs += [(n, check_loss, "with its default options") for n in registry.losses.names()]
