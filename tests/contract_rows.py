@@ -27,6 +27,7 @@ ROWS: dict[str, dict] = {
     "Flatten": {},
     "Reshape": {"target_shape": [-1]},
     "BatchNorm": {},
+    "LayerNorm": {"axes": 2},
     "Dropout": {"rate": 0.5},
     "ELU": {"alpha": 1.0},
     "GELU": {},

@@ -48,7 +48,8 @@ def _build(name, backend, extra=None):
 
 
 # options that switch a layer to another code path, checked on GPU as well as the defaults
-VARIANTS = [(n, None) for n in registry.layers.names()] + [("GELU", {"approximate": "tanh"})]
+VARIANTS = [(n, None) for n in registry.layers.names()] + [("GELU", {"approximate": "tanh"}),
+                                                                   ("LayerNorm", {"axes": 2})]
 
 
 @pytest.mark.parametrize("name,extra", VARIANTS, ids=[n + ("-" + "-".join(map(str, e.values())) if e else "")

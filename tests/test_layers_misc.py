@@ -164,7 +164,7 @@ def test_reshape_errors():
         layers.build({"type": "Reshape", "target_shape": [-1, -1]})
 
 
-CATALOGUE = ["Conv2D", "MaxPool2D", "AvgPool2D", "GlobalAvgPool2D", "Flatten", "Reshape", "BatchNorm",
+CATALOGUE = ["Conv2D", "MaxPool2D", "AvgPool2D", "GlobalAvgPool2D", "Flatten", "Reshape", "BatchNorm", "LayerNorm",
              "Dropout", "ELU", "GELU", "Softplus", "LogSoftmax", "Embedding"]
 DIMS = {"C": 3, "H": 6, "W": 5, "D": 4, "T": 5}
 

@@ -166,3 +166,40 @@ train: {epochs: 1}
     plugin.unlink()
     r = run_cli("predict", run, "--input", tmp_path / "x.npy")
     assert r.code == 2 and "Doubler" in r.err and "missing" in r.err
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_layernorm_and_gelu_model_trains_and_predicts_like_an_independent_forward(tmp_path, approximate):
+    import math
+
+    cfg = write(tmp_path / "ln.yaml", f"""\
+seed: 0
+data: {{type: spiral, classes: 3, points_per_class: 30}}
+model:
+  - {{type: Linear, units: 16}}
+  - {{type: LayerNorm}}
+  - {{type: GELU, approximate: {approximate}}}
+  - {{type: Linear, units: 3}}
+loss: SoftmaxCrossEntropy
+optimizer: {{type: Adam, learning_rate: 0.01}}
+train: {{epochs: 5, batch_size: 30}}
+""")
+    run = train(cfg, tmp_path / "runs")
+    x = spiral(classes=3, points_per_class=5, noise=0.2, seed=1).x
+    np.save(tmp_path / "x.npy", x)
+    r = run_cli("predict", run, "--input", tmp_path / "x.npy", "--proba")
+    assert r.code == 0, r.err
+    cols, values = read_csv(r.out)
+    assert cols == ["prediction", "proba_0", "proba_1", "proba_2"]
+    a = {k: v.astype(np.float64) for k, v in checkpoint.read(checkpoint.resolve(run)).model.items()}
+    h = x @ a["0.weight"].T + a["0.bias"]
+    h = (h - h.mean(1, keepdims=True)) / np.sqrt(h.var(1, keepdims=True) + 1e-5) * a["1.gamma"] + a["1.beta"]
+    if approximate == "tanh":
+        h = 0.5 * h * (1 + np.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)))
+    else:
+        h = h * np.vectorize(lambda v: 0.5 * math.erfc(-v / math.sqrt(2)))(h)
+    z = h @ a["3.weight"].T + a["3.bias"]
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    np.testing.assert_allclose(values[:, 1:], p, rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(values[:, 0], p.argmax(1))

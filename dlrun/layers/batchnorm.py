@@ -10,6 +10,17 @@ from ..registry import layers
 from .base import InputSpec, Layer
 
 
+def standardize_backward(g, xhat, inv, axes):
+    """∂L/∂x of x̂ = (x − μ)·inv, μ and inv = 1/sqrt(σ² + eps) over ``axes``, given g = ∂L/∂x̂:
+    (g − mean(g) − x̂·mean(g ⊙ x̂))·inv, computed in place in g (shared by BatchNorm and LayerNorm)."""
+    gm = g.mean(axis=axes, keepdims=True)
+    gx = (g * xhat).mean(axis=axes, keepdims=True)
+    g -= gm
+    g -= xhat * gx
+    g *= inv
+    return g
+
+
 @layers.register()
 class BatchNorm(Layer):
     """y = γ·(x − μ)/sqrt(σ² + eps) + β, per feature (2-D input) or per channel (4-D input).
@@ -96,12 +107,7 @@ class BatchNorm(Layer):
         g = dy * self.gamma.data.reshape(shp)
         if not self._phase:  # evaluation: a fixed affine map
             return g * self._inv
-        gm = g.mean(axis=axes, keepdims=True)
-        gx = (g * xhat).mean(axis=axes, keepdims=True)
-        g -= gm
-        g -= xhat * gx
-        g *= self._inv
-        return g
+        return standardize_backward(g, xhat, self._inv, axes)
 
     def __repr__(self) -> str:
         return f"BatchNorm(momentum={self.momentum}, eps={self.eps})"
