@@ -9,6 +9,7 @@ from ..special import INV_SQRT_2PI, ndtr, normal_pdf
 from .base import InputSpec, Layer
 
 _TANH_C = 0.7978845608028654  # sqrt(2/pi)
+_GRAD_OP = f"dx = dy * (p + x * (T){INV_SQRT_2PI!r} * exp((T)-0.5 * x * x));"  # GPU: Φ(x) + x·φ(x)
 
 
 @layers.register()
@@ -45,9 +46,7 @@ class GELU(Layer):
         if self.approximate == "tanh":
             return self._backward_tanh(dy)
         x, p = self._x, self._p
-        fused = fused_elementwise(self.xp, "T dy, T x, T p", "T dx",
-                                  f"dx = dy * (p + x * (T){INV_SQRT_2PI!r} * exp((T)-0.5 * x * x));",
-                                  "dlrun_gelu_grad")
+        fused = fused_elementwise(self.xp, "T dy, T x, T p", "T dx", _GRAD_OP, "dlrun_gelu_grad")
         if fused is not None:
             return fused(dy, x, p, *out_args(self.buffer("dx", dy.shape, dy.dtype)))
         dx = normal_pdf(x)
