@@ -12,13 +12,18 @@ from .registry import regularizers
 
 
 class Regularizer:
-    """Base class: ``penalty(w)`` and ``add_gradient(w, grad)``."""
+    """Base class: ``penalty(w)`` and ``add_gradient(w, grad)`` (and ``kink_distance(w)`` for
+    gradcheck when the penalty has kinks)."""
 
     def penalty(self, w):
         raise NotImplementedError
 
     def add_gradient(self, w, grad) -> None:
         raise NotImplementedError
+
+    def kink_distance(self, w):
+        """How far ``w`` is from a kink of the penalty, or None (smooth): see Layer.kink_distance."""
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(strength={self.strength})"
@@ -62,3 +67,6 @@ class L1(Regularizer):
 
     def add_gradient(self, w, grad) -> None:
         grad += self.strength * array_module(w).sign(w)
+
+    def kink_distance(self, w):
+        return abs(w)  # |w| has its kink at 0

@@ -64,3 +64,11 @@ class MyMarginFC(Layer):
 
     def branch_signature(self):
         return self._pos  # the kink: a target logit changing sign
+
+    def kink_distance(self, x, y=None):
+        """How far from that kink: |f_i| / ‖∇f_i‖₂ with f_i = x_i·w_{y_i} (training only)."""
+        if not self.training or y is None:
+            return None
+        w = self.weight.data[y]
+        f = (x * w).sum(axis=1)
+        return abs(f) / self.xp.sqrt((x * x).sum(axis=1) + (w * w).sum(axis=1))

@@ -23,16 +23,20 @@ def _options(name, dims):
     return gi.layer_options(registry.layers.get(name).input_spec, dims, ROWS.get(name, {}))
 
 
+def _built(name, dims, rng):
+    """(layer class, input spec, the layer set up in float64 and built, input shape, output shape)."""
+    cls = registry.layers.get(name)
+    layer = gi.build_layer(name, _options(name, dims), name)
+    layer.setup(CPU, np.float64, rng, CPU.rng(0))
+    shape = gi.per_sample_shape(cls.input_spec, dims)
+    return cls, cls.input_spec, layer, shape, tuple(layer.build(shape))
+
+
 @pytest.mark.parametrize("name", LAYERS)
 def test_build_shapes_forward_backward_and_inputs_untouched(name):
-    cls = registry.layers.get(name)
-    spec = cls.input_spec
     dims = gi.DIM_CONFIGS[0]
-    layer = gi.build_layer(name, _options(name, dims), name)
     rng = np.random.default_rng(0)
-    layer.setup(CPU, np.float64, rng, CPU.rng(0))
-    shape = gi.per_sample_shape(spec, dims)
-    out_shape = tuple(layer.build(shape))
+    cls, spec, layer, shape, out_shape = _built(name, dims, rng)
     high = gi.index_high(spec, dims, layer) if spec.kind == "index" else None
     x = gi.draw_x(spec, (dims["N"], *shape), high, np.float64, rng)
     y = gi.labels(dims["N"], gi.label_count(spec, dims, out_shape), rng) if cls.needs_labels else None
@@ -97,3 +101,46 @@ def test_fast_mode_buffers_give_the_plain_results(name):
             np.testing.assert_allclose(dx1, dx0, rtol=1e-12, atol=1e-12)
         for k in g0:
             np.testing.assert_allclose(g1[k], g0[k], rtol=1e-12, atol=1e-12, err_msg=k)
+
+
+
+def _kinked(name) -> bool:
+    from dlrun.layers.base import Layer
+
+    cls = registry.layers.get(name)
+    return cls.branch_signature is not Layer.branch_signature or cls.kink_distance is not Layer.kink_distance
+
+
+@pytest.mark.parametrize("name", [n for n in LAYERS if _kinked(n)])
+def test_a_declared_kink_distance_is_a_radius_no_step_crosses(name):
+    """A layer with a branch_signature declares kink_distance, and joint steps of the input and
+    the parameters shorter than half the distance leave the signature as it was."""
+    from dlrun.gradcheck.kinks import freeze, same
+
+    dims = gi.DIM_CONFIGS[1]
+    rng = np.random.default_rng(1)
+    cls, spec, layer, shape, out_shape = _built(name, dims, rng)
+    params = [p.data for p in layer.params.values() if p.trainable]
+    layer.training = True
+    for _ in range(30):
+        x = gi.draw_x(spec, (dims["N"], *shape), None, np.float64, rng)
+        y = gi.labels(dims["N"], gi.label_count(spec, dims, out_shape), rng) if cls.needs_labels else None
+        for p in params:
+            p[...] = rng.standard_normal(p.shape)
+        args = (x, y) if cls.needs_labels else (x,)
+        d = layer.kink_distance(*args)
+        assert d is not None, f"{name} has a branch_signature but no kink_distance"
+        radius = 0.5 * float(np.min(d))
+        assert radius > 0
+        layer.forward(*args)
+        sig = freeze(layer.branch_signature())
+        saved = [p.copy() for p in params]
+        for _ in range(10):
+            steps = [rng.standard_normal(a.shape) for a in [x, *params]]
+            scale = radius / np.sqrt(sum(float((s * s).sum()) for s in steps))
+            for p, p0, s in zip(params, saved, steps[1:]):
+                p[...] = p0 + scale * s
+            layer.forward(x + scale * steps[0], *args[1:])
+            assert same(freeze(layer.branch_signature()), sig), f"{name}: a step of norm {radius:.3g} crossed a kink"
+        for p, p0 in zip(params, saved):
+            p[...] = p0

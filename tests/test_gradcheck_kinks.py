@@ -112,3 +112,108 @@ def test_no_builtin_layer_has_a_false_kink():
     assert [r.layer for r in reports if r.verdict != "PASS"] == []
     # built-ins with a kink declare a signature, so detection finds nothing more to skip
     assert {r.layer: sum(t.skipped for t in r.tensors) for r in reports if any(t.skipped for t in r.tensors)} == {}
+
+
+# --- declared distances: redrawing points away from kinks (--kink-margin) -------------------------
+DISTANCED_RELU = PLAIN_RELU.replace("PlainReLU", "DistancedReLU") + '''
+    def kink_distance(self, x, y=None):
+        return abs(x)
+'''
+
+
+def _margin_run(cli, plugin, *args):
+    r = cli("gradcheck", "DistancedReLU", "--plugin", plugin, "--eps", "0.05", "--json", *args)
+    return r.code, json.loads(r.out)
+
+
+@pytest.mark.parametrize("mode", ["exhaustive", "fast"])
+def test_a_declared_kink_distance_redraws_points_near_the_kink(cli, tmp_path, mode):
+    plugin = write(tmp_path / "distanced.py", DISTANCED_RELU)
+    # margin 0 redraws only exact zeros: the same failure as the layer without the hook
+    code, off = _margin_run(cli, plugin, "--mode", mode, "--kink-margin", "0")
+    assert code == 1 and off["tensors"][0]["status"] == "FAIL", off
+    assert off["kinks"]["redrawn"] == 0 and off["settings"]["kink_margin"] == 0
+    # a margin above the step: no element within reach of the kink is ever checked
+    code, on = _margin_run(cli, plugin, "--mode", mode, "--kink-margin", "0.06")
+    assert code == 0 and on["result"] == "PASS", on
+    assert on["kinks"]["redrawn"] > 0 and on["kinks"]["near"] == 0
+    assert on["tensors"][0]["skipped"] == 0 and on["settings"]["kink_margin"] == 0.06
+
+
+def test_the_default_margin_is_ten_steps_and_is_reported(cli, tmp_path):
+    plugin = write(tmp_path / "distanced.py", DISTANCED_RELU)
+    assert Settings().resolved().kink_margin == 1e-5
+    assert Settings(dtype="float32").resolved().kink_margin == 1e-2
+    # with eps 0.05 the default margin 0.5 cannot be met by 21 N(0,1) inputs: after --resample
+    # redraws the point is checked anyway, said so, and fails on the kink as it would without
+    r = cli("gradcheck", "DistancedReLU", "--plugin", plugin, "--eps", "0.05", "--resample", "3")
+    assert r.code == 1
+    assert "point draw(s) within --kink-margin 5.0e-01 of a kink were redrawn" in r.out
+    assert "still within it after --resample redraws were checked" in r.out
+
+
+def test_a_negative_kink_margin_is_a_usage_error(cli):
+    r = cli("gradcheck", "ReLU", "--kink-margin", "-1")
+    assert r.code == 2 and "--kink-margin must be a non-negative number, got -1.0" in r.err
+
+
+@pytest.mark.parametrize("name, dims", [("Hinge", "N=3,C=3"), ("L1", "C=3,D=2")])
+def test_losses_and_penalties_with_kinks_redraw_too(cli, name, dims):
+    def run(margin):
+        r = cli("gradcheck", name, "--eps", "0.2", "--kink-margin", margin, "--dims", dims, "--json")
+        return r.code, json.loads(r.out)
+
+    code, off = run("0")
+    assert code == 1, off  # a step of 0.2 straddles some kink of the N(0,1) draws
+    code, on = run("0.24")
+    assert code == 0 and on["kinks"]["redrawn"] > 0 and on["kinks"]["near"] == 0, on
+
+
+def _built(spec: dict, shape: tuple):
+    from dlrun import registry
+    from dlrun.backend import CPU
+
+    layer = registry.layers.build(spec, "t")
+    layer.setup(CPU, np.float64, np.random.default_rng(0), CPU.rng(0))
+    layer.build(shape)
+    layer.training = True
+    return layer
+
+
+def test_builtin_kink_distances_match_brute_force():
+    rng = np.random.default_rng(3)
+    root2 = np.sqrt(2)
+    # max-pooling with overlapping, padded windows: the gap between each window's top two values
+    pool = _built({"type": "MaxPool2D", "pool_size": 3, "stride": 2, "padding": 1}, (2, 5, 6))
+    x = rng.standard_normal((3, 2, 5, 6))
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    want = np.empty((3, 2, 3, 3))
+    for a in range(3):
+        for b in range(3):
+            top = np.sort(xp[:, :, 2 * a:2 * a + 3, 2 * b:2 * b + 3].reshape(3, 2, -1), axis=-1)
+            want[:, :, a, b] = (top[..., -1] - top[..., -2]) / root2
+    np.testing.assert_allclose(pool.kink_distance(x), want, rtol=1e-15)
+    assert _built({"type": "MaxPool2D", "pool_size": 1}, (2, 5, 6)).kink_distance(x) is None
+    # min-max normalisation: the closer of the top two and the bottom two values of the batch
+    s = np.sort(x.ravel())
+    mm = _built({"type": "MinMaxNormalization"}, (2, 5, 6))
+    np.testing.assert_allclose(mm.kink_distance(x), min(s[-1] - s[-2], s[1] - s[0]) / root2, rtol=1e-15)
+    # LargeMarginFC: |f_i| over the norm of (x_i, w_{y_i}); no kink in evaluation
+    fc = _built({"type": "LargeMarginFC", "units": 4}, (5,))
+    x2, y = rng.standard_normal((6, 5)), np.array([0, 1, 2, 3, 3, 1])
+    w = fc.weight.data
+    want = [abs(x2[i] @ w[y[i]]) / np.sqrt(x2[i] @ x2[i] + w[y[i]] @ w[y[i]]) for i in range(6)]
+    np.testing.assert_allclose(fc.kink_distance(x2, y), want, rtol=1e-14)
+    fc.training = False
+    assert fc.kink_distance(x2, y) is None
+    # ReLU and L1: |x|; Hinge: |z_ij − z_iy + margin| / √2 off the label
+    np.testing.assert_array_equal(_built({"type": "ReLU"}, (5,)).kink_distance(x2), abs(x2))
+    from dlrun import registry
+
+    np.testing.assert_array_equal(registry.regularizers.build({"type": "L1"}, "t").kink_distance(x2), abs(x2))
+    hinge = registry.losses.build({"type": "Hinge", "margin": 0.5}, "t")
+    z = rng.standard_normal((6, 4))
+    got = hinge.kink_distance(z, y)
+    for i in range(6):
+        for j in range(4):
+            assert got[i, j] == (np.inf if j == y[i] else abs(z[i, j] - z[i, y[i]] + 0.5) / root2)

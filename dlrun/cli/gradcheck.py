@@ -56,6 +56,8 @@ def print_report(report, indent: str = "") -> None:
     for r in report.tensors:
         for n in r.notes:  # a grad-structure problem already starts with the tensor's name
             out.print(f"  {n}" if n.startswith(f"{r.name}: ") else f"  {r.name}: {n}", markup=False, soft_wrap=True)
+    if report.kinks and (report.kinks["redrawn"] or report.kinks["near"]):
+        out.print(f"  {kinks_line(report.kinks)}", markup=False, soft_wrap=True)
     for a in report.aux:
         if a.status == "n/a":
             continue
@@ -68,6 +70,15 @@ def print_report(report, indent: str = "") -> None:
     failed = report.failed
     tail = f" ({', '.join(failed)})" if failed and report.verdict != PASS else ""
     out.print(f"RESULT {escape(report.layer)}: {_status(report.verdict)}{escape(tail)}  [dim]{report.seconds:.2f}s[/]", soft_wrap=True)
+
+
+def kinks_line(k: dict) -> str:
+    """What redrawing away from declared kinks did (report.kinks)."""
+    line = f"kinks: {k['redrawn']} point draw(s) within --kink-margin {k['margin']:.1e} of a kink were redrawn"
+    if k["near"]:
+        line += (f"; {k['near']} point(s) still within it after --resample redraws were checked "
+                 f"(elements whose difference crosses a kink are skipped when the layer has a branch_signature)")
+    return line
 
 
 def summary_table(reports) -> Table:
@@ -114,7 +125,10 @@ def gradcheck_cmd(
     points: int = typer.Option(2, "--points", help="Random points per shape and phase, on the same layer instance."),
     directions: int = typer.Option(4, "--directions", help="Random directions per tensor in fast mode."),
     samples: int = typer.Option(64, "--samples", help="Elements per tensor in sampled mode."),
-    resample: int = typer.Option(20, "--resample", help="Redraws of a point with over 1% of elements at a kink."),
+    resample: int = typer.Option(20, "--resample", help="Redraws of a point within --kink-margin of a declared kink "
+                                 "or with over 1% of elements skipped at one."),
+    kink_margin: Optional[float] = typer.Option(None, "--kink-margin", help="Redraw points whose declared "
+                                                "kink_distance is at most this (default 10·eps)."),
     detect_kinks: bool = typer.Option(False, "--detect-kinks", help="Also sample at ±eps/2 and skip elements where "
                                       "a quadratic does not fit (kinks without a branch_signature); 2x the forwards."),
     nondet_tol: Optional[float] = typer.Option(None, "--nondet-tol", help="Allowed difference between two backward "
@@ -130,7 +144,8 @@ def gradcheck_cmd(
     load_plugins(plugin)
     settings = Settings(dtype=dtype, eps=eps, atol=atol, rtol=rtol, seed=seed, mode=mode, strict=strict, phase=phase,
                         points=points, directions=directions, samples=samples, resample=resample,
-                        dims=dims, nondet_tol=nondet_tol, detect_kinks=detect_kinks, device=device).resolved()
+                        dims=dims, nondet_tol=nondet_tol, kink_margin=kink_margin, detect_kinks=detect_kinks,
+                        device=device).resolved()
     if all_:
         if target is not None:
             raise UsageError(f"give either a name / config or --all, not both (got {target!r} and --all)")

@@ -12,6 +12,7 @@ import numbers
 import numpy as np
 
 from ..backend import to_host
+from ..layers.base import Layer
 from . import kinks
 
 
@@ -83,6 +84,7 @@ class Harness:
         self.frozen = snapshot_state(layer)
         self.where = ""
         self.signed = kinks.has_signature(layer)
+        self.distanced = kinks.declares(layer, "kink_distance", Layer)
 
     def call(self, name: str, fn, *args):
         try:
@@ -107,6 +109,13 @@ class Harness:
         if not self.signed:
             return None
         return kinks.freeze(self.call("branch_signature", self.layer.branch_signature))
+
+    def kink_distance(self, x, y):
+        """The layer's declared distance to a kink at host point (x, y), or None (smooth)."""
+        if not self.distanced:
+            return None
+        args = (self.device.put(x), self.device.put(y)) if self.layer.needs_labels else (self.device.put(x),)
+        return self.call("kink_distance", self.layer.kink_distance, *args)
 
     def loss(self, x, y, g64: np.ndarray) -> float:
         """L = Σ G ⊙ forward(x, y), accumulated in float64."""

@@ -6,13 +6,17 @@ signature after a forward at θ+h or θ−h differs from the one at θ, the two-
 straddles the kink and says nothing about either branch's derivative (cs231n's "winners"
 check). The element is counted as skipped; a point with more than 1% skipped is redrawn.
 
+Before that, a layer (loss, regularizer) that declares ``kink_distance()`` has its point redrawn
+(up to ``--resample`` times) while the point lies within ``--kink-margin`` of a kink (Chainer's
+``dodge_nondifferentiable``): a point far from every kink loses no element to skipping.
+
 A layer without a signature (a user's plugin) can opt into generic detection, ``--detect-kinks``
 (Chainer's ``detect_nondifferentiable``): the function is also evaluated at θ ± h/2, a quadratic is
 fitted through the five values, and a residual too large for a smooth function marks a kink.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,6 +31,46 @@ MAX_SKIPPED = 0.01
 KAPPA = 0.042
 # Rounding: a residual below FLOOR·eps·|value| (eps of the layer's dtype) is noise, not a kink.
 FLOOR = 8.0
+
+
+def declares(obj, hook: str, base) -> bool:
+    """Whether ``obj``'s class overrides the hook ``base`` defines (kink_distance, ...)."""
+    return getattr(type(obj), hook, None) is not getattr(base, hook)
+
+
+@dataclass
+class Dodge:
+    """Redrawing points that lie within ``margin`` of a declared kink, and the count of them.
+
+    ``redrawn``: points drawn again for being too close; ``near``: points checked although
+    still too close after every redraw (their crossing elements are then skipped, if the layer
+    has a signature, or compared: a failure there may be the kink's).
+    """
+
+    margin: float
+    redrawn: int = 0
+    near: int = 0
+    declared: bool = field(default=False)
+
+    def redraw(self, distance, final: bool) -> bool:
+        """Whether to draw the point again, given its declared distance (None: smooth)."""
+        if distance is None:
+            return False
+        self.declared = True
+        d = np.asarray(to_host(distance), dtype=np.float64)
+        close = d.size > 0 and not float(d.min()) > self.margin  # NaN counts as close
+        if close and not final:
+            self.redrawn += 1
+            return True
+        self.near += close
+        return False
+
+    def annotate(self, report) -> None:
+        """Record the counts (``report.kinks``) and the margin (its settings) when something
+        declared a distance; a smooth layer's report stays as it was."""
+        if self.declared:
+            report.kinks = {"margin": self.margin, "redrawn": self.redrawn, "near": self.near}
+            report.settings["kink_margin"] = self.margin
 
 
 def has_signature(layer) -> bool:

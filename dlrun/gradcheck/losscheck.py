@@ -37,6 +37,12 @@ def user_call(what: str, fn, *args):
         raise LossRaised(f"{what} raised {type(e).__name__}: {e}") from e
 
 
+def kink_distance(obj, *args):
+    """``obj.kink_distance(*args)`` (a loss's or a penalty's), or None when it has none."""
+    hook = getattr(obj, "kink_distance", None)  # a plugin need not subclass the base
+    return None if hook is None else user_call("kink_distance", hook, *args)
+
+
 def _value(loss, z, y) -> float:
     v = user_call("forward", loss.forward, z, y)
     if np.ndim(to_host(v)) != 0:
@@ -65,30 +71,34 @@ def check_loss(name: str, options: dict | None = None, settings: Settings | None
     if getattr(loss, "task", "") == "regression" and settings.dims is None:
         configs.append({**configs[0], "C": 1})  # a single output, the shape of most regression data
     return scalar_report(name, settings, configs, lambda d: f"N={d['N']} C={d['C']}",
-                         lambda dims, where, log: _check_point(loss, dims, settings, rng, where, log, dev))
+                         lambda dims, where, log, dodge, final: _check_point(loss, dims, settings, rng, where, log,
+                                                                             dev, dodge, final))
 
 
 def scalar_report(name: str, settings: Settings, configs: list, where_of, check_point, extra=None) -> LayerReport:
     """The report of checking a scalar function (a loss, a penalty) at every configuration × point.
 
-    ``check_point(dims, where, log)`` checks one random point and returns its TensorRun; a point
-    with more than 1% of its elements at a kink is redrawn (``--resample``); second-point is
-    recorded per configuration. A LossRaised becomes the report's error.
+    ``check_point(dims, where, log, dodge, final)`` checks one random point and returns its
+    TensorRun, or None to have it redrawn (``dodge.redraw`` said the point is within the kink
+    margin; never when ``final``); a point with more than 1% of its elements at a kink is also
+    redrawn (up to ``--resample`` times in all); second-point is recorded per configuration. A
+    LossRaised becomes the report's error.
     """
     report = new_report(name, settings)
     report.settings.update(extra or {})
     results: dict[str, TensorResult] = {}
     log = aux.AuxLog()
+    dodge = kinks.Dodge(settings.kink_margin)
     t0 = time.perf_counter()
     try:
         for dims in configs:
             passed_first = False
             for p in range(settings.points):
                 where = f"{where_of(dims)}, point {p + 1}"
-                for _ in range(settings.resample + 1):
+                for attempt in range(settings.resample + 1):
                     point_log = aux.AuxLog()
-                    run = check_point(dims, where, point_log)
-                    if not kinks.too_many_skipped(run.skipped, run.checked):
+                    run = check_point(dims, where, point_log, dodge, attempt == settings.resample)
+                    if run is not None and not kinks.too_many_skipped(run.skipped, run.checked):
                         break
                 log.merge(point_log)
                 if p == 0:
@@ -103,13 +113,16 @@ def scalar_report(name: str, settings: Settings, configs: list, where_of, check_
         report.error = str(e)
     report.tensors = list(results.values())
     report.aux = log.listing()
+    dodge.annotate(report)
     report.seconds = time.perf_counter() - t0
     return report
 
 
-def _check_point(loss, dims: dict, settings: Settings, rng, where: str, log: aux.AuxLog, dev):
+def _check_point(loss, dims: dict, settings: Settings, rng, where: str, log: aux.AuxLog, dev, dodge, final):
     z0, y0 = targets(loss, dims["N"], dims["C"], settings, rng)  # on the host; the loss reads z, y
     z, y = dev.put(z0.copy()), dev.put(y0.copy())
+    if dodge.redraw(kink_distance(loss, z, y), final):
+        return None
     _value(loss, z, y)
     dz = user_call("backward", loss.backward)
     first = dev.host(dz)

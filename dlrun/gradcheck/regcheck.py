@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import registry
 from . import aux, device as devices
-from .losscheck import LossRaised, scalar_report, user_call
+from .losscheck import LossRaised, kink_distance, scalar_report, user_call
 from .numeric import Probe, check_tensor
 from .report import LayerReport
 from .runner import choose_mode
@@ -32,14 +32,16 @@ def check_regularizer(name: str, options: dict | None = None, settings: Settings
     rng = np.random.default_rng(settings.seed)
     dev = devices.open_device(settings.device)
     return scalar_report(name, settings, settings.dim_configs(), lambda d: f"w ({d['C']},{d['D']})",
-                         lambda dims, where, log: _check_point(reg, (dims["C"], dims["D"]), settings, rng, where, log,
-                                                               dev),
+                         lambda dims, where, log, dodge, final: _check_point(reg, (dims["C"], dims["D"]), settings,
+                                                                             rng, where, log, dev, dodge, final),
                          {k: v for k, v in options.items() if k == "strength"})
 
 
-def _check_point(reg, shape, settings: Settings, rng, where: str, log: aux.AuxLog, dev):
+def _check_point(reg, shape, settings: Settings, rng, where: str, log: aux.AuxLog, dev, dodge, final):
     w0 = rng.standard_normal(shape).astype(settings.np_dtype)  # host; the regularizer reads w
     w = dev.put(w0.copy())
+    if dodge.redraw(kink_distance(reg, w), final):
+        return None
     existing = rng.standard_normal(shape).astype(settings.np_dtype)
     grad = dev.put(existing.copy())
     user_call("add_gradient", reg.add_gradient, w, grad)

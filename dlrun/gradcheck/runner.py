@@ -196,6 +196,7 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
     results: dict[str, TensorResult] = {}
     log = aux.AuxLog()
     rng = np.random.default_rng(settings.seed)
+    dodge = kinks.Dodge(settings.kink_margin)
     t0 = time.perf_counter()
     for dims in configs:
         layer = inputs.build_layer(name, inputs.layer_options(spec, dims, options or {}), name)
@@ -210,17 +211,18 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
             except Exception as e:
                 raise LayerRaised("build", e, f"input shape {shape}") from e
             h = Harness(layer, settings.seed, dev)
-            _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settings, rng, results, log)
+            _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settings, rng, results, log, dodge)
         except (LayerRaised, ContractError, TooLarge) as e:
             report.error = str(e)
             break
     report.tensors = list(results.values())
     report.aux = log.listing()
+    dodge.annotate(report)
     report.seconds = time.perf_counter() - t0
     return report
 
 
-def _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settings, rng, results, log):
+def _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settings, rng, results, log, dodge):
     layer = h.layer
     for phase in phases:
         layer.training = phase == "train"
@@ -231,6 +233,8 @@ def _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settin
             for attempt in range(settings.resample + 1):
                 inputs.redraw_params(layer, rng, h.device)
                 point = _draw(spec, dims, shape, out_shape, n, layer, settings, rng)
+                if dodge.redraw(h.kink_distance(point.x, point.y), attempt == settings.resample):
+                    continue
                 attempt_log = aux.AuxLog()
                 runs = run_point(h, spec, point, out_shape, settings, rng, where, attempt_log)
                 skipped = sum(r.skipped for r in runs)

@@ -50,6 +50,8 @@ class Settings:
             check), relative to the tensor's largest gradient entry (at least 1); 0 demands
             identical results. Default: 0 on the CPU (numpy is deterministic), 1e-12 on the GPU
             (atomic adds may sum in any order). PyTorch's ``nondet_tol``.
+        kink_margin: a point where a declared ``kink_distance`` is at most this is redrawn (up
+            to ``resample`` times); default 10·eps; 0 redraws only points exactly on a kink.
         detect_kinks: also sample θ ± h/2 and skip elements where a quadratic does not fit the
             five values (a kink the layer declares no ``branch_signature`` for); twice the forwards.
         device: cpu, or gpu (CuPy): where the checked code runs; the comparison stays on the host.
@@ -70,6 +72,7 @@ class Settings:
     strict: bool = False
     dims: str | None = None
     nondet_tol: float | None = None
+    kink_margin: float | None = None
     detect_kinks: bool = False
     device: str = "cpu"
 
@@ -99,10 +102,13 @@ class Settings:
         s = replace(self, nondet_tol=nondet, eps=eps if self.eps is None else self.eps,
                     atol=atol if self.atol is None else self.atol,
                     rtol=rtol if self.rtol is None else self.rtol)
-        for name in ("eps", "atol", "rtol"):
+        margin = float(f"{10 * s.eps:.12g}") if s.kink_margin is None else s.kink_margin  # 1e-05, not 9.99…e-06
+        s = replace(s, kink_margin=margin)
+        for name in ("eps", "atol", "rtol", "kink_margin"):
             v = getattr(s, name)
             if not (v >= 0 and np.isfinite(v)) or (name == "eps" and v == 0):
-                raise UsageError(f"--{name} must be a {'positive' if name == 'eps' else 'non-negative'} number, got {v}")
+                raise UsageError(f"--{name.replace('_', '-')} must be a {'positive' if name == 'eps' else 'non-negative'} "
+                                 f"number, got {v}")
         return s
 
     def dim_configs(self) -> list[dict]:

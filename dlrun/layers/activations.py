@@ -9,9 +9,16 @@ from .base import InputSpec, Layer
 _ANY = InputSpec(shape=("D", "C"))
 
 
+class _KinkAtZero:
+    """For layers that change branch where x crosses 0: the distance to the kink is |x|."""
+
+    def kink_distance(self, x, y=None):
+        return abs(x)
+
+
 
 @layers.register()
-class ReLU(Layer):
+class ReLU(_KinkAtZero, Layer):
     """y = max(x, 0); ∂y/∂x = 1 where x > 0, else 0 (the kink at 0 takes the 0 branch)."""
 
     input_spec = _ANY
@@ -40,7 +47,7 @@ class ReLU(Layer):
 
 
 @layers.register()
-class LeakyReLU(Layer):
+class LeakyReLU(_KinkAtZero, Layer):
     """y = x where x > 0, else slope·x.
 
     Args:
@@ -132,7 +139,7 @@ class Softmax(Layer):
 
 
 @layers.register()
-class ELU(Layer):
+class ELU(_KinkAtZero, Layer):
     """y = x where x > 0, else alpha·(exp(x) − 1); ∂y/∂x = 1 where x > 0, else y + alpha.
 
     Args:

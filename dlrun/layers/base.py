@@ -188,6 +188,17 @@ class Layer:
         """
         return None
 
+    def kink_distance(self, x, y=None):
+        """How far input ``x`` (labels ``y``) and the current parameters are from a kink, or None.
+
+        For each kink argument f (the quantity whose sign picks a branch: x itself for ReLU, the
+        gap between a window's two largest values for max-pooling), |f| / ‖∇f‖₂ with the
+        gradient taken over the input and the parameters together: no perturbation of smaller
+        L2 norm reaches the kink (to first order). Any shape; gradcheck redraws a point while
+        its minimum is below ``--kink-margin`` (default 10·eps). None (the default): smooth.
+        """
+        return None
+
     # -- conveniences ----------------------------------------------------------------------
     def buffer(self, name: str, shape, dtype):
         """A reusable ``out=`` array for this (name, shape, dtype), or None: see ``buffers``."""

@@ -76,3 +76,11 @@ class LargeMarginFC(Layer):
 
     def branch_signature(self):
         return self._positive if self._scale is not None else None
+
+    def kink_distance(self, x, y=None):
+        """|f_i| / ‖(x_i, w_{y_i})‖₂ for f_i = x_i·w_{y_i}, the target logits (training only)."""
+        if not self.training or y is None:
+            return None
+        w = self.weight.data[y]
+        f = (x * w).sum(axis=1)
+        return abs(f) / self.xp.sqrt((x * x).sum(axis=1) + (w * w).sum(axis=1))

@@ -1,11 +1,14 @@
 """MaxPool2D: the maximum over each pooling window of NCHW images."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..backend import fused_elementwise
 from ..registry import layers
 from .base import InputSpec, Layer
+from .minmax import runner_up_gap
 from .windows import Size2, expect_image, make_window, pad_input, pair, unpad
 from ..options import NonNegativeInt
 
@@ -152,6 +155,15 @@ class MaxPool2D(Layer):
             else:  # disjoint windows: each input element is written by at most one offset
                 xp.multiply(dy, m, out=dxp[idx])
         return unpad(dxp, win)
+
+    def kink_distance(self, x, y=None):
+        """The gap between each window's two largest values, over √2 (None for a 1×1 pool)."""
+        win = self.win
+        if len(list(win.offsets())) < 2:
+            return None
+        xpad = pad_input(self.xp, x, win, float("-inf"))
+        grids = self.xp.stack([xpad[(slice(None), slice(None)) + win.offset_slices(i, j)] for i, j in win.offsets()])
+        return runner_up_gap(grids) / math.sqrt(2)
 
     def branch_signature(self):
         """The window offset (row-major index) that won each output: the argmax positions."""

@@ -1,6 +1,8 @@
 """MinMaxNormalization: seed 001's NormalizationLayer, rescaling the batch into [0, 1]."""
 from __future__ import annotations
 
+import math
+
 from ..backend import array_module
 from ..registry import layers
 from .base import InputSpec, Layer
@@ -21,6 +23,23 @@ def minmax_forward(x):
     inv = xp.where(constant, x.dtype.type(0), x.dtype.type(1) / xp.where(constant, x.dtype.type(1), r))
     y = (x - m) * inv
     return y, (imin, imax, y, inv)
+
+
+def runner_up_gap(a, axis: int = 0):
+    """The largest value minus the second largest along ``axis``: how far the argmax is from
+    moving (inf with one value; -inf entries, max-pool padding, never win)."""
+    xp = array_module(a)
+    if a.shape[axis] < 2:
+        return xp.full(a.shape[:axis] + a.shape[axis + 1:], math.inf)
+    top = xp.moveaxis(xp.sort(a, axis=axis), axis, -1)  # gradcheck only: the arrays are small
+    return top[..., -1] - top[..., -2]
+
+
+def minmax_kink_distance(x):
+    """Distance to a kink of min-max normalisation: the argmax or argmin moving. Closing a
+    gap between two values takes a step of norm gap/√2 (one up, the other down)."""
+    flat = x.reshape(-1)
+    return array_module(x).minimum(runner_up_gap(flat), runner_up_gap(-flat)) / math.sqrt(2)
 
 
 def minmax_backward(dy, cache):
@@ -55,3 +74,6 @@ class MinMaxNormalization(Layer):
 
     def branch_signature(self):
         return self._cache[:2]
+
+    def kink_distance(self, x, y=None):
+        return minmax_kink_distance(x)

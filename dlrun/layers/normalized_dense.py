@@ -6,7 +6,7 @@ from ..options import PositiveInt
 from ..registry import layers
 from .base import InputSpec, Layer
 from .linear import _init
-from .minmax import minmax_backward, minmax_forward
+from .minmax import minmax_backward, minmax_forward, minmax_kink_distance
 
 
 @layers.register()
@@ -57,3 +57,6 @@ class NormalizedDense(Layer):
 
     def branch_signature(self):
         return self._cache[:2]
+
+    def kink_distance(self, x, y=None):  # the kinks are min-max normalisation's, on x alone
+        return minmax_kink_distance(x)

@@ -33,6 +33,11 @@ class Loss:
         answer from what its forward computed; the default compares ``predict(z)`` with ``y``."""
         return array_module(z).count_nonzero(self.predict(z) == y)  # ~5x cheaper than .sum()
 
+    def kink_distance(self, z, y):
+        """How far the scores ``z`` (labels ``y``) are from a kink of the loss, or None (smooth):
+        |m| / ‖∇m‖₂ for each quantity m whose sign picks a branch (see Layer.kink_distance)."""
+        return None
+
     def probabilities(self, z):
         """Class probabilities for ``--proba`` (classification losses only)."""
         raise NotImplementedError(f"{type(self).__name__} gives no probabilities")

@@ -1,6 +1,8 @@
 """Binary cross-entropy on logits and the multi-class hinge loss."""
 from __future__ import annotations
 
+import math
+
 from ..backend import array_module
 from ..errors import ShapeError
 from ..options import PositiveFloat
@@ -95,6 +97,14 @@ class Hinge(Loss):
         d[self._rows, self._y] = -d.sum(axis=1)
         d /= d.shape[0]
         return d
+
+    def kink_distance(self, z, y):
+        """|m_ij| / √2 for j ≠ y_i: m_ij = z_ij − z_iy_i + margin moves with two scores."""
+        xp = array_module(z)
+        rows = xp.arange(z.shape[0])
+        m = abs(z - z[rows, y][:, None] + self.margin)
+        m[rows, y] = math.inf
+        return m / math.sqrt(2)
 
     def __repr__(self) -> str:
         return f"Hinge(margin={self.margin})"
