@@ -34,7 +34,7 @@ class LayerNorm(Layer):
         have shape S (one scale and shift per element, as in both frameworks).
     """
 
-    input_spec = InputSpec(shape=("D", "C"))
+    input_spec = InputSpec(shape=("D", "H"))  # (3, 5) and (5, 4): never a 2-element axis, where the output is ±1
 
     def __init__(self, axes: PositiveInt = 1, eps: PositiveFloat = 1e-5, center: bool = True, scale: bool = True):
         self.axes = axes
