@@ -85,3 +85,58 @@ def test_perturbation_restores_the_saved_value_exactly():
                                       np.unravel_index(i, a.shape), 1e-3)
             assert abs(d - 2 * float(before.flat[i])) < 1e-2
         assert a.tobytes() == before.tobytes()
+
+
+def test_relative_errors_symmetric_error_and_band():
+    from dlrun.gradcheck.numeric import sym_rel
+    from dlrun.gradcheck.report import band
+
+    a, n = np.array([1.0, -2.0, 0.0]), np.array([1.0, -2.0, 0.0])
+    assert sym_rel(a, n) == 0.0 and sym_rel(np.zeros(3), np.zeros(3)) == 0.0
+    assert sym_rel(np.array([3.0, 4.0]), np.array([3.0, 0.0])) == pytest.approx(4 / np.sqrt(36 + 16))
+    assert sym_rel(np.array([1.0]), np.array([-1.0])) > 1e200  # opposite: huge, but finite (JSON)
+    assert [band(v) for v in (0.0, 9.9e-8, 1e-7, 5e-5, 1e-4, 5e-3, 1e-2, 0.7)] == [
+        "happy", "happy", "ok with kinks", "ok with kinks", "uneasy", "uneasy", "wrong", "wrong"]
+
+
+def test_a_report_carries_the_symmetric_error_and_band():
+    from broken_layers import MissingFactor
+
+    good = check_layer("ReQU").to_dict()["tensors"][0]
+    assert good["band"] == "happy" and 0 < good["sym_rel"] < 1e-8, good
+    # LayerNorm's spec never normalises a 2-element axis, where the output is ±1 whatever x is and
+    # the x gradient nearly 0: checked there, sym rel was 2e-7 (all rounding)
+    assert {t.band for t in check_layer("LayerNorm").tensors} == {"happy"}
+    with registered(MissingFactor) as name:
+        bad = check_layer(name).to_dict()["tensors"][0]
+    # backward gives half the derivative: (a − n)/(a + n) = (−n/2)/(3n/2) everywhere
+    assert bad["band"] == "wrong" and bad["sym_rel"] == pytest.approx(1 / 3, rel=1e-6), bad
+
+
+TINY_OUTPUT = '''
+from dlrun.layers import InputSpec, Layer
+from dlrun.registry import layers
+
+
+@layers.register()
+class Tiny(Layer):
+    """y = 1e-12·x, whose backward forgot the factor."""
+
+    input_spec = InputSpec(shape=("D",))
+
+    def forward(self, x):
+        return 1e-12 * x
+
+    def backward(self, dy):
+        return dy
+'''
+
+
+def test_a_numeric_gradient_below_floating_point_range_is_named(cli, tmp_path):
+    from conftest import write
+
+    plugin = write(tmp_path / "tiny.py", TINY_OUTPUT)
+    r = cli("gradcheck", "Tiny", "--plugin", plugin, "--json")
+    x = __import__("json").loads(r.out)["tensors"][0]
+    assert r.code == 1 and x["status"] == "FAIL"
+    assert any("numeric gradient is below 1e-10 everywhere but backward's is not" in n for n in x["notes"]), x

@@ -14,6 +14,7 @@ from ..errors import UsageError
 from .. import registry
 from ..options import did_you_mean
 from ..gradcheck import ERROR, PASS, Settings, check_all, check_config, check_layer, check_loss, check_regularizer
+from ..gradcheck.report import band
 from ..plugins import load_plugins
 from . import app, err, out
 from .catalog import PLUGIN_HELP
@@ -33,7 +34,7 @@ def _status(s: str) -> str:
 def tensor_table(report) -> Table:
     t = Table(title=f"gradcheck {report.layer}", title_justify="left")
     for c, j in (("tensor", "left"), ("role", "left"), ("shape", "left"), ("mode", "left"), ("checked", "right"),
-                 ("skipped", "right"), ("max abs", "right"), ("max rel", "right")):
+                 ("skipped", "right"), ("max abs", "right"), ("max rel", "right"), ("sym rel", "right")):
         t.add_column(c, justify=j, no_wrap=True)
     t.add_column("worst element: analytic / numeric", overflow="fold")
     t.add_column("result", no_wrap=True)
@@ -42,7 +43,7 @@ def tensor_table(report) -> Table:
         worst = "-" if w is None else (f"{r.name}[{','.join(map(str, w.index))}]: {w.analytic:.6g} / {w.numeric:.6g}"
                                        + (f"  (tol {w.tol:.1e}; {w.where})" if r.status != PASS else ""))
         t.add_row(r.name, r.role, r.shape_text, r.mode, str(r.checked), str(r.skipped), _fmt(r.max_abs),
-                  _fmt(r.max_rel), worst, _status(r.status))
+                  _fmt(r.max_rel), f"{_fmt(r.sym_rel)} {r.band}", worst, _status(r.status))
     s = report.settings
     t.caption = " ".join(f"{k}={v}" for k, v in s.items())
     return t
@@ -81,16 +82,22 @@ def kinks_line(k: dict) -> str:
     return line
 
 
+def _rel(report) -> str:
+    """The largest symmetric relative error of a report's tensors, with its band."""
+    rel = max((x.sym_rel for x in report.tensors), default=0.0)
+    return f"{_fmt(rel)} {band(rel)}" if report.tensors else "-"
+
+
 def summary_table(reports) -> Table:
     t = Table(title="gradcheck --all", title_justify="left")
     for c, j in (("name", "left"), ("tensors", "left"), ("checked", "right"), ("skipped", "right"),
-                 ("max rel err", "right"), ("seconds", "right"), ("result", "left"), ("problem", "left")):
+                 ("sym rel err", "right"), ("seconds", "right"), ("result", "left"), ("problem", "left")):
         t.add_column(c, justify=j)
     for r in reports:
         problem = ", ".join(r.failed) if r.failed else (r.error or "")
         t.add_row(r.layer, ", ".join(x.name for x in r.tensors), str(sum(x.checked for x in r.tensors)),
                   str(sum(x.skipped for x in r.tensors)),
-                  _fmt(max((x.max_rel for x in r.tensors), default=0.0)), f"{r.seconds:.2f}",
+                  _rel(r), f"{r.seconds:.2f}",
                   _status(r.verdict), problem)
     return t
 

@@ -1,6 +1,8 @@
 """Auxiliary checks, each reported as its own PASS/FAIL line.
 
 * output-shape: forward returns (N, *shape that build declared);
+* output-aliasing: a second forward, at other inputs, leaves the first one's output as it was
+  (no output buffer reused across calls: a caller may keep outputs);
 * grad-structure: every float input and trainable parameter gets a gradient of its own shape
   and dtype (a mismatch is a FAIL with a message, never a crash);
 * zero-upstream: backward(0) gives exact zeros (backward multiplies by the upstream gradient);
@@ -19,7 +21,7 @@ import numpy as np
 
 from .report import FAIL, NA, PASS, AuxResult
 
-NAMES = ("output-shape", "grad-structure", "zero-upstream", "reentrant", "inputs-unchanged", "state",
+NAMES = ("output-shape", "output-aliasing", "grad-structure", "zero-upstream", "reentrant", "inputs-unchanged", "state",
          "second-point", "wiring", "adds-gradient")
 
 

@@ -23,6 +23,8 @@ from ..backend import array_module, to_host
 from . import kinks
 from .report import Worst
 
+TINY = 1e-10  # cs231n: a numeric gradient this small everywhere is suspect, not a match
+
 
 @dataclass
 class Probe:
@@ -56,6 +58,7 @@ class TensorRun:
     skipped: int = 0
     max_abs: float = 0.0
     max_rel: float = 0.0
+    sym_rel: float = 0.0
     worst: Worst | None = None
     failed: bool = False
     notes: list = field(default_factory=list)
@@ -139,6 +142,7 @@ def compare(run: TensorRun, a: np.ndarray, n: np.ndarray, flat: np.ndarray, atol
     rel = np.where(big < 1e-12, 0.0, diff / np.where(big == 0, 1.0, big))
     run.max_abs = max(run.max_abs, float(diff.max()))
     run.max_rel = max(run.max_rel, float(rel.max()))
+    run.sym_rel = max(run.sym_rel, sym_rel(a, n))
     k = int(np.argmax(diff - tol))
     idx = tuple(int(i) for i in np.unravel_index(int(flat[k]), run.shape))
     run.worst = Worst(idx, float(a[k]), float(n[k]), float(tol[k]), where)
@@ -147,6 +151,18 @@ def compare(run: TensorRun, a: np.ndarray, n: np.ndarray, flat: np.ndarray, atol
     if not n.any() and np.abs(a).max() > atol:
         run.notes.append(f"numeric gradient is exactly 0 everywhere but backward's is not: "
                          f"perturbing {run.name} does not reach the output (not wired, or a copy is used?)")
+    elif np.abs(n).max() < TINY and np.abs(a).max() > atol:
+        run.notes.append(f"numeric gradient is below {TINY:.0e} everywhere but backward's is not: the "
+                         f"output hardly moves with {run.name} (a factor missing in forward, or values "
+                         f"outside floating point's active range: scale them up)")
+
+
+def sym_rel(a: np.ndarray, n: np.ndarray) -> float:
+    """‖a − n‖₂ / ‖a + n‖₂ (Oxford's measure, "of the order of eps" when right); 0 when both
+    are (near) zero, huge when a = −n."""
+    den = float(np.linalg.norm(a + n))
+    num = float(np.linalg.norm(a - n))
+    return 0.0 if den < 1e-12 and num < 1e-12 else num / max(den, 1e-300)  # finite: valid JSON
 
 
 def check_elements(probe: Probe, arr, grad, flat: np.ndarray, run: TensorRun, h, atol, rtol, where) -> None:
@@ -181,6 +197,7 @@ def check_directions(probe: Probe, arr, grad, count: int, rng, run: TensorRun, h
             run.skipped += 1
             continue
         run.checked += 1
+        run.sym_rel = max(run.sym_rel, sym_rel(np.array([ana]), np.array([num])))
         gap = abs(ana - num)
         if gap > tol:
             run.failed = True

@@ -5,6 +5,15 @@ import json
 from dataclasses import asdict, dataclass, field
 
 PASS, FAIL, ERROR, NA = "PASS", "FAIL", "ERROR", "n/a"
+# cs231n's reading of a relative error (informative: pass/fail is the tolerance rule). It is
+# applied to sym_rel, a norm-wise error: the elementwise max_rel is dominated by rounding on
+# elements whose gradient is near 0 (an identity layer's reaches 2e-6 in float64)
+BANDS = ((1e-7, "happy"), (1e-4, "ok with kinks"), (1e-2, "uneasy"))
+
+
+def band(rel: float) -> str:
+    """happy < 1e-7 ≤ ok with kinks < 1e-4 ≤ uneasy < 1e-2 ≤ wrong."""
+    return next((name for limit, name in BANDS if rel < limit), "wrong")
 
 
 @dataclass
@@ -23,7 +32,9 @@ class TensorResult:
     """One checked tensor (an input or a parameter), aggregated over every point checked.
 
     ``checked`` counts compared elements (elementwise modes) plus directions (fast mode);
-    ``skipped`` counts elements whose finite difference crossed a kink.
+    ``skipped`` counts elements whose finite difference crossed a kink. ``max_rel`` is the largest
+    abs(a − n)/max(abs(a), abs(n)) (0 where both are below 1e-12), ``sym_rel`` the largest
+    ‖a − n‖₂/‖a + n‖₂ of a point (Oxford), both over every point; ``band`` reads sym_rel.
     """
 
     name: str
@@ -35,9 +46,14 @@ class TensorResult:
     skipped: int = 0
     max_abs: float = 0.0
     max_rel: float = 0.0
+    sym_rel: float = 0.0
     worst: Worst | None = None
     status: str = PASS
     notes: list = field(default_factory=list)
+
+    @property
+    def band(self) -> str:
+        return band(self.sym_rel)
 
     @property
     def shape_text(self) -> str:
@@ -90,6 +106,7 @@ class LayerReport:
         d["failed"] = self.failed
         for t, td in zip(self.tensors, d["tensors"]):
             td["shape"] = td.pop("shapes")
+            td["band"] = t.band
             if t.worst is not None:
                 td["worst"]["index"] = list(t.worst.index)
         d["children"] = [c.to_dict() for c in self.children]

@@ -51,6 +51,11 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
                f"forward returned shape {tuple(out.shape)}, build declared {expected}", where)
     g = rng.standard_normal(out.shape).astype(out.dtype)
     h.backward(g.copy())  # (the harness moves it to the device)
+    kept = _host(out)  # the rows reversed are other inputs of the same kind (labels follow them)
+    h.forward(dev.put(point.x[::-1].copy()), None if point.y is None else dev.put(point.y[::-1].copy()))
+    log.record("output-aliasing", np.array_equal(_host(out), kept, equal_nan=True),
+               "a second forward overwrote the first one's output: the layer returns a buffer it reuses "
+               "across calls", where)
 
     x0, y0 = _host(x), _host(y)
     before = public_scalars(layer)
@@ -163,6 +168,7 @@ def merge(results: dict, run: TensorRun) -> None:
     t.skipped += run.skipped
     t.max_abs = max(t.max_abs, run.max_abs)
     t.max_rel = max(t.max_rel, run.max_rel)
+    t.sym_rel = max(t.sym_rel, run.sym_rel)
     if run.worst is not None:
         ex = lambda w: abs(w.analytic - w.numeric) - w.tol  # noqa: E731
         if t.worst is None or ex(run.worst) > ex(t.worst):
