@@ -140,3 +140,16 @@ def test_a_numeric_gradient_below_floating_point_range_is_named(cli, tmp_path):
     x = __import__("json").loads(r.out)["tensors"][0]
     assert r.code == 1 and x["status"] == "FAIL"
     assert any("numeric gradient is below 1e-10 everywhere but backward's is not" in n for n in x["notes"]), x
+
+
+def test_a_failed_direction_is_located_by_checking_elements():
+    from broken_layers import MissingFactor
+
+    with registered(MissingFactor) as name:
+        x = check_layer(name, settings=Settings(mode="fast")).tensors[0]
+    assert x.status == FAIL and x.mode == "fast+sampled", x
+    # the element found is one where backward gives half the finite difference
+    assert x.worst is not None and x.worst.analytic == pytest.approx(x.worst.numeric / 2, rel=1e-5)
+    assert x.notes[0].startswith("to locate the failure,") and "the worst is shown" in x.notes[0]
+    # a passing tensor is not sampled
+    assert check_layer("ReQU", settings=Settings(mode="fast")).tensors[0].mode == "fast"

@@ -230,4 +230,22 @@ def check_tensor(probe: Probe, arr, grad, name: str, role: str, mode: str, setti
         check_elements(probe, arr, grad, flat, run, h, atol, rtol, where)
     if "fast" in mode:
         check_directions(probe, arr, grad, settings.directions, rng, run, h, atol, rtol, where)
+        if mode == "fast" and run.failed:
+            _locate(probe, arr, grad, run, settings, rng, where, extra)
     return run
+
+
+def _locate(probe: Probe, arr, grad, run: TensorRun, settings, rng, where: str, extra) -> None:
+    """A failed direction names no element: check ``samples`` elements to find the worst one
+    (PyTorch's fast mode reruns the slow one for the same reason)."""
+    found = TensorRun(run.name, run.role, run.shape, run.dtype, "sampled")
+    flat = sample_indices(arr.size, settings.samples, rng, extra)
+    check_elements(probe, arr, grad, flat, found, settings.eps, settings.atol, settings.rtol, where)
+    run.checked += found.checked
+    run.skipped += found.skipped
+    run.max_abs, run.max_rel = max(run.max_abs, found.max_abs), max(run.max_rel, found.max_rel)
+    run.sym_rel, run.worst = max(run.sym_rel, found.sym_rel), found.worst
+    run.mode = "fast+sampled"
+    run.notes.insert(0, f"to locate the failure, {found.checked} elements were checked one by one: "
+                     + ("the worst is shown" if found.failed else
+                        "none of them fails, so the error is spread thin: rerun with --mode exhaustive"))
