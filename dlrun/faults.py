@@ -127,12 +127,14 @@ class NonFiniteGuard:
         """Replay the epoch from the snapshot, checking every step; return the error to raise."""
         self.restore()
         where = None
-        with np.errstate(all="ignore"):
-            for b, (xb, yb) in enumerate(batches, start=1):
-                where = self._replay_batch(xb, yb, callbacks)
-                if where:
-                    break
-        self.restore()  # leave the last good state in the model (the end of the previous epoch)
+        try:  # a layer may raise instead (an Embedding index out of range): the restore still runs
+            with np.errstate(all="ignore"):
+                for b, (xb, yb) in enumerate(batches, start=1):
+                    where = self._replay_batch(xb, yb, callbacks)
+                    if where:
+                        break
+        finally:
+            self.restore()  # leave the last good state in the model (the end of the previous epoch)
         kept = (f"the model holds the state after epoch {epoch - 1}" if epoch > 1
                 else "no epoch finished, so there is no good state to keep")
         if where is None:

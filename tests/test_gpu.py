@@ -167,7 +167,16 @@ STEP_MODELS = {
     "LargeMarginFC (labels in forward), RMSProp": (
         [{"type": "Linear", "units": 8}, "Tanh", {"type": "LargeMarginFC", "units": 3, "k": 0.5}], (4,),
         {"type": "RMSProp", "learning_rate": 0.01}, False),
+    "Embedding (indices), GELU, SGD": (
+        [{"type": "Embedding", "input_dim": 10, "output_dim": 4}, "Flatten", "GELU", {"type": "Linear", "units": 3}],
+        (5,), {"type": "SGD", "learning_rate": 0.1}, False),
 }
+
+
+def _step_batch(specs, in_shape, rng):
+    if specs[0]["type"] == "Embedding":  # whole-number indices, carried as floats like any data
+        return rng.integers(0, specs[0]["input_dim"], (16,) + in_shape).astype(np.float32)
+    return rng.standard_normal((16,) + in_shape, dtype=np.float32)
 
 # Holds the GPU until *flag becomes non-zero (or about ten seconds pass, so a bug cannot hang the suite).
 _SPIN = r"""
@@ -199,7 +208,7 @@ def test_train_step_never_waits_for_the_host(case):
     for cb in callbacks:
         cb.on_train_begin(trainer)
     rng = np.random.default_rng(0)
-    xb = cupy.asarray(rng.standard_normal((16,) + in_shape, dtype=np.float32))
+    xb = cupy.asarray(_step_batch(specs, in_shape, rng))
     yb = cupy.asarray(rng.integers(0, 3, 16))
     trainer._fast_mode(True)
     trainer.train_step(xb, yb, callbacks)  # warm-up: kernels compiled, pool filled
@@ -222,6 +231,34 @@ def test_train_step_never_waits_for_the_host(case):
     assert changed, "the queued step updated no parameter"
     assert isinstance(loss_total, cupy.ndarray) and isinstance(correct, cupy.ndarray)  # device scalars
     assert 0 < float(loss_total) and 0 <= int(correct) <= 16
+
+
+def test_embedding_trains_like_on_cpu_and_a_bad_index_is_named_at_the_epoch_end():
+    """On GPU the training lookup reads nothing back: an index outside the table gives NaN rows,
+    and the end-of-epoch check's replay names the index; the weights stay the last good ones."""
+    from dlrun.errors import DataError
+    from dlrun.trainer import Trainer
+
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 10, (12, 5)).astype(np.float32), rng.integers(0, 3, 12)
+    specs = [{"type": "Embedding", "input_dim": 10, "output_dim": 4}, "Flatten", {"type": "Linear", "units": 3}]
+
+    def fit(device, data):
+        model = Sequential([registry.layers.build(s) for s in specs], (5,), get_backend(device), np.float64, seed=0)
+        trainer = Trainer(model, registry.losses.build("SoftmaxCrossEntropy"), registry.optimizers.build("SGD"),
+                          batch_size=4, shuffle=False)
+        start = to_host(model.layers[0].weight.data).copy()
+        try:
+            return [r["train_loss"] for r in trainer.fit(data, y, epochs=2).rows], None
+        except DataError as e:
+            np.testing.assert_array_equal(to_host(model.layers[0].weight.data), start)
+            return None, e
+
+    np.testing.assert_allclose(fit("gpu", x)[0], fit("cpu", x)[0], rtol=1e-10)
+    bad = x.copy()
+    bad[6, 2] = 12
+    _, err = fit("gpu", bad)
+    assert err is not None and "index 12 is outside [0, 10)" in str(err)
 
 
 LOSS_CASES = {  # name -> (logit shape, labels: "classes" integers in [0, C), "binary" 0/1, "real" like z)

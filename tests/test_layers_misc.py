@@ -195,3 +195,61 @@ def test_input_spec_builds_and_float32_path_neither_upcasts_nor_mutates(name):
         assert p.data.dtype == np.float32 and (p.grad is None or p.grad.dtype == np.float32)
     np.testing.assert_array_equal(x, x0)
     np.testing.assert_array_equal(dy, dy0)
+
+
+def _emulated_kernel(xp, spec_in, spec_out, op, name):
+    """numpy stand-ins for Embedding's two GPU kernels, with the semantics their CUDA source
+    states (the GPU tests run the real ones): the Python side is tested here on the CPU."""
+    def rows(x, D):
+        ok = (x > -1) & (x < D)
+        return ok, np.where(ok, x, 0).astype(np.int64)
+
+    if name == "dlrun_embedding":
+        def gather(W, x, c, D, C, nan, out):
+            ok, v = rows(x, D)
+            out[...] = np.where(ok, W.reshape(-1)[v * C + c], nan)
+            return out
+        return gather
+    assert name == "dlrun_embedding_grad"
+
+    def scatter(x, c, dy, D, C, G):
+        ok, v = rows(x, D)
+        ok, flat = np.broadcast_arrays(ok, v * C + c)
+        np.add.at(G.reshape(-1), flat[ok], dy[ok])
+    return scatter
+
+
+def _embedding_fit(x, y, epochs=2):
+    from dlrun import registry
+    from dlrun.backend import CPU
+    from dlrun.model import Sequential
+    from dlrun.trainer import Trainer
+
+    specs = [{"type": "Embedding", "input_dim": 10, "output_dim": 4}, "Flatten", {"type": "Linear", "units": 3}]
+    model = Sequential([registry.layers.build(s) for s in specs], (5,), CPU, np.float32, seed=0)
+    trainer = Trainer(model, registry.losses.build("SoftmaxCrossEntropy"), registry.optimizers.build("SGD"),
+                      batch_size=4, shuffle=False)
+    start = model.layers[0].weight.data.copy()
+    try:
+        return [r["train_loss"] for r in trainer.fit(x, y, epochs=epochs).rows], model, start
+    except DataError as e:
+        return e, model, start
+
+
+def test_embedding_unchecked_training_lookup_defers_a_bad_index_to_the_epoch_check(monkeypatch):
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 10, (12, 5)).astype(np.float32)
+    y = rng.integers(0, 3, 12)
+    checked, _, _ = _embedding_fit(x, y)
+    import dlrun.layers.embedding as emb
+
+    names = []
+    monkeypatch.setattr(emb, "fused_elementwise", lambda *spec: names.append(spec[-1]) or _emulated_kernel(*spec))
+    unchecked, _, _ = _embedding_fit(x, y)  # the GPU code path, on the CPU
+    assert names.count("dlrun_embedding") == names.count("dlrun_embedding_grad") == 6  # 2 epochs x 3 batches
+    np.testing.assert_allclose(unchecked, checked, rtol=1e-6)  # same lookup and scatter-add
+    bad = x.copy()
+    bad[6, 2] = 12  # batch 2 of epoch 1
+    err, model, start = _embedding_fit(bad, y)
+    assert isinstance(err, DataError) and "index 12 is outside [0, 10)" in str(err), err
+    np.testing.assert_array_equal(model.layers[0].weight.data, start)  # the replay restored the weights

@@ -1,6 +1,7 @@
 """Embedding: a lookup table of learned vectors indexed by integer tokens."""
 from __future__ import annotations
 
+from ..backend import array_module, fused_elementwise
 from ..errors import DataError
 from ..initializers import Initializer
 from ..options import PositiveInt
@@ -8,6 +9,15 @@ from ..regularizers import Regularizer
 from ..registry import layers
 from .base import InputSpec, Layer
 from .linear import _init
+
+
+# GPU kernels of the unchecked lookup. In range: an index the table has (x may be a float
+# holding a whole number, truncated like astype; NaN fails both comparisons). c: the column.
+_IN_RANGE = "(x > (X)-1 && x < (X)D)"
+_GATHER = ("raw T W, X x, int64 c, int64 D, int64 C, T nan", "T y",
+           f"y = {_IN_RANGE} ? W[(long long)x * C + c] : nan;", "dlrun_embedding")
+_SCATTER = ("X x, int64 c, T dy, int64 D, int64 C", "raw T G",
+            f"if ({_IN_RANGE}) atomicAdd(&G[(long long)x * C + c], dy);", "dlrun_embedding_grad")
 
 
 @layers.register()
@@ -19,6 +29,12 @@ class Embedding(Layer):
     Inputs are integer indices in [0, input_dim). Models carry data as floating-point arrays, so
     the indices may arrive as floats holding whole numbers; they are cast to integers here. The
     input is not differentiable: backward returns zeros for it.
+
+    An index outside the table is a DataError naming it. In the GPU training loop that check
+    would read the batch's extremes back to the host on every batch, so there the lookup is one
+    kernel that gives NaN rows for such indices (and backward skips them): the epoch's loss turns
+    NaN, and the end-of-epoch check replays the epoch with the checking lookup, which raises the
+    DataError; the model keeps the previous epoch's weights.
 
     Args:
         input_dim: vocabulary size (number of rows of W).
@@ -50,7 +66,14 @@ class Embedding(Layer):
         return tuple(input_shape) + (self.output_dim,)
 
     def forward(self, x, y=None):
-        idx = x.astype(self.xp.int64) if x.dtype.kind != "i" else x
+        xp = self.xp
+        gather = fused_elementwise(xp, *_GATHER)
+        if gather is not None and self.buffers.enabled:  # GPU training loop: no host read per batch
+            self._x, self._idx = x, None
+            out = self.output_array("y", x.shape + (self.output_dim,), self.weight.data.dtype)
+            return gather(self.weight.data, x[..., None], self._columns(), self.input_dim, self.output_dim,
+                          float("nan"), out)
+        idx = x.astype(xp.int64) if x.dtype.kind != "i" else x
         if idx.size:
             lo, hi = int(idx.min()), int(idx.max())
             if lo < 0 or hi >= self.input_dim:
@@ -64,8 +87,21 @@ class Embedding(Layer):
     def backward(self, dy):
         g = self.weight.grad
         g.fill(0)
-        self.backend.scatter_add(g, self._idx.reshape(-1), dy.reshape(-1, self.output_dim))
+        if self._idx is None:  # the unchecked GPU forward: out-of-range indices add nothing
+            fused_elementwise(self.xp, *_SCATTER)(self._x[..., None], self._columns(), dy, self.input_dim,
+                                                  self.output_dim, g)
+        else:
+            self.backend.scatter_add(g, self._idx.reshape(-1), dy.reshape(-1, self.output_dim))
+        if not self.needs_input_grad:
+            return None
         return self.xp.zeros(self._xshape, dtype=self._xdtype)
+
+    def _columns(self):
+        """0..output_dim−1 on the device, made once: the kernels' column of each output element."""
+        cols = getattr(self, "_cols", None)
+        if cols is None or array_module(cols) is not self.xp:
+            cols = self._cols = self.xp.arange(self.output_dim, dtype=self.xp.int64)
+        return cols
 
     def __repr__(self) -> str:
         return f"Embedding(input_dim={self.input_dim}, output_dim={self.output_dim})"
