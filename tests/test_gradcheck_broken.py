@@ -153,3 +153,40 @@ def test_a_failed_direction_is_located_by_checking_elements():
     assert x.notes[0].startswith("to locate the failure,") and "the worst is shown" in x.notes[0]
     # a passing tensor is not sampled
     assert check_layer("ReQU", settings=Settings(mode="fast")).tensors[0].mode == "fast"
+
+
+NOISY = '''
+import numpy as np
+from dlrun.layers import InputSpec, Layer
+from dlrun.registry import layers
+
+_RNG = np.random.default_rng()
+
+
+@layers.register()
+class NoisyScale(Layer):
+    """y = x·m with m drawn from a module-level generator, not from self.rng."""
+
+    input_spec = InputSpec(shape=("D",))
+    stochastic = STOCHASTIC
+
+    def forward(self, x):
+        self._m = (self.rng if USE_OWN else _RNG).uniform(0.5, 1.5, x.shape)
+        return x * self._m
+
+    def backward(self, dy):
+        return dy * self._m
+'''
+
+
+@pytest.mark.parametrize("stochastic, own, code", [(False, False, 2), (True, False, 2), (True, True, 0)])
+def test_a_forward_that_is_not_repeatable_is_refused(cli, tmp_path, stochastic, own, code):
+    from conftest import write
+
+    plugin = write(tmp_path / "noisy.py", NOISY.replace("STOCHASTIC", str(stochastic)).replace("USE_OWN", str(own)))
+    r = cli("gradcheck", "NoisyScale", "--plugin", plugin)
+    assert r.code == code, r.out + r.err
+    if code == 2:  # random numbers not drawn from the reseeded self.rng
+        assert "stochastic layer without seed hook: two forwards at the same point give different outputs" in r.out
+    else:
+        assert "RESULT NoisyScale: PASS" in r.out

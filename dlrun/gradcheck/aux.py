@@ -84,6 +84,15 @@ def magnitude(g) -> float:
     return max(1.0, float(np.max(np.abs(g)))) if g is not None and g.size else 1.0
 
 
+def repeatable(first: np.ndarray, again: np.ndarray, nondet_tol: float) -> bool:
+    """Whether two forwards at the same point agree: identically, or within ``nondet_tol``
+    relative to the output's magnitude (as the reentrant check allows backward on a GPU)."""
+    if np.array_equal(first, again, equal_nan=True):
+        return True
+    return nondet_tol > 0 and first.shape == again.shape and bool(
+        np.allclose(first, again, rtol=0, atol=nondet_tol * magnitude(first), equal_nan=True))
+
+
 def nonzero(grads: dict) -> list[str]:
     return [k for k, g in grads.items() if g is not None and np.any(g != 0)]
 
