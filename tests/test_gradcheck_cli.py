@@ -48,7 +48,13 @@ def test_fail_names_the_tensor_with_worst_element(cli, tmp_path):
     plugin = write(tmp_path / "broken.py", BROKEN)
     r = cli("gradcheck", "HalfReQU", "--plugin", plugin)
     assert r.code == 1, r.out + r.err
-    assert "RESULT HalfReQU: FAIL (x)" in r.out and "x[" in r.out
+    assert "RESULT HalfReQU: FAIL (x)" in r.out
+    # the table's columns, then a line per tensor: its band and worst element, with where it failed
+    assert all(c in r.out for c in ("tensor", "checked", "skipped", "max abs", "max rel", "sym rel", "result"))
+    line = next(ln.strip() for ln in r.out.splitlines() if ln.strip().startswith("x: "))
+    assert line.startswith("x: wrong; worst x[") and "(tol " in line and "point " in line, line
+    analytic, numeric = (float(v.split()[-1]) for v in line.split("]: ")[1].split(" (")[0].split(", "))
+    assert abs(2 * analytic - numeric) < 1e-4 * abs(numeric), line
     j = json.loads(cli("gradcheck", "HalfReQU", "--plugin", plugin, "--json").out)
     x = j["tensors"][0]
     assert j["result"] == "FAIL" and x["name"] == "x" and x["status"] == "FAIL"
