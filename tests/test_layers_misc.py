@@ -253,3 +253,10 @@ def test_embedding_unchecked_training_lookup_defers_a_bad_index_to_the_epoch_che
     err, model, start = _embedding_fit(bad, y)
     assert isinstance(err, DataError) and "index 12 is outside [0, 10)" in str(err), err
     np.testing.assert_array_equal(model.layers[0].weight.data, start)  # the replay restored the weights
+    # after a trainable layer, the unchecked path still returns dx (zeros shaped like x)
+    layer, _ = built({"type": "Embedding", "input_dim": 10, "output_dim": 4}, (5,), np.float32)
+    layer.buffers.enabled = True
+    out = layer.forward(x[:3])
+    assert names[-1] == "dlrun_embedding" and out.shape == (3, 5, 4)
+    dx = layer.backward(np.ones_like(out))
+    assert dx.shape == (3, 5) and dx.dtype == np.float32 and not dx.any()

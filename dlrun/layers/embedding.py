@@ -13,7 +13,7 @@ from .linear import _init
 
 # GPU kernels of the unchecked lookup. In range: an index the table has (x may be a float
 # holding a whole number, truncated like astype; NaN fails both comparisons). c: the column.
-_IN_RANGE = "(x > (X)-1 && x < (X)D)"
+_IN_RANGE = "((double)x > -1.0 && (double)x < (double)D)"  # in double: unsigned X, float32 X with D > 2^24
 _GATHER = ("raw T W, X x, int64 c, int64 D, int64 C, T nan", "T y",
            f"y = {_IN_RANGE} ? W[(long long)x * C + c] : nan;", "dlrun_embedding")
 _SCATTER = ("X x, int64 c, T dy, int64 D, int64 C", "raw T G",
@@ -70,6 +70,7 @@ class Embedding(Layer):
         gather = fused_elementwise(xp, *_GATHER)
         if gather is not None and self.buffers.enabled:  # GPU training loop: no host read per batch
             self._x, self._idx = x, None
+            self._xshape, self._xdtype = x.shape, x.dtype  # backward's dx when an earlier layer trains
             out = self.output_array("y", x.shape + (self.output_dim,), self.weight.data.dtype)
             return gather(self.weight.data, x[..., None], self._columns(), self.input_dim, self.output_dim,
                           float("nan"), out)
