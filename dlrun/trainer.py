@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .model import Sequential
 from .backend import array_module
+from .errors import DataError
+from .model import Sequential
 
 
 _NO_VALIDATION = {"loss": None, "accuracy": None}
@@ -77,9 +78,22 @@ class Trainer:
     # -- data on the device ---------------------------------------------------------------
     def _to_device(self, x, y):
         """(x, y) on the model's device, contiguous, in the model's dtype (int64 labels): host
-        arrays are copied once; arrays already there are used as they are when they match."""
+        arrays are copied once; arrays already there are used as they are when they match.
+        Class labels are range-checked here, once: the losses index scores with them, and on
+        GPU an index out of range is not an error but a read of another sample's scores."""
         ydt = np.int64 if self.classification else self.model.dtype
-        return self._move(x, self.model.dtype), (self._move(y, ydt) if y is not None else None)
+        yd = self._move(y, ydt) if y is not None else None
+        if yd is not None and self.classification and len(yd):
+            self._check_labels(int(yd.min()), int(yd.max()))
+        return self._move(x, self.model.dtype), yd
+
+    def _check_labels(self, lo: int, hi: int) -> None:
+        outputs = self.model.output_shape[-1] if self.model.output_shape else 1
+        check = getattr(self.loss, "check_outputs", None)  # plugin losses need not subclass Loss
+        problem = (f"has a negative label ({lo}); labels are class indices 0, 1, ..." if lo < 0
+                   else check(hi + 1, outputs) if check else None)
+        if problem:
+            raise DataError(f"labels: the data {problem}")
 
     def _move(self, a, dtype):
         xp = self.backend.xp

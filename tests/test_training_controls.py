@@ -176,3 +176,27 @@ def test_locate_terminates_for_keys_without_line_numbers():
 
     assert Source(None).locate("train.schedule").path == "train.schedule"
     assert Source(None).locate("data").line is None
+
+
+def test_fit_and_evaluate_reject_labels_the_scores_cannot_index():
+    """Trainer used from Python (the CLI checks labels with file rows earlier): on a GPU an
+    out-of-range label would silently read another sample's scores, so the range is checked
+    once per call, before any batch."""
+    from dlrun.backend import CPU
+    from dlrun.errors import DataError
+
+    def trainer(units, loss):
+        model = Sequential([registry.layers.build({"type": "Linear", "units": units})], (2,), CPU, np.float32, seed=0)
+        return Trainer(model, registry.losses.build(loss), registry.optimizers.build("SGD"))
+
+    x = np.zeros((4, 2), np.float32)
+    t = trainer(3, "SoftmaxCrossEntropy")
+    with pytest.raises(DataError, match=r"labels: the data has labels up to 3, but the model outputs 3 scores"):
+        t.fit(x, np.array([0, 1, 2, 3]), epochs=1)
+    with pytest.raises(DataError, match=r"has a negative label \(-1\)"):
+        t.evaluate(x, np.array([0, -1, 1, 2]))
+    assert t.step == 0  # nothing ran
+    binary = trainer(1, "BinaryCrossEntropy")
+    assert binary.fit(x, np.array([0, 1, 1, 0]), epochs=1).rows
+    with pytest.raises(DataError, match="BinaryCrossEntropy takes labels 0 and 1"):
+        binary.fit(x, np.array([0, 1, 2, 0]), epochs=2)
