@@ -60,6 +60,11 @@ class PluginError(UsageError):
     """A plugin file could not be loaded."""
 
 
+class LayerContractError(UsageError):
+    """A layer's forward or backward returned an array of another shape, dtype or device than
+    the model declared (checked on a model's first forward and backward)."""
+
+
 class CheckpointError(UsageError):
     """A checkpoint is missing, corrupt, or does not fit the model."""
 

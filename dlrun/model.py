@@ -7,7 +7,7 @@ import numpy as np
 
 from .arena import ParamArena
 from .backend import CPU, Backend
-from .errors import DlrunError, Location, ShapeError
+from .errors import DlrunError, LayerContractError, Location, ShapeError
 from .layers.base import Layer
 
 
@@ -63,6 +63,7 @@ class Sequential:
         trainable = [i for i, layer in enumerate(self.layers) if any(p.trainable for p in layer.params.values())]
         self._first_trainable = trainable[0] if trainable else len(self.layers)
         self._stop = 0  # backward runs down to this layer (see train(fast=True))
+        self._unchecked_forward = self._unchecked_backward = True  # see _forward_checked
         # trainable tensors become views of one flat buffer (see dlrun.arena); a plugin's
         # parameter of another dtype or shape than its gradient is left on its own
         packable = [p for _, p in self.named_parameters() if p.trainable and p.data.dtype == self.dtype
@@ -88,16 +89,57 @@ class Sequential:
         return self.train(False)
 
     def forward(self, x, y=None):
+        if self._unchecked_forward:
+            return self._forward_checked(x, y)
         for layer, labelled in zip(self.layers, self._labelled):
             x = layer.forward(x, y) if labelled else layer.forward(x)
         return x
 
     def backward(self, dy):
         """Back-propagate dL/d(output); returns dL/d(input) (None in fast training mode)."""
+        if self._unchecked_backward:
+            return self._backward_checked(dy)
         layers = self.layers
         for i in range(len(layers) - 1, self._stop - 1, -1):
             dy = layers[i].backward(dy)
         return dy if self._stop == 0 else None
+
+    # The first forward and the first backward check what each layer returns against the shapes
+    # build declared and the model's dtype and device, so a layer (a plugin) that breaks the
+    # contract is named at once, not by a confusing error in the layer after it (on GPU a float64
+    # gradient reaching a float32 fused kernel is a TypeError). Later calls skip the checks.
+    def _forward_checked(self, x, y):
+        n = len(x)
+        for i, (layer, labelled) in enumerate(zip(self.layers, self._labelled)):
+            given = x.dtype
+            x = layer.forward(x, y) if labelled else layer.forward(x)
+            # the model's dtype, or the input's when the caller passed another float dtype
+            self._expect(i, "forward", "its output", x, (n, *self.shapes[i]), {self.dtype, given})
+        self._unchecked_forward = False
+        return x
+
+    def _backward_checked(self, dy):
+        layers, n = self.layers, len(dy)
+        for i in range(len(layers) - 1, self._stop - 1, -1):
+            given = dy.dtype
+            dy = layers[i].backward(dy)
+            if dy is not None or layers[i].needs_input_grad:
+                # the model input's gradient may follow the input's dtype (indices: Embedding)
+                dtypes = {self.dtype, given} if i else None
+                self._expect(i, "backward", "dx", dy, (n, *(self.shapes[i - 1] if i else self.input_shape)), dtypes)
+        self._unchecked_backward = False
+        return dy if self._stop == 0 else None
+
+    def _expect(self, i: int, call: str, what: str, a, shape: tuple, dtypes) -> None:
+        from .backend import array_module  # noqa: PLC0415 (model imports stay light)
+
+        here = a is not None and hasattr(a, "shape") and array_module(a) is self.backend.xp
+        if here and tuple(a.shape) == shape and (dtypes is None or a.dtype in dtypes):
+            return
+        got = "None" if a is None else f"shape {tuple(getattr(a, 'shape', ()))} {getattr(a, 'dtype', type(a).__name__)}"
+        where = "" if a is None or here else f" on {array_module(a).__name__}"
+        raise LayerContractError(f"model[{i}] {self.layers[i]!r}: {call} returned {what} as {got}{where}; expected "
+                                 f"shape {shape} {self.dtype} on {self.backend.name}")
 
     def named_parameters(self):
         """``[("0.weight", Parameter), ...]``: qualified name = layer index and parameter name."""

@@ -1,0 +1,74 @@
+"""A model's first forward and backward check what each layer returns (shape, dtype, device), so
+a plugin that breaks the contract is named, not reported by the layer after it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import write
+from dlrun import registry
+from dlrun.backend import CPU
+from dlrun.errors import LayerContractError
+from dlrun.layers import Layer
+from dlrun.model import Sequential
+
+
+class Wrong(Layer):
+    """Identity whose forward or backward breaks one rule (``how``)."""
+
+    def __init__(self, how: str = "none"):
+        self.how = how
+
+    def forward(self, x, y=None):
+        return x.astype(np.float64) if self.how == "forward-dtype" else x * 1
+
+    def backward(self, dy):
+        if self.how == "backward-shape":
+            return dy[:, :-1]
+        if self.how == "backward-none":
+            return None
+        return dy.astype(np.float64) if self.how == "backward-dtype" else dy
+
+
+def _model(how):
+    linear = registry.layers.build({"type": "Linear", "units": 4})
+    return Sequential([linear, Wrong(how), registry.layers.build({"type": "Linear", "units": 2})], (3,), CPU,
+                      np.float32, seed=0)
+
+
+@pytest.mark.parametrize("how, message", [
+    ("forward-dtype", "model[1] Wrong(): forward returned its output as shape (5, 4) float64; expected shape (5, 4) float32"),
+    ("backward-dtype", "model[1] Wrong(): backward returned dx as shape (5, 4) float64; expected shape (5, 4) float32"),
+    ("backward-shape", "model[1] Wrong(): backward returned dx as shape (5, 3) float32; expected shape (5, 4) float32"),
+    ("backward-none", "model[1] Wrong(): backward returned dx as None; expected shape (5, 4) float32"),
+])
+def test_the_first_pass_names_a_layer_that_breaks_the_contract(how, message):
+    model = _model(how)
+    x = np.ones((5, 3), np.float32)
+    with pytest.raises(LayerContractError) as e:
+        model.forward(x)
+        model.backward(np.ones((5, 2), np.float32))
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_checks_run_once_and_correct_layers_pass():
+    model = _model("none")
+    x = np.ones((5, 3), np.float32)
+    for _ in range(2):
+        out = model.forward(x)
+        assert model.backward(np.ones_like(out)).shape == (5, 3)
+    assert not model._unchecked_forward and not model._unchecked_backward
+    # a caller's float64 input may give float64 outputs: the input's dtype is accepted too
+    assert Sequential([Wrong()], (3,), CPU, np.float32).forward(np.ones((2, 3))).dtype == np.float64
+
+
+def test_train_reports_a_broken_plugin_in_one_line(cli, tmp_path):
+    write(tmp_path / "bad.py", "import numpy as np\nfrom dlrun.layers import Layer\nfrom dlrun.registry import layers\n\n\n"
+          "@layers.register()\nclass Doubler(Layer):\n    def forward(self, x, y=None):\n"
+          "        return (2 * x).astype(np.float64)\n\n    def backward(self, dy):\n        return 2 * dy\n")
+    cfg = write(tmp_path / "c.yaml", "plugins: [bad.py]\ndata: {type: spiral, classes: 2, points_per_class: 10}\n"
+                "model: [{type: Linear, units: 4}, Doubler, {type: Linear, units: 2}]\n"
+                "loss: SoftmaxCrossEntropy\noptimizer: SGD\ntrain: {epochs: 1}\n")
+    r = cli("train", cfg, "--runs-dir", tmp_path / "runs")
+    assert r.code == 2 and "Traceback" not in r.err, r.err
+    assert "model[1] Doubler(): forward returned its output as shape (" in r.err and "float64; expected" in r.err
