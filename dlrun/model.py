@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arena import ParamArena
-from .backend import CPU, Backend
+from .backend import CPU, Backend, array_module
 from .errors import DlrunError, LayerContractError, Location, ShapeError
 from .layers.base import Layer
 
@@ -131,8 +131,6 @@ class Sequential:
         return dy if self._stop == 0 else None
 
     def _expect(self, i: int, call: str, what: str, a, shape: tuple, dtypes) -> None:
-        from .backend import array_module  # noqa: PLC0415 (model imports stay light)
-
         here = a is not None and hasattr(a, "shape") and array_module(a) is self.backend.xp
         if here and tuple(a.shape) == shape and (dtypes is None or a.dtype in dtypes):
             return

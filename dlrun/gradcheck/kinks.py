@@ -16,7 +16,7 @@ fitted through the five values, and a residual too large for a smooth function m
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -50,7 +50,7 @@ class Dodge:
     margin: float
     redrawn: int = 0
     near: int = 0
-    declared: bool = field(default=False)
+    declared: bool = False
 
     def redraw(self, distance, final: bool) -> bool:
         """Whether to draw the point again, given its declared distance (None: smooth)."""
@@ -75,7 +75,7 @@ class Dodge:
 
 def has_signature(layer) -> bool:
     """Whether the layer overrides ``branch_signature`` (smooth layers do not)."""
-    return type(layer).branch_signature is not Layer.branch_signature
+    return declares(layer, "branch_signature", Layer)
 
 
 def freeze(sig):
