@@ -197,7 +197,7 @@ def test_input_spec_builds_and_float32_path_neither_upcasts_nor_mutates(name):
     np.testing.assert_array_equal(dy, dy0)
 
 
-def _emulated_kernel(xp, spec_in, spec_out, op, name):
+def _emulated_kernel(name):
     """numpy stand-ins for Embedding's two GPU kernels, with the semantics their CUDA source
     states (the GPU tests run the real ones): the Python side is tested here on the CPU."""
     def rows(x, D):
@@ -244,7 +244,8 @@ def test_embedding_unchecked_training_lookup_defers_a_bad_index_to_the_epoch_che
     import dlrun.layers.embedding as emb
 
     names = []
-    monkeypatch.setattr(emb, "fused_elementwise", lambda *spec: names.append(spec[-1]) or _emulated_kernel(*spec))
+    for kernel in (emb._GATHER, emb._SCATTER):
+        monkeypatch.setattr(kernel, "on", lambda xp, k=kernel: names.append(k.name) or _emulated_kernel(k.name))
     unchecked, _, _ = _embedding_fit(x, y)  # the GPU code path, on the CPU
     assert names.count("dlrun_embedding") == names.count("dlrun_embedding_grad") == 6  # 2 epochs x 3 batches
     np.testing.assert_allclose(unchecked, checked, rtol=1e-6)  # same lookup and scatter-add

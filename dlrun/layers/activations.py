@@ -1,12 +1,14 @@
 """Elementwise activations, Softmax and LogSoftmax: small layers with no parameters."""
 from __future__ import annotations
 
-from ..backend import fused_elementwise, out_args
+from ..backend import Kernel, out_args
 from ..options import NonNegativeFloat, PositiveFloat
 from ..registry import layers
 from .base import InputSpec, Layer
 
 _ANY = InputSpec(shape=("D", "C"))
+_RELU = Kernel("T x", "T y", "y = x * (T)(x > (T)0);", "dlrun_relu")
+_RELU_GRAD = Kernel("T dy, T y", "T dx", "dx = dy * (T)(y > (T)0);", "dlrun_relu_grad")
 
 
 class _KinkAtZero:
@@ -25,7 +27,7 @@ class ReLU(_KinkAtZero, Layer):
 
     def forward(self, x, y=None):
         xp = self.xp
-        fused = fused_elementwise(xp, "T x", "T y", "y = x * (T)(x > (T)0);", "dlrun_relu")
+        fused = _RELU.on(xp)
         if fused is not None:  # GPU: one launch, and backward reads the mask off y (y > 0 iff x > 0)
             self._mask = None
             self._y = fused(x, *out_args(self.buffer("y", x.shape, x.dtype)))
@@ -38,7 +40,7 @@ class ReLU(_KinkAtZero, Layer):
 
     def backward(self, dy):
         if self._mask is None:
-            return fused_elementwise(self.xp, "T dy, T y", "T dx", "dx = dy * (T)(y > (T)0);", "dlrun_relu_grad")(
+            return _RELU_GRAD.on(self.xp)(
                 dy, self._y, *out_args(self.buffer("dx", dy.shape, dy.dtype)))
         return self.xp.multiply(dy, self._mask, out=self.buffer("dx", dy.shape, dy.dtype))
 

@@ -1,7 +1,7 @@
 """Embedding: a lookup table of learned vectors indexed by integer tokens."""
 from __future__ import annotations
 
-from ..backend import array_module, fused_elementwise
+from ..backend import Kernel, array_module
 from ..errors import DataError
 from ..initializers import Initializer
 from ..options import PositiveInt
@@ -14,10 +14,10 @@ from .linear import _init
 # GPU kernels of the unchecked lookup. In range: an index the table has (x may be a float
 # holding a whole number, truncated like astype; NaN fails both comparisons). c: the column.
 _IN_RANGE = "((double)x > -1.0 && (double)x < (double)D)"  # in double: unsigned X, float32 X with D > 2^24
-_GATHER = ("raw T W, X x, int64 c, int64 D, int64 C, T nan", "T y",
-           f"y = {_IN_RANGE} ? W[(long long)x * C + c] : nan;", "dlrun_embedding")
-_SCATTER = ("X x, int64 c, T dy, int64 D, int64 C", "raw T G",
-            f"if ({_IN_RANGE}) atomicAdd(&G[(long long)x * C + c], dy);", "dlrun_embedding_grad")
+_GATHER = Kernel("raw T W, X x, int64 c, int64 D, int64 C, T nan", "T y",
+                 f"y = {_IN_RANGE} ? W[(long long)x * C + c] : nan;", "dlrun_embedding")
+_SCATTER = Kernel("X x, int64 c, T dy, int64 D, int64 C", "raw T G",
+                  f"if ({_IN_RANGE}) atomicAdd(&G[(long long)x * C + c], dy);", "dlrun_embedding_grad")
 
 
 @layers.register()
@@ -67,7 +67,7 @@ class Embedding(Layer):
 
     def forward(self, x, y=None):
         xp = self.xp
-        gather = fused_elementwise(xp, *_GATHER)
+        gather = _GATHER.on(xp)
         if gather is not None and self.buffers.enabled:  # GPU training loop: no host read per batch
             self._x, self._idx = x, None
             self._xshape, self._xdtype = x.shape, x.dtype  # backward's dx when an earlier layer trains
@@ -89,8 +89,7 @@ class Embedding(Layer):
         g = self.weight.grad
         g.fill(0)
         if self._idx is None:  # the unchecked GPU forward: out-of-range indices add nothing
-            fused_elementwise(self.xp, *_SCATTER)(self._x[..., None], self._columns(), dy, self.input_dim,
-                                                  self.output_dim, g)
+            _SCATTER.on(self.xp)(self._x[..., None], self._columns(), dy, self.input_dim, self.output_dim, g)
         else:
             self.backend.scatter_add(g, self._idx.reshape(-1), dy.reshape(-1, self.output_dim))
         if not self.needs_input_grad:

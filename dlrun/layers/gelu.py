@@ -3,13 +3,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..backend import fused_elementwise, out_args
+from ..backend import Kernel, out_args
 from ..registry import layers
 from ..special import INV_SQRT_2PI, ndtr, normal_pdf
 from .base import InputSpec, Layer
 
 _TANH_C = 0.7978845608028654  # sqrt(2/pi)
-_GRAD_OP = f"dx = dy * (p + x * (T){INV_SQRT_2PI!r} * exp((T)-0.5 * x * x));"  # GPU: Φ(x) + x·φ(x)
+_GELU = Kernel("T x", "T y, T p", "p = (T)0.5 * erfc(-x * (T)0.7071067811865476); y = x * p;", "dlrun_gelu")
+_GELU_GRAD = Kernel("T dy, T x, T p", "T dx",  # Φ(x) + x·φ(x)
+                    f"dx = dy * (p + x * (T){INV_SQRT_2PI!r} * exp((T)-0.5 * x * x));", "dlrun_gelu_grad")
 
 
 @layers.register()
@@ -32,8 +34,7 @@ class GELU(Layer):
         if self.approximate == "tanh":
             return self._forward_tanh(x)
         xp = self.xp
-        fused = fused_elementwise(xp, "T x", "T y, T p",
-                                  "p = (T)0.5 * erfc(-x * (T)0.7071067811865476); y = x * p;", "dlrun_gelu")
+        fused = _GELU.on(xp)
         if fused is not None:  # GPU: one launch, CUDA's erfc
             y, p = self.output_array("y", x.shape, x.dtype), self.output_array("p", x.shape, x.dtype)
             self._x, self._p = x, p
@@ -46,7 +47,7 @@ class GELU(Layer):
         if self.approximate == "tanh":
             return self._backward_tanh(dy)
         x, p = self._x, self._p
-        fused = fused_elementwise(self.xp, "T dy, T x, T p", "T dx", _GRAD_OP, "dlrun_gelu_grad")
+        fused = _GELU_GRAD.on(self.xp)
         if fused is not None:
             return fused(dy, x, p, *out_args(self.buffer("dx", dy.shape, dy.dtype)))
         dx = normal_pdf(x)

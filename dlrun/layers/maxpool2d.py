@@ -5,12 +5,34 @@ import math
 
 import numpy as np
 
-from ..backend import fused_elementwise
+from ..backend import Kernel
 from ..registry import layers
 from .base import InputSpec, Layer
 from .minmax import runner_up_gap
 from .windows import Size2, expect_image, make_window, pad_input, pair, unpad
 from ..options import NonNegativeInt
+
+# GPU kernels for non-overlapping unpadded windows (see MaxPool2D._forward_gpu).
+_GEOMETRY = "int32 H, int32 W, int32 Ho, int32 Wo, int32 kh, int32 kw"
+_POOL = Kernel("raw T x, " + _GEOMETRY, "T y, int32 arg", """
+    long long b = i % Wo, a = (i / Wo) % Ho, nc = i / ((long long)Wo * Ho);
+    long long r0 = nc * H * W + a * kh * W + b * kw;
+    T best = x[r0]; int win = 0; bool nan = false;
+    for (int p = 0; p < kh; ++p) for (int q = 0; q < kw; ++q) {
+        T v = x[r0 + p * W + q];
+        if (v != v) { nan = true; best = v; }
+        else if (!nan && v > best) { best = v; win = p * kw + q; }
+    }
+    y = best; arg = nan ? -1 : win;""", "dlrun_maxpool")
+_POOL_GRAD = Kernel("raw T dy, raw int32 arg, " + _GEOMETRY, "T dx", """
+    long long c = i % W, r = (i / W) % H, nc = i / ((long long)W * H);
+    long long a = r / kh, b = c / kw;
+    T g = 0;
+    if (a < Ho && b < Wo) {
+        long long o = (nc * Ho + a) * Wo + b;
+        if (arg[o] == (r - a * kh) * kw + (c - b * kw)) g = dy[o];
+    }
+    dx = g;""", "dlrun_maxpool_grad")
 
 
 @layers.register()
@@ -84,21 +106,10 @@ class MaxPool2D(Layer):
     # launch per window offset. Forward records the winning offset of each window (first in
     # row-major order on ties, -1 when the window holds a NaN, as the CPU masks); backward is a
     # gather over input elements, so every dx element is written once and needs no zero fill.
-    _GPU_GEOMETRY = "int32 H, int32 W, int32 Ho, int32 Wo, int32 kh, int32 kw"
-
     def _forward_gpu(self, xp, x):
         x = xp.ascontiguousarray(x)
         (kh, kw), (h, w), (ho, wo) = self.pool_size, x.shape[2:], self.win.out_hw
-        kernel = fused_elementwise(xp, "raw T x, " + self._GPU_GEOMETRY, "T y, int32 arg", """
-            long long b = i % Wo, a = (i / Wo) % Ho, nc = i / ((long long)Wo * Ho);
-            long long r0 = nc * H * W + a * kh * W + b * kw;
-            T best = x[r0]; int win = 0; bool nan = false;
-            for (int p = 0; p < kh; ++p) for (int q = 0; q < kw; ++q) {
-                T v = x[r0 + p * W + q];
-                if (v != v) { nan = true; best = v; }
-                else if (!nan && v > best) { best = v; win = p * kw + q; }
-            }
-            y = best; arg = nan ? -1 : win;""", "dlrun_maxpool")
+        kernel = _POOL.on(xp)
         shape = x.shape[:2] + (ho, wo)
         # outputs always passed: the other arrays are raw and cannot give the kernel its size
         out, self._arg = kernel(x, h, w, ho, wo, kh, kw, self.output_array("y", shape, x.dtype),
@@ -109,16 +120,7 @@ class MaxPool2D(Layer):
     def _backward_gpu(self, xp, dy):
         (kh, kw), (h, w), (ho, wo) = self.pool_size, self._xshape[2:], self.win.out_hw
         dx = self.output_array("dx", self._xshape, dy.dtype)
-        return fused_elementwise(xp, "raw T dy, raw int32 arg, " + self._GPU_GEOMETRY, "T dx", """
-            long long c = i % W, r = (i / W) % H, nc = i / ((long long)W * H);
-            long long a = r / kh, b = c / kw;
-            T g = 0;
-            if (a < Ho && b < Wo) {
-                long long o = (nc * Ho + a) * Wo + b;
-                if (arg[o] == (r - a * kh) * kw + (c - b * kw)) g = dy[o];
-            }
-            dx = g;""", "dlrun_maxpool_grad")(
-            xp.ascontiguousarray(dy), self._arg, h, w, ho, wo, kh, kw, dx)
+        return _POOL_GRAD.on(xp)(xp.ascontiguousarray(dy), self._arg, h, w, ho, wo, kh, kw, dx)
 
     def _winner_masks(self):
         """One boolean mask per window offset, true where that offset holds its window's

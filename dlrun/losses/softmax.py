@@ -3,11 +3,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import array_module, fused_elementwise, out_args
+from ..backend import Kernel, array_module, out_args
 from ..registry import losses
 from .base import Loss
 
 _FEW_CLASSES = 16  # up to this many columns, column-wise ufuncs beat an axis-1 reduction
+# GPU: p = exp(z − m); per-sample −log p_y = log Σ exp(z − m) − (z_y − m), z_y read from the raw
+# logits; and the gradient (p/s − onehot(y))/N
+_EXP = Kernel("T z, T m", "T p", "p = exp(z - m);", "dlrun_sce_exp")
+_NLL = Kernel("T s, T m, Y y, raw T z, int32 c", "T out", "out = log(s) + m - z[i * c + y];", "dlrun_sce_nll")
+_GRAD = Kernel("T p, T s, Y y, int32 c, T scale", "T d",
+               "d = (p / s - ((Y)(i % c) == y ? (T)1 : (T)0)) * scale;", "dlrun_sce_grad")
 
 
 @losses.register()
@@ -74,12 +80,10 @@ class SoftmaxCrossEntropy(Loss):
         n, c = z.shape
         z = xp.ascontiguousarray(z)  # the nll kernel reads z by flat index
         m = z.max(axis=1, keepdims=True)
-        p = fused_elementwise(xp, "T z, T m", "T p", "p = exp(z - m);", "dlrun_sce_exp")(
+        p = _EXP.on(xp)(
             z, m, *out_args(self.buffers.get(xp, "p", z.shape, z.dtype)))
         s = p.sum(axis=1)
-        # per-sample −log p_y = log Σ exp(z − m) − (z_y − m), reading z_y from the raw logits
-        nll = fused_elementwise(xp, "T s, T m, Y y, raw T z, int32 c", "T out",
-                                "out = log(s) + m - z[i * c + y];", "dlrun_sce_nll")(s, m.reshape(-1), y, z, c)
+        nll = _NLL.on(xp)(s, m.reshape(-1), y, z, c)
         self._p, self._s, self._y, self._work, self._scored = p, s, y, None, None
         return nll.sum() * (1.0 / n)
 
@@ -88,8 +92,7 @@ class SoftmaxCrossEntropy(Loss):
             xp = array_module(self._p)
             scale = 1.0 / self._p.shape[0]  # a Python float keeps float32 float32
             n, c = self._p.shape
-            return fused_elementwise(xp, "T p, T s, Y y, int32 c, T scale", "T d",
-                                     "d = (p / s - ((Y)(i % c) == y ? (T)1 : (T)0)) * scale;", "dlrun_sce_grad")(
+            return _GRAD.on(xp)(
                 self._p, self._s[:, None], self._y[:, None], c, scale,
                 *out_args(self.buffers.get(xp, "d", self._p.shape, self._p.dtype)))
         w = self._work

@@ -1,10 +1,15 @@
 """Adam and AdamW (decoupled weight decay)."""
 from __future__ import annotations
 
-from ..backend import array_module, fused_elementwise
+from ..backend import Kernel, array_module
 from ..options import Fraction, NonNegativeFloat, PositiveFloat
 from ..registry import optimizers
 from .base import Optimizer
+
+# GPU: the whole update in one launch (wd: coupled decay; keep: AdamW's decoupled shrink)
+_ADAM = Kernel("T g, T lr_t, T eps_t, T b1, T b2, T wd, T keep", "T w, T m, T v",
+               "T d = g + wd * w; w *= keep; m = b1 * m + (1 - b1) * d; "
+               "v = b2 * v + (1 - b2) * d * d; w -= lr_t * m / (sqrt(v) + eps_t);", "dlrun_adam")
 
 
 @optimizers.register()
@@ -45,9 +50,7 @@ class Adam(Optimizer):
 
     def _update(self, state, p) -> None:
         g = p.grad
-        fused = fused_elementwise(array_module(g), "T g, T lr_t, T eps_t, T b1, T b2, T wd, T keep", "T w, T m, T v",
-                                  "T d = g + wd * w; w *= keep; m = b1 * m + (1 - b1) * d; "
-                                  "v = b2 * v + (1 - b2) * d * d; w -= lr_t * m / (sqrt(v) + eps_t);", "dlrun_adam")
+        fused = _ADAM.on(array_module(g))
         if fused is not None:
             coupled = 0.0 if self.decoupled else self.weight_decay
             keep = 1.0 - self.learning_rate * self.weight_decay if self.decoupled else 1.0

@@ -1,10 +1,17 @@
 """RMSProp and AdaGrad: per-coordinate step sizes from accumulated squared gradients."""
 from __future__ import annotations
 
-from ..backend import array_module, fused_elementwise
+from ..backend import Kernel, array_module
 from ..options import Fraction, NonNegativeFloat, PositiveFloat
 from ..registry import optimizers
 from .base import Optimizer
+
+# GPU: each update in one launch
+_RMSPROP = Kernel("T g, T lr, T rho, T eps, T wd, T mom", "T w, T v, T b",
+                  "T d = g + wd * w; v = rho * v + (1 - rho) * d * d; T s = d / (sqrt(v) + eps); "
+                  "if (mom != 0) { b = mom * b + s; s = b; } w -= lr * s;", "dlrun_rmsprop")
+_ADAGRAD = Kernel("T g, T lr, T eps, T wd", "T w, T s",
+                  "T d = g + wd * w; s += d * d; w -= lr * d / (sqrt(s) + eps);", "dlrun_adagrad")
 
 
 @optimizers.register()
@@ -36,9 +43,7 @@ class RMSProp(Optimizer):
     def _update(self, state, p) -> None:
         g, work = p.grad, state["_work"]
         xp = array_module(g)
-        fused = fused_elementwise(xp, "T g, T lr, T rho, T eps, T wd, T mom", "T w, T v, T b",
-                                  "T d = g + wd * w; v = rho * v + (1 - rho) * d * d; T s = d / (sqrt(v) + eps); "
-                                  "if (mom != 0) { b = mom * b + s; s = b; } w -= lr * s;", "dlrun_rmsprop")
+        fused = _RMSPROP.on(xp)
         if fused is not None:  # without momentum the scratch buffer stands in for the unused b
             b = state["momentum_buffer"] if self.momentum else work
             fused(g, self.learning_rate, self.rho, self.epsilon, self.weight_decay, self.momentum, p.data,
@@ -98,8 +103,7 @@ class AdaGrad(Optimizer):
     def _update(self, state, p) -> None:
         g, work = p.grad, state["_work"]
         xp = array_module(g)
-        fused = fused_elementwise(xp, "T g, T lr, T eps, T wd", "T w, T s",
-                                  "T d = g + wd * w; s += d * d; w -= lr * d / (sqrt(s) + eps);", "dlrun_adagrad")
+        fused = _ADAGRAD.on(xp)
         if fused is not None:
             fused(g, self.learning_rate, self.epsilon, self.weight_decay, p.data, state["sum"])
             return

@@ -27,7 +27,7 @@ class Optimizer:
     on the CPU splits a large buffer into cache-sized blocks (views of the parameters, their
     gradient and their state), so the update's several passes hit L2 cache instead of memory.
     On GPU the built-in optimizers run their whole update as one fused kernel
-    (``backend.fused_elementwise``), and blocks would only multiply launches.
+    (a ``backend.Kernel``), and blocks would only multiply launches.
     """
 
     slots: tuple[str, ...] = ()

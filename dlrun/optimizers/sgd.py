@@ -3,10 +3,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import array_module, fused_elementwise
+from ..backend import Kernel, array_module
 from ..options import Fraction, NonNegativeFloat, PositiveFloat
 from ..registry import optimizers
 from .base import Optimizer
+
+# GPU: the whole update in one launch
+_PLAIN = Kernel("T g, T lr, T wd", "T w", "w -= lr * (g + wd * w);", "dlrun_sgd")
+_MOMENTUM = Kernel("T g, T lr, T wd, T mom, bool nesterov", "T w, T v",
+                   "T d = g + wd * w; v = mom * v + d; w -= lr * (nesterov ? d + mom * v : v);", "dlrun_sgd_momentum")
 
 
 @optimizers.register()
@@ -61,10 +66,7 @@ class SGD(Optimizer):
 
     def _update_fused(self, xp, g, state, p) -> None:
         if self.momentum:
-            fused_elementwise(xp, "T g, T lr, T wd, T mom, bool nesterov", "T w, T v",
-                              "T d = g + wd * w; v = mom * v + d; w -= lr * (nesterov ? d + mom * v : v);",
-                              "dlrun_sgd_momentum")(g, self.learning_rate, self.weight_decay, self.momentum,
-                                                    self.nesterov, p.data, state["velocity"])
+            _MOMENTUM.on(xp)(g, self.learning_rate, self.weight_decay, self.momentum, self.nesterov, p.data,
+                             state["velocity"])
         else:
-            fused_elementwise(xp, "T g, T lr, T wd", "T w", "w -= lr * (g + wd * w);", "dlrun_sgd")(
-                g, self.learning_rate, self.weight_decay, p.data)
+            _PLAIN.on(xp)(g, self.learning_rate, self.weight_decay, p.data)
