@@ -7,7 +7,7 @@ import numpy as np
 
 from .arena import ParamArena
 from .backend import CPU, Backend, array_module
-from .errors import DlrunError, LayerContractError, Location, ShapeError
+from .errors import LayerContractError, Location, ShapeError
 from .layers.base import Layer
 
 

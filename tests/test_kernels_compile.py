@@ -13,8 +13,6 @@ them is a skip that names the version, not a failure.
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import re
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import pytest
 
 import dlrun
 from dlrun.backend import KERNELS
+from kernel_emulation import import_all_modules
 
 cupy = pytest.importorskip("cupy")
 try:
@@ -43,9 +42,7 @@ except (ImportError, AttributeError) as e:
 
 pytestmark = pytest.mark.slow
 
-for _m in pkgutil.walk_packages(dlrun.__path__, "dlrun."):  # every module, so every kernel is declared
-    if not _m.name.endswith("__main__"):
-        importlib.import_module(_m.name)
+import_all_modules()
 
 FLOATS = (np.float32, np.float64)
 OTHERS = (np.int32, np.int64, np.uint8, np.float32, np.float64)  # labels (Y), indices (X)

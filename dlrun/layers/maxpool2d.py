@@ -86,7 +86,7 @@ class MaxPool2D(Layer):
         xp = self.xp
         win = self.win
         self._arg = None
-        if xp is not np and not win.has_padding and self.stride == self.pool_size and x.dtype.kind == "f":
+        if _POOL.on(xp) is not None and not win.has_padding and self.stride == self.pool_size and x.dtype.kind == "f":
             return self._forward_gpu(xp, x)
         fill = float("-inf") if x.dtype.kind == "f" else x.min()
         xpad = pad_input(xp, x, win, fill)

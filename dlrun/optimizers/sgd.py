@@ -1,8 +1,6 @@
 """SGD with optional (Nesterov) momentum."""
 from __future__ import annotations
 
-import numpy as np
-
 from ..backend import Kernel, array_module
 from ..options import Fraction, NonNegativeFloat, PositiveFloat
 from ..registry import optimizers
@@ -43,7 +41,7 @@ class SGD(Optimizer):
     def _update(self, state, p) -> None:
         g = p.grad  # rewritten by every backward, so it doubles as scratch here
         xp = array_module(g)
-        if xp is not np:  # GPU: the whole update in one fused kernel
+        if _PLAIN.on(xp) is not None:  # GPU: the whole update in one fused kernel
             self._update_fused(xp, g, state, p)
             return
         w = p.data  # a local: `p.data -= g` would also call Parameter.__setattr__

@@ -1,0 +1,234 @@
+"""numpy stand-ins for dlrun's CUDA kernels, so the GPU code paths run on the CPU.
+
+With :func:`emulate` active, ``Kernel.on(numpy)`` returns an emulator instead of None, so every
+layer, loss and optimizer takes its GPU branch with numpy arrays. Each emulator follows its
+kernel's CUDA source (``backend.KERNELS``) statement by statement, vectorised over the element
+index ``i``. Around it, :class:`Emulated` checks what CuPy's ElementwiseKernel checks: the
+argument count, one dtype per type letter (T, Y, X) and the exact dtype of fixed-type arrays
+(TypeError), non-raw outputs shaped like the broadcast of the non-raw arguments (ValueError),
+and it allocates missing outputs. What this cannot see is CuPy itself (its launch and memory);
+tests/test_kernels_compile.py compiles the CUDA source, and tests/test_gpu.py runs it.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import numpy as np
+
+from dlrun.backend import Kernel
+from dlrun.special import INV_SQRT_2PI
+
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
+
+
+def _params(spec: str):
+    """'raw T x, int32 H' -> [(True, 'T', 'x'), (False, 'int32', 'H')]."""
+    out = []
+    for part in spec.split(","):
+        words = part.split()
+        raw = words[0] == "raw"
+        out.append((raw, *words[raw:]))
+    return out
+
+
+class Emulated:
+    """A kernel's numpy emulator behind CuPy's calling conventions."""
+
+    def __init__(self, kernel: Kernel, body, calls: Counter):
+        self.kernel, self.body, self.calls = kernel, body, calls
+        self.ins, self.outs = _params(kernel.in_params), _params(kernel.out_params)
+
+    def __call__(self, *args):
+        name, n_in = self.kernel.name, len(self.ins)
+        if len(args) not in (n_in, n_in + len(self.outs)):
+            raise TypeError(f"{name}: {len(args)} arguments, expected {n_in} or {n_in + len(self.outs)}")
+        params = self.ins + self.outs
+        types: dict = {}
+        for (raw, t, p), a in sorted(zip(params, args), key=lambda pa: pa[0] not in self.outs):  # outputs first
+            if not isinstance(a, np.ndarray):
+                continue
+            if len(t) > 1 and a.dtype != np.dtype(t):
+                raise TypeError(f"{name}: {p} is {a.dtype}, the kernel declares {t}")
+            if len(t) == 1 and types.setdefault(t, a.dtype) != a.dtype:
+                raise TypeError(f"{name}: {p} is {a.dtype}, but type {t} is {types[t]}")
+        shape = np.broadcast_shapes(*[a.shape for (raw, _, _), a in zip(params, args)
+                                      if not raw and isinstance(a, np.ndarray)])
+        outs = list(args[n_in:])
+        for k, (raw, t, p) in enumerate(self.outs):
+            if k == len(outs):
+                if raw:
+                    raise ValueError(f"{name}: raw output {p} must be passed")
+                outs.append(np.empty(shape, types[t] if len(t) == 1 else t))
+            elif not raw and outs[k].shape != shape:
+                raise ValueError(f"{name}: output {p} has shape {outs[k].shape}, the kernel's is {shape}")
+        v = SimpleNamespace(i=np.arange(math.prod(shape)).reshape(shape))
+        for (raw, t, p), a in zip(self.ins, args[:n_in]):
+            dt = np.dtype(types.get(t, t) if len(t) == 1 else t)
+            if not isinstance(a, np.ndarray):
+                a = dt.type(a)  # a host scalar, cast to its parameter's type
+            elif not raw:
+                a = np.broadcast_to(a, shape)
+            setattr(v, p, a)
+        for (_, _, p), a in zip(self.outs, outs):
+            setattr(v, p, a)
+        self.calls[name] += 1
+        self.body(v)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _flat(a):
+    """A raw array indexed by a flat C-order index, as CuPy's CArray does; a view when it can be."""
+    return a.reshape(-1)
+
+
+# --- the emulators, one per kernel, in the order of their CUDA source -------------------------
+
+def _relu(v):
+    v.y[...] = v.x * (v.x > 0).astype(v.x.dtype)
+
+
+def _relu_grad(v):
+    v.dx[...] = v.dy * (v.y > 0).astype(v.dy.dtype)
+
+
+def _gelu(v):
+    v.p[...] = 0.5 * _erfc(-v.x * v.x.dtype.type(0.7071067811865476))
+    v.y[...] = v.x * v.p
+
+
+def _gelu_grad(v):
+    v.dx[...] = v.dy * (v.p + v.x * v.x.dtype.type(INV_SQRT_2PI) * np.exp(v.x.dtype.type(-0.5) * v.x * v.x))
+
+
+def _in_range(v):
+    x = v.x.astype(np.float64)
+    ok = (x > -1.0) & (x < float(v.D))
+    return ok, np.where(ok, v.x, 0).astype(np.int64)  # (long long)x truncates, like astype
+
+
+def _gather(v):
+    ok, rows = _in_range(v)
+    v.y[...] = np.where(ok, _flat(v.W)[rows * v.C + v.c], v.nan)
+
+
+def _scatter(v):
+    ok, rows = _in_range(v)
+    g = _flat(v.G)
+    assert np.shares_memory(g, v.G), "atomicAdd needs G itself"
+    np.add.at(g, (rows * v.C + v.c)[ok], v.dy[ok])
+
+
+def _sce_exp(v):
+    v.p[...] = np.exp(v.z - v.m)
+
+
+def _sce_nll(v):
+    v.out[...] = np.log(v.s) + v.m - _flat(v.z)[v.i * int(v.c) + v.y.astype(np.int64)]
+
+
+def _sce_grad(v):
+    onehot = ((v.i % int(v.c)).astype(v.y.dtype) == v.y).astype(v.p.dtype)
+    v.d[...] = (v.p / v.s - onehot) * v.scale
+
+
+def _maxpool(v):
+    H, W, Ho, Wo, kh, kw = (int(getattr(v, k)) for k in ("H", "W", "Ho", "Wo", "kh", "kw"))
+    b, a, nc = v.i % Wo, (v.i // Wo) % Ho, v.i // (Wo * Ho)
+    r0 = nc * H * W + a * kh * W + b * kw
+    x = _flat(v.x)
+    best, win, nan = x[r0].copy(), np.zeros(v.i.shape, np.int32), np.zeros(v.i.shape, bool)
+    for p in range(kh):
+        for q in range(kw):
+            val = x[r0 + p * W + q]
+            isnan = val != val
+            better = ~isnan & ~nan & (val > best)
+            best = np.where(isnan | better, val, best)
+            win = np.where(better, p * kw + q, win)
+            nan |= isnan
+    v.y[...] = best
+    v.arg[...] = np.where(nan, -1, win)
+
+
+def _maxpool_grad(v):
+    H, W, Ho, Wo, kh, kw = (int(getattr(v, k)) for k in ("H", "W", "Ho", "Wo", "kh", "kw"))
+    c, r, nc = v.i % W, (v.i // W) % H, v.i // (W * H)
+    a, b = r // kh, c // kw
+    inside = (a < Ho) & (b < Wo)
+    o = np.where(inside, (nc * Ho + a) * Wo + b, 0)
+    hit = inside & (_flat(v.arg)[o] == (r - a * kh) * kw + (c - b * kw))
+    v.dx[...] = np.where(hit, _flat(v.dy)[o], 0)
+
+
+def _sgd(v):
+    v.w -= v.lr * (v.g + v.wd * v.w)
+
+
+def _sgd_momentum(v):
+    d = v.g + v.wd * v.w
+    v.v[...] = v.mom * v.v + d
+    v.w -= v.lr * (d + v.mom * v.v if v.nesterov else v.v)
+
+
+def _adam(v):
+    d = v.g + v.wd * v.w
+    v.w *= v.keep
+    v.m[...] = v.b1 * v.m + (1 - v.b1) * d
+    v.v[...] = v.b2 * v.v + (1 - v.b2) * d * d
+    v.w -= v.lr_t * v.m / (np.sqrt(v.v) + v.eps_t)
+
+
+def _rmsprop(v):
+    d = v.g + v.wd * v.w
+    v.v[...] = v.rho * v.v + (1 - v.rho) * d * d
+    s = d / (np.sqrt(v.v) + v.eps)
+    if v.mom != 0:
+        v.b[...] = v.mom * v.b + s
+        s = v.b
+    v.w -= v.lr * s
+
+
+def _adagrad(v):
+    d = v.g + v.wd * v.w
+    v.s += d * d
+    v.w -= v.lr * d / (np.sqrt(v.s) + v.eps)
+
+
+EMULATORS = {
+    "dlrun_relu": _relu, "dlrun_relu_grad": _relu_grad, "dlrun_gelu": _gelu, "dlrun_gelu_grad": _gelu_grad,
+    "dlrun_embedding": _gather, "dlrun_embedding_grad": _scatter,
+    "dlrun_sce_exp": _sce_exp, "dlrun_sce_nll": _sce_nll, "dlrun_sce_grad": _sce_grad,
+    "dlrun_maxpool": _maxpool, "dlrun_maxpool_grad": _maxpool_grad,
+    "dlrun_sgd": _sgd, "dlrun_sgd_momentum": _sgd_momentum, "dlrun_adam": _adam,
+    "dlrun_rmsprop": _rmsprop, "dlrun_adagrad": _adagrad,
+}
+
+
+@contextmanager
+def emulate(monkeypatch):
+    """Within it, every Kernel runs its numpy emulator on numpy arrays; yields the call counts."""
+    calls: Counter = Counter()
+    real_on = Kernel.on
+
+    def on(self, xp):
+        if xp is np:
+            return Emulated(self, EMULATORS[self.name], calls)
+        return real_on(self, xp)
+
+    with monkeypatch.context() as m:
+        m.setattr(Kernel, "on", on)
+        yield calls
+
+
+def import_all_modules() -> None:
+    """Import every dlrun module, so every kernel is declared in backend.KERNELS."""
+    import importlib
+    import pkgutil
+
+    import dlrun
+
+    for m in pkgutil.walk_packages(dlrun.__path__, "dlrun."):
+        if not m.name.endswith("__main__"):
+            importlib.import_module(m.name)

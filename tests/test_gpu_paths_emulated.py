@@ -1,0 +1,179 @@
+"""The GPU code paths, run on the CPU with each CUDA kernel replaced by a numpy emulator of its
+source (tests/kernel_emulation.py), agree with the CPU code paths.
+
+This checks the Python side of every fused-kernel path without a GPU: the arguments each call
+passes (order, dtypes, shapes), the buffers it reuses across batches of different sizes, and what
+it does with the results. tests/test_kernels_compile.py checks that the CUDA source compiles,
+and tests/test_gpu.py runs it on a device.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlrun import registry
+from dlrun.backend import KERNELS
+from dlrun.config import load_config
+from dlrun.model import Sequential
+from dlrun.run import train
+from conftest import CONFIGS
+from kernel_emulation import EMULATORS, Emulated, emulate, import_all_modules
+
+import_all_modules()
+DTYPES = (np.float32, np.float64)
+
+
+def test_every_declared_kernel_has_an_emulator():
+    assert set(EMULATORS) == {k.name for k in KERNELS}
+
+
+def _layer_run(spec, shape, x, dtype, training_buffers=False):
+    layer = registry.layers.build(spec)
+    Sequential([layer], shape, dtype=dtype, seed=0)
+    layer.buffers.enabled = training_buffers
+    rng = np.random.default_rng(1)
+    outs = []
+    for xb in x:  # two batches of different sizes: buffers must follow the shape
+        y = layer.forward(xb.copy())
+        dy = rng.standard_normal(y.shape).astype(dtype)
+        dx = layer.backward(dy)
+        outs.append((y.copy(), None if dx is None else dx.copy(),
+                     {k: p.grad.copy() for k, p in layer.params.items() if p.grad is not None}))
+    return outs
+
+
+def _pool_input(n, rng, dtype):
+    x = rng.standard_normal((n, 2, 6, 8)).astype(dtype)
+    x[x < 0.3] = 0.0  # ties, as after a ReLU: the first in window order wins on both paths
+    return x
+
+
+LAYER_CASES = {
+    "ReLU": ("ReLU", (5,), lambda n, rng, dt: rng.standard_normal((n, 5)).astype(dt), ["dlrun_relu"]),
+    "GELU": ("GELU", (5,), lambda n, rng, dt: rng.standard_normal((n, 5)).astype(dt), ["dlrun_gelu"]),
+    "MaxPool2D": ({"type": "MaxPool2D", "pool_size": 2}, (2, 6, 8), _pool_input, ["dlrun_maxpool"]),
+    "MaxPool2D-3x2": ({"type": "MaxPool2D", "pool_size": [3, 2]}, (2, 6, 8), _pool_input, ["dlrun_maxpool"]),
+    "Embedding": ({"type": "Embedding", "input_dim": 10, "output_dim": 4}, (5,),
+                  lambda n, rng, dt: rng.integers(0, 10, (n, 5)).astype(dt), ["dlrun_embedding"]),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", sorted(LAYER_CASES))
+def test_layer_gpu_path_matches_the_cpu_path(case, dtype, monkeypatch):
+    spec, shape, make, kernels = LAYER_CASES[case]
+    rng = np.random.default_rng(0)
+    x = [make(4, rng, dtype), make(3, rng, dtype)]
+    cpu = _layer_run(spec, shape, x, dtype, training_buffers=True)
+    with emulate(monkeypatch) as calls:
+        gpu = _layer_run(spec, shape, x, dtype, training_buffers=True)
+    assert all(calls[k] == 2 for k in kernels), calls
+    for (y0, dx0, g0), (y1, dx1, g1) in zip(cpu, gpu):
+        assert y1.dtype == y0.dtype and y1.shape == y0.shape
+        np.testing.assert_allclose(y1, y0, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(dx1, dx0, rtol=1e-6, atol=1e-7)
+        assert g1.keys() == g0.keys()
+        for k in g0:
+            np.testing.assert_allclose(g1[k], g0[k], rtol=1e-5, atol=1e-6)
+
+
+def test_maxpool_gpu_path_marks_nan_windows_like_the_cpu(monkeypatch):
+    x = _pool_input(2, np.random.default_rng(3), np.float64)
+    x[1, 0, 2, 3] = np.nan
+    cpu = _layer_run({"type": "MaxPool2D", "pool_size": 2}, (2, 6, 8), [x], np.float64)
+    with emulate(monkeypatch):
+        gpu = _layer_run({"type": "MaxPool2D", "pool_size": 2}, (2, 6, 8), [x], np.float64)
+    np.testing.assert_array_equal(gpu[0][0], cpu[0][0])  # NaN in the same window, equal_nan
+    np.testing.assert_array_equal(gpu[0][1], cpu[0][1])
+
+
+@pytest.mark.parametrize("label_dtype", [np.int64, np.int32])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_softmax_cross_entropy_gpu_path_matches_the_cpu_path(dtype, label_dtype, monkeypatch):
+    rng = np.random.default_rng(0)
+    z, y = rng.standard_normal((6, 4)).astype(dtype) * 3, rng.integers(0, 4, 6).astype(label_dtype)
+
+    def run():
+        loss = registry.losses.build("SoftmaxCrossEntropy")
+        value = loss.forward(z, y)
+        return value, loss.backward().copy(), loss.count_correct(z, y)
+
+    cpu = run()
+    with emulate(monkeypatch) as calls:
+        gpu = run()
+    assert calls["dlrun_sce_exp"] == calls["dlrun_sce_nll"] == calls["dlrun_sce_grad"] == 1
+    assert np.asarray(gpu[0]).dtype == dtype
+    np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-6)
+    np.testing.assert_allclose(gpu[1], cpu[1], rtol=1e-6, atol=1e-8)
+    assert int(gpu[2]) == int(cpu[2])
+
+
+OPTIMIZERS = {
+    "dlrun_sgd": "{type: SGD, learning_rate: 0.3, weight_decay: 0.01}",
+    "dlrun_sgd_momentum": "{type: SGD, learning_rate: 0.3, momentum: 0.9, nesterov: true, weight_decay: 0.01}",
+    "dlrun_adam": "{type: Adam, learning_rate: 0.01, weight_decay: 0.01}",
+    "dlrun_adam-decoupled": "{type: AdamW, learning_rate: 0.01, weight_decay: 0.1}",
+    "dlrun_rmsprop": "{type: RMSProp, learning_rate: 0.01, momentum: 0.5, weight_decay: 0.01}",
+    "dlrun_rmsprop-plain": "{type: RMSProp, learning_rate: 0.01}",
+    "dlrun_adagrad": "{type: AdaGrad, learning_rate: 0.1, weight_decay: 0.01}",
+}
+
+
+def _fit(path, overrides, tmp_path, sub):
+    config = load_config(path, overrides=overrides)
+    result = train(config, runs_dir=tmp_path / sub)
+    weights = {k: v.copy() for k, v in result.trainer.model.state_arrays().items()}
+    return result.history.rows, weights
+
+
+def _same_run(cpu, gpu, rtol):
+    (rows0, w0), (rows1, w1) = cpu, gpu
+    assert len(rows0) == len(rows1)
+    for r0, r1 in zip(rows0, rows1):
+        np.testing.assert_allclose(r1["train_loss"], r0["train_loss"], rtol=rtol)
+    assert w0.keys() == w1.keys()
+    for k in w0:
+        np.testing.assert_allclose(w1[k], w0[k], rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("case", sorted(OPTIMIZERS))
+def test_optimizer_gpu_update_matches_the_cpu_update(case, tmp_path, monkeypatch):
+    """Spiral, minibatches of 64 over 300 points (a short last batch), 3 epochs."""
+    overrides = [f"optimizer={OPTIMIZERS[case]}", "train.epochs=3", "train.batch_size=64"]
+    cpu = _fit(CONFIGS / "spiral.yaml", overrides, tmp_path, "cpu")
+    with emulate(monkeypatch) as calls:
+        gpu = _fit(CONFIGS / "spiral.yaml", overrides, tmp_path, "gpu")
+    assert calls[case.split("-")[0]] > 0, calls
+    _same_run(cpu, gpu, rtol=2e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", sorted(p.name for p in CONFIGS.glob("*.yaml")))
+def test_every_shipped_config_trains_the_same_on_the_gpu_path(config, tmp_path, monkeypatch):
+    """Two epochs of each shipped config, CPU path against emulated GPU path."""
+    overrides = ["train.epochs=2"]
+    cpu = _fit(CONFIGS / config, overrides, tmp_path, "cpu")
+    with emulate(monkeypatch) as calls:
+        gpu = _fit(CONFIGS / config, overrides, tmp_path, "gpu")
+    assert sum(calls.values()) > 0
+    _same_run(cpu, gpu, rtol=1e-4)
+
+
+def test_the_emulator_enforces_cupy_calling_conventions():
+    """A call CuPy would refuse fails here too: wrong dtype, wrong output shape, wrong count."""
+    from collections import Counter
+
+    sgd = next(k for k in KERNELS if k.name == "dlrun_sgd")
+    run = Emulated(sgd, EMULATORS["dlrun_sgd"], Counter())
+    w, g = np.ones(4, np.float32), np.ones(4, np.float32)
+    run(g, 0.5, 0.0, w)
+    np.testing.assert_array_equal(w, 0.5)
+    with pytest.raises(TypeError, match="g is float64, but type T is float32"):
+        run(g.astype(np.float64), 0.5, 0.0, w)
+    with pytest.raises(TypeError, match="2 arguments, expected 3 or 4"):
+        run(g, 0.5)
+    relu = Emulated(next(k for k in KERNELS if k.name == "dlrun_relu"), EMULATORS["dlrun_relu"], Counter())
+    with pytest.raises(ValueError, match="output y has shape"):
+        relu(np.ones((2, 3), np.float32), np.empty((1, 3), np.float32))  # CuPy: 'Out shape is mismatched'
+    with pytest.raises(TypeError, match="x is float32, but type T is float64"):
+        relu(np.ones((2, 3), np.float32), np.empty((2, 3), np.float64))
