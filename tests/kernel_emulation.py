@@ -183,11 +183,14 @@ def _adam(v):
 def _rmsprop(v):
     d = v.g + v.wd * v.w
     v.v[...] = v.rho * v.v + (1 - v.rho) * d * d
-    s = d / (np.sqrt(v.v) + v.eps)
-    if v.mom != 0:
-        v.b[...] = v.mom * v.b + s
-        s = v.b
-    v.w -= v.lr * s
+    v.w -= v.lr * d / (np.sqrt(v.v) + v.eps)
+
+
+def _rmsprop_momentum(v):
+    d = v.g + v.wd * v.w
+    v.v[...] = v.rho * v.v + (1 - v.rho) * d * d
+    v.b[...] = v.mom * v.b + d / (np.sqrt(v.v) + v.eps)
+    v.w -= v.lr * v.b
 
 
 def _adagrad(v):
@@ -202,7 +205,7 @@ EMULATORS = {
     "dlrun_sce_exp": _sce_exp, "dlrun_sce_nll": _sce_nll, "dlrun_sce_grad": _sce_grad,
     "dlrun_maxpool": _maxpool, "dlrun_maxpool_grad": _maxpool_grad,
     "dlrun_sgd": _sgd, "dlrun_sgd_momentum": _sgd_momentum, "dlrun_adam": _adam,
-    "dlrun_rmsprop": _rmsprop, "dlrun_adagrad": _adagrad,
+    "dlrun_rmsprop": _rmsprop, "dlrun_rmsprop_momentum": _rmsprop_momentum, "dlrun_adagrad": _adagrad,
 }
 
 

@@ -113,8 +113,8 @@ OPTIMIZERS = {
     "dlrun_sgd_momentum": "{type: SGD, learning_rate: 0.3, momentum: 0.9, nesterov: true, weight_decay: 0.01}",
     "dlrun_adam": "{type: Adam, learning_rate: 0.01, weight_decay: 0.01}",
     "dlrun_adam-decoupled": "{type: AdamW, learning_rate: 0.01, weight_decay: 0.1}",
-    "dlrun_rmsprop": "{type: RMSProp, learning_rate: 0.01, momentum: 0.5, weight_decay: 0.01}",
-    "dlrun_rmsprop-plain": "{type: RMSProp, learning_rate: 0.01}",
+    "dlrun_rmsprop_momentum": "{type: RMSProp, learning_rate: 0.01, momentum: 0.5, weight_decay: 0.01}",
+    "dlrun_rmsprop": "{type: RMSProp, learning_rate: 0.01}",
     "dlrun_adagrad": "{type: AdaGrad, learning_rate: 0.1, weight_decay: 0.01}",
 }
 
@@ -123,11 +123,11 @@ def _fit(path, overrides, tmp_path, sub):
     config = load_config(path, overrides=overrides)
     result = train(config, runs_dir=tmp_path / sub)
     weights = {k: v.copy() for k, v in result.trainer.model.state_arrays().items()}
-    return result.history.rows, weights
+    return result.history.rows, weights, result.trainer.optimizer
 
 
 def _same_run(cpu, gpu, rtol):
-    (rows0, w0), (rows1, w1) = cpu, gpu
+    (rows0, w0, _), (rows1, w1, _) = cpu, gpu
     assert len(rows0) == len(rows1)
     for r0, r1 in zip(rows0, rows1):
         np.testing.assert_allclose(r1["train_loss"], r0["train_loss"], rtol=rtol)
@@ -145,6 +145,8 @@ def test_optimizer_gpu_update_matches_the_cpu_update(case, tmp_path, monkeypatch
         gpu = _fit(CONFIGS / "spiral.yaml", overrides, tmp_path, "gpu")
     assert calls[case.split("-")[0]] > 0, calls
     _same_run(cpu, gpu, rtol=2e-5)
+    assert all("_work" not in slots for slots in gpu[2].state.values())  # the kernel needs no scratch
+    assert any("_work" in slots for slots in cpu[2].state.values()) == cpu[2].needs_work
 
 
 @pytest.mark.slow

@@ -48,6 +48,9 @@ class Adam(Optimizer):
         self._eps_t = self.epsilon * c2
         super().step()
 
+    def fuses(self, xp) -> bool:
+        return _ADAM.on(xp) is not None
+
     def _update(self, state, p) -> None:
         g = p.grad
         fused = _ADAM.on(array_module(g))

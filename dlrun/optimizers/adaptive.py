@@ -7,9 +7,12 @@ from ..registry import optimizers
 from .base import Optimizer
 
 # GPU: each update in one launch
-_RMSPROP = Kernel("T g, T lr, T rho, T eps, T wd, T mom", "T w, T v, T b",
-                  "T d = g + wd * w; v = rho * v + (1 - rho) * d * d; T s = d / (sqrt(v) + eps); "
-                  "if (mom != 0) { b = mom * b + s; s = b; } w -= lr * s;", "dlrun_rmsprop")
+_RMSPROP = Kernel("T g, T lr, T rho, T eps, T wd", "T w, T v",
+                  "T d = g + wd * w; v = rho * v + (1 - rho) * d * d; w -= lr * d / (sqrt(v) + eps);",
+                  "dlrun_rmsprop")
+_RMSPROP_MOMENTUM = Kernel("T g, T lr, T rho, T eps, T wd, T mom", "T w, T v, T b",
+                           "T d = g + wd * w; v = rho * v + (1 - rho) * d * d; b = mom * b + d / (sqrt(v) + eps); "
+                           "w -= lr * b;", "dlrun_rmsprop_momentum")
 _ADAGRAD = Kernel("T g, T lr, T eps, T wd", "T w, T s",
                   "T d = g + wd * w; s += d * d; w -= lr * d / (sqrt(s) + eps);", "dlrun_adagrad")
 
@@ -40,15 +43,20 @@ class RMSProp(Optimizer):
         self.rho, self.epsilon, self.momentum, self.weight_decay = rho, epsilon, momentum, weight_decay
         self.slots = ("square_avg", "momentum_buffer") if momentum else ("square_avg",)
 
+    def fuses(self, xp) -> bool:
+        return _RMSPROP.on(xp) is not None
+
     def _update(self, state, p) -> None:
-        g, work = p.grad, state["_work"]
+        g = p.grad
         xp = array_module(g)
-        fused = _RMSPROP.on(xp)
-        if fused is not None:  # without momentum the scratch buffer stands in for the unused b
-            b = state["momentum_buffer"] if self.momentum else work
-            fused(g, self.learning_rate, self.rho, self.epsilon, self.weight_decay, self.momentum, p.data,
-                  state["square_avg"], b)
+        if self.fuses(xp):
+            args = (g, self.learning_rate, self.rho, self.epsilon, self.weight_decay)
+            if self.momentum:
+                _RMSPROP_MOMENTUM.on(xp)(*args, self.momentum, p.data, state["square_avg"], state["momentum_buffer"])
+            else:
+                _RMSPROP.on(xp)(*args, p.data, state["square_avg"])
             return
+        work = state["_work"]
         if self.weight_decay:
             self._add_decay(g, p.data, self.weight_decay, work)
         v = state["square_avg"]
@@ -100,13 +108,16 @@ class AdaGrad(Optimizer):
         for slots in self.state.values():
             slots["sum"][...] = self.initial_accumulator_value
 
+    def fuses(self, xp) -> bool:
+        return _ADAGRAD.on(xp) is not None
+
     def _update(self, state, p) -> None:
-        g, work = p.grad, state["_work"]
+        g = p.grad
         xp = array_module(g)
-        fused = _ADAGRAD.on(xp)
-        if fused is not None:
-            fused(g, self.learning_rate, self.epsilon, self.weight_decay, p.data, state["sum"])
+        if self.fuses(xp):
+            _ADAGRAD.on(xp)(g, self.learning_rate, self.epsilon, self.weight_decay, p.data, state["sum"])
             return
+        work = state["_work"]
         if self.weight_decay:
             self._add_decay(g, p.data, self.weight_decay, work)
         s = state["sum"]

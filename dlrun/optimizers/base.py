@@ -19,7 +19,8 @@ class Optimizer:
 
     ``slots`` name the per-parameter state buffers (saved in checkpoints). A subclass that needs
     a temporary array sets ``needs_work = True`` and gets ``state["_work"]``, a scratch buffer
-    shaped like the parameter that is allocated once and never saved.
+    shaped like the parameter that is allocated once and never saved. One whose update runs as
+    a single fused kernel on a device says so with :meth:`fuses` and gets no scratch there.
 
     An optimizer whose update is purely elementwise (same hyperparameters for every entry of
     every parameter) sets ``elementwise = True``. ``step`` then runs ``_update`` once over the
@@ -52,16 +53,22 @@ class Optimizer:
         """
         self.params = [(n, p) for n, p in named_params if p.trainable]
         self._flat = None
+        work = self.needs_work and not (self.params and self.fuses(array_module(self.params[0][1].data)))
         if self.elementwise and arena is not None and arena.holds([p for _, p in self.params]):
-            keys = self.slots + (("_work",) if self.needs_work else ())
+            keys = self.slots + (("_work",) if work else ())
             flat = {k: arena.zeros_like() for k in keys}
             self._flat = (arena, flat, Parameter(arena.data, arena.grad), [flat[s] for s in self.slots])
             self.state = {n: {k: arena.view(f, p) for k, f in flat.items()} for n, p in self.params}
             return
         self.state = {n: {s: array_module(p.data).zeros_like(p.data) for s in self.slots} for n, p in self.params}
-        if self.needs_work:
+        if work:
             for n, p in self.params:
                 self.state[n]["_work"] = array_module(p.data).empty_like(p.data)
+
+    def fuses(self, xp) -> bool:
+        """True when ``_update`` runs as one fused kernel on array module ``xp`` and so needs no
+        ``_work`` there (the built-ins on CuPy). Plugins keep this default."""
+        return False
 
     def step(self) -> None:
         """Apply one update to every trainable parameter."""

@@ -41,7 +41,7 @@ class SGD(Optimizer):
     def _update(self, state, p) -> None:
         g = p.grad  # rewritten by every backward, so it doubles as scratch here
         xp = array_module(g)
-        if _PLAIN.on(xp) is not None:  # GPU: the whole update in one fused kernel
+        if self.fuses(xp):  # GPU: the whole update in one fused kernel
             self._update_fused(xp, g, state, p)
             return
         w = p.data  # a local: `p.data -= g` would also call Parameter.__setattr__
@@ -61,6 +61,9 @@ class SGD(Optimizer):
         else:  # step = v; v is state, so scale it into g
             xp.multiply(v, self.learning_rate, out=g)
         w -= g
+
+    def fuses(self, xp) -> bool:
+        return _PLAIN.on(xp) is not None
 
     def _update_fused(self, xp, g, state, p) -> None:
         if self.momentum:
