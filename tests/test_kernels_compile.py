@@ -80,14 +80,13 @@ def nvrtc_compile(source, name, arch):
     """Compile with NVRTC as CuPy would; raise AssertionError with NVRTC's log on failure."""
     prog = nvrtc.createProgram(source, f"{name}.cu", [], [])
     try:
-        nvrtc.compileProgram(prog, list(_OPTIONS) + [f"-arch={arch}"])
-    except nvrtc.NVRTCError as e:
-        log = nvrtc.getProgramLog(prog)
-        raise AssertionError(f"{name} ({arch}) does not compile: {e}\n{log}") from None
+        try:
+            nvrtc.compileProgram(prog, list(_OPTIONS) + [f"-arch={arch}"])
+        except nvrtc.NVRTCError as e:
+            raise AssertionError(f"{name} ({arch}) does not compile: {e}\n{nvrtc.getProgramLog(prog)}") from None
+        return nvrtc.getPTX(prog)
     finally:
-        ptx = nvrtc.getPTX(prog) if "prog" in locals() else b""
         nvrtc.destroyProgram(prog)
-    return ptx
 
 
 def type_choices(kernel):

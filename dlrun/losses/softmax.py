@@ -80,8 +80,7 @@ class SoftmaxCrossEntropy(Loss):
         n, c = z.shape
         z = xp.ascontiguousarray(z)  # the nll kernel reads z by flat index
         m = z.max(axis=1, keepdims=True)
-        p = _EXP.on(xp)(
-            z, m, *out_args(self.buffers.get(xp, "p", z.shape, z.dtype)))
+        p = _EXP.on(xp)(z, m, *out_args(self.buffers.get(xp, "p", z.shape, z.dtype)))
         s = p.sum(axis=1)
         nll = _NLL.on(xp)(s, m.reshape(-1), y, z, c)
         self._p, self._s, self._y, self._work, self._scored = p, s, y, None, None

@@ -53,11 +53,12 @@ class Adam(Optimizer):
 
     def _update(self, state, p) -> None:
         g = p.grad
-        fused = _ADAM.on(array_module(g))
-        if fused is not None:
+        xp = array_module(g)
+        if self.fuses(xp):
             coupled = 0.0 if self.decoupled else self.weight_decay
             keep = 1.0 - self.learning_rate * self.weight_decay if self.decoupled else 1.0
-            fused(g, self._lr_t, self._eps_t, self.beta1, self.beta2, coupled, keep, p.data, state["m"], state["v"])
+            _ADAM.on(xp)(g, self._lr_t, self._eps_t, self.beta1, self.beta2, coupled, keep, p.data,
+                         state["m"], state["v"])
             return
         if self.weight_decay:
             if self.decoupled:
@@ -73,7 +74,6 @@ class Adam(Optimizer):
         v -= g
         v *= self.beta2
         v += g
-        xp = array_module(v)
         xp.sqrt(v, out=g)
         g += self._eps_t
         xp.divide(m, g, out=g)
