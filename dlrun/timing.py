@@ -39,6 +39,7 @@ class TimingReport:
     batches: int
     batch_size: int
     device: str
+    order: tuple[int, ...] = ()   # the model's execution order (Sequential.order): the rows' order
 
     @property
     def parts_total(self) -> float:
@@ -54,7 +55,7 @@ def time_config(config: Config, batches: int = 20, warmup: int = 2) -> TimingRep
     x, y = trainer._to_device(ds.x, ds.y)
     n = len(x)
     bs = n if trainer.batch_size is None else min(trainer.batch_size, n)
-    layers = model.layers
+    layers = [model.layers[i] for i in model.order]  # execution order (see Sequential.order)
     fwd = [[] for _ in layers]
     bwd = [[] for _ in layers]
     loss_f, loss_b, opt_t, step_t = [], [], [], []
@@ -98,7 +99,7 @@ def time_config(config: Config, batches: int = 20, warmup: int = 2) -> TimingRep
     finally:
         trainer._fast_mode(False)
     med = statistics.median
-    rows = [PartTiming(f"{i} {type(layer).__name__}", shape, med(fwd[i]), med(bwd[i]) if bwd[i] else None)
-            for i, (layer, shape) in enumerate(zip(layers, model.shapes))]
+    rows = [PartTiming(f"{model.order[k]} {type(layer).__name__}", shape, med(fwd[k]), med(bwd[k]) if bwd[k] else None)
+            for k, (layer, shape) in enumerate(zip(layers, model.order_shapes))]
     return TimingReport(rows, PartTiming(f"loss {type(loss).__name__}", None, med(loss_f), med(loss_b)), med(opt_t),
-                        med(step_t), batches, bs, backend.name)
+                        med(step_t), batches, bs, backend.name, model.order)

@@ -46,3 +46,13 @@ def test_time_config_returns_data():
     assert rep.batch_size == 100 and rep.device == "cpu"
     assert all(p.forward > 0 and p.backward > 0 for p in rep.layers)
     assert rep.optimizer > 0 and rep.step >= rep.optimizer and rep.parts_total > 0
+
+
+def test_time_lists_layers_in_execution_order_and_says_so(cli):
+    """digits_cnn has Conv2D, ReLU, MaxPool2D twice: each ReLU runs (and is timed) after its pool."""
+    r = cli("time", CONFIGS / "digits_cnn.yaml", "--batches", "2")
+    assert r.code == 0, r.err
+    names = [l.strip("│┃ ").split("│")[0].strip() for l in r.out.splitlines() if "│ " in l]
+    assert names[:6] == ["0 Conv2D", "2 MaxPool2D", "1 ReLU", "3 Conv2D", "5 MaxPool2D", "4 ReLU"]
+    assert _row(r.out, "1 ReLU")[1] == "(N, 32, 4, 4)"  # the pooled map
+    assert "model[1] after model[2], model[4] after model[5]" in " ".join(r.out.split())

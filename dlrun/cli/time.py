@@ -47,6 +47,12 @@ def time_cmd(
     t.add_row("total of parts", "", _ms(sum(p.forward or 0 for p in r.layers) + r.loss.forward),
               _ms(sum(p.backward or 0 for p in r.layers) + r.loss.backward + r.optimizer), _ms(total), "100.0%")
     t.add_row("whole step", "", "", "", _ms(r.step), "")
+    notes = []
     if any(p.backward is None for p in r.layers):
-        t.caption = "backward '-': skipped in training (no earlier layer has parameters)"
+        notes.append("backward '-': skipped in training (no earlier layer has parameters)")
+    swapped = [f"model[{k}] after model[{k + 1}]" for k, i in enumerate(r.order) if i == k + 1]
+    if swapped:
+        notes.append(f"rows in execution order: {', '.join(swapped)} (a ReLU just before a MaxPool2D runs on "
+                     "the smaller pooled map, with the same result: docs/performance.md)")
+    t.caption = "\n".join(notes) or None
     out.print(t)
