@@ -108,6 +108,8 @@ def test_conv_with_reused_buffers_matches_fresh_arrays(opts, layout):
         dy = rng.standard_normal(y.shape)
         np.testing.assert_allclose(pooled.backward(dy), plain.backward(dy), rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(pooled.weight.grad, plain.weight.grad, rtol=1e-12, atol=1e-12)
+        if pooled.bias is not None:  # from the ones row of reused columns: it must survive each im2col
+            np.testing.assert_allclose(pooled.bias.grad, plain.bias.grad, rtol=1e-12, atol=1e-12)
     assert len(pooled.buffers) > 0
 
 

@@ -24,7 +24,8 @@ class Conv2D(Layer):
     images. Computed as im2col (one strided view and one copy) followed by the batched GEMM
     ``W(O, C·kh·kw) @ cols(N, C·kh·kw, Ho·Wo)``, so the output comes out NCHW without a transpose;
     the weight gradient is a batched matmul summed over the batch and the input gradient is
-    col2im (kh·kw strided slab adds). With at most 64 output pixels per sample each product is
+    col2im (kh·kw strided slab adds). The bias rides in the GEMMs: the columns carry a row of
+    ones and W a column b, so forward adds b and the weight-gradient GEMM yields db. With at most 64 output pixels per sample each product is
     one GEMM over all samples instead: on channels-last columns (N·Ho·Wo, kh·kw·C) when there
     are at least as many channels as output columns, else on (C·kh·kw, N·Ho·Wo) columns
     (:func:`choose_layout`).
@@ -99,16 +100,25 @@ class Conv2D(Layer):
         n = x.shape[0]
         o = self.filters
         k, p = self.weight.data[0].size, self.win.out_hw[0] * self.win.out_hw[1]
+        # with a bias the columns get a row of ones and W a column b: the GEMM adds the bias (no
+        # pass over the output) and backward's weight-gradient GEMM yields db (no reduction)
+        kb = k + (self.bias is not None)
+        shape = (kb, n * p) if self.one_gemm else (n, kb, p)  # (K+1, N·P) or (N, K+1, P)
         # in fast mode the columns and the output are reused buffers: at MB sizes a fresh
-        # array costs its page faults every step
-        cols = im2col(xp, pad_input(xp, x, self.win), self.win, self.one_gemm,  # (N, K, P) or (K, N·P)
-                      self.buffer("cols", (k, n * p) if self.one_gemm else (n, k, p), x.dtype))
+        # array costs its page faults every step; the ones row is written once per buffer
+        cols = self.buffers.group(("cols", shape, x.dtype), lambda: _columns_with_ones(xp, shape, k, x.dtype))
+        # cols[:, :k] is not contiguous, but its (K, P) blocks are: splitting K and P (in _columns)
+        # is a view in numpy and CuPy alike, so im2col writes into the buffer itself
+        im2col(xp, pad_input(xp, x, self.win), self.win, self.one_gemm, cols[:k] if self.one_gemm else cols[:, :k])
         self._cols = cols
-        # (N, O, P): already NCHW order; or (O, N·P)
-        out = xp.matmul(self.weight.data.reshape(o, -1), cols,
-                        out=self.buffer("gemm" if self.one_gemm else "y", (o, n * p) if self.one_gemm else (n, o, p), x.dtype))
+        wb = self.weight.data.reshape(o, k)
         if self.bias is not None:
-            out += self.bias.data[:, None]
+            wb = self.output_array("wb", (o, kb), x.dtype)
+            wb[:, :k] = self.weight.data.reshape(o, k)
+            wb[:, k] = self.bias.data
+        # (N, O, P): already NCHW order; or (O, N·P)
+        out = xp.matmul(wb, cols, out=self.buffer("gemm" if self.one_gemm else "y",
+                                                  (o, n * p) if self.one_gemm else (n, o, p), x.dtype))
         if self.one_gemm:
             y = self.output_array("y", (n, o, p), x.dtype)
             y[...] = out.reshape(o, n, p).transpose(1, 0, 2)
@@ -120,22 +130,23 @@ class Conv2D(Layer):
             return self._backward_channels_last(dy)
         xp = self.xp
         n, o = dy.shape[:2]
-        w2, g2 = self.weight.data.reshape(o, -1), self.weight.grad.reshape(o, -1)  # views
         cols = self._cols
+        k = self.weight.data[0].size
+        # the gradient of [W | b]: the bias column comes from the ones row of the columns
+        gb = self.weight.grad.reshape(o, k) if self.bias is None else self.output_array("gwb", (o, k + 1), dy.dtype)
         if self.one_gemm:
             d = xp.ascontiguousarray(dy.reshape(n, o, -1).transpose(1, 0, 2)).reshape(o, -1)  # (O, N·P)
-            xp.matmul(d, cols.T, out=g2)
-            if self.bias is not None:
-                d.sum(axis=1, out=self.bias.grad)
+            xp.matmul(d, cols.T, out=gb)
         else:
             d = dy.reshape(n, o, -1)  # (N, O, P)
             # batched matmul then a sum over the batch: 3-5x faster than tensordot/einsum here
-            xp.matmul(d, cols.transpose(0, 2, 1)).sum(axis=0, out=g2)
-            if self.bias is not None:
-                d.sum(axis=(0, 2), out=self.bias.grad)
+            xp.matmul(d, cols.transpose(0, 2, 1)).sum(axis=0, out=gb)
+        if self.bias is not None:
+            self.weight.grad.reshape(o, k)[...] = gb[:, :k]
+            self.bias.grad[...] = gb[:, k]
         if not self.needs_input_grad:  # first layer of a training loop: skip the matmul and col2im
             return None
-        dcols = xp.matmul(w2.T, d)  # (N, K, P) or (K, N·P)
+        dcols = xp.matmul(self.weight.data.reshape(o, k).T, d)  # (N, K, P) or (K, N·P)
         return unpad(col2im(xp, dcols, self.win, self.channels, n if self.one_gemm else None), self.win)
 
     # channels-last: columns (N·Ho·Wo, kh·kw·C) copied with C-long contiguous runs, one GEMM
@@ -178,6 +189,17 @@ class Conv2D(Layer):
             return super().__repr__()
         return (f"Conv2D(filters={self.filters}, kernel_size={self.kernel_size}, stride={self.stride}, "
                 f"padding={self.padding!r}, dilation={self.dilation})")
+
+
+def _columns_with_ones(xp, shape, k: int, dtype):
+    """Columns of ``shape`` (K+1, N·P) or (N, K+1, P) whose rows from ``k`` on (the bias row,
+    if any) are ones; im2col fills the first k rows."""
+    cols = xp.empty(shape, dtype=dtype)
+    if len(shape) == 2:
+        cols[k:] = 1
+    else:
+        cols[:, k:] = 1
+    return cols
 
 
 def choose_layout(channels: int, out_hw, cpu: bool = True) -> str:

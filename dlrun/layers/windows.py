@@ -121,7 +121,8 @@ def im2col(xp, xpad, win: Window, one_gemm: bool = False, out=None):
     Row ``c·kh·kw + i·kw + j`` holds channel c at kernel offset (i, j), matching a weight
     of shape (O, C, kh, kw) reshaped to (O, C·kh·kw). The columns are (N, C·kh·kw, Ho·Wo), one
     matrix per sample for a batched GEMM, or with ``one_gemm`` (C·kh·kw, N·Ho·Wo): all samples
-    side by side, for one GEMM. ``out``, if given, is a contiguous array of that shape.
+    side by side, for one GEMM. ``out``, if given, is an array of that shape whose reshape to the
+    window shape is a view (a contiguous array, or the first rows of wider columns).
     """
     n, c = xpad.shape[:2]
     (kh, kw), (ho, wo) = win.kernel, win.out_hw
@@ -139,8 +140,8 @@ def im2col(xp, xpad, win: Window, one_gemm: bool = False, out=None):
 
 
 def _columns(view, shape, out):
-    """The strided window ``view`` copied once into columns of ``shape``: a new array, or the
-    contiguous ``out`` (a reused buffer)."""
+    """The strided window ``view`` copied once into columns of ``shape``: a new array, or
+    ``out`` (a reused buffer, or a slice of one whose reshape to ``view.shape`` is a view)."""
     if out is None:
         return view.reshape(shape)
     out.reshape(view.shape)[...] = view
