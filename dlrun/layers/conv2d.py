@@ -106,7 +106,7 @@ class Conv2D(Layer):
         shape = (kb, n * p) if self.one_gemm else (n, kb, p)  # (K+1, N·P) or (N, K+1, P)
         # in fast mode the columns and the output are reused buffers: at MB sizes a fresh
         # array costs its page faults every step; the ones row is written once per buffer
-        cols = self.buffers.group(("cols", shape, x.dtype), lambda: _columns_with_ones(xp, shape, k, x.dtype))
+        cols = self.buffers.group(("cols_with_ones", shape, x.dtype), lambda: _columns_with_ones(xp, shape, k, x.dtype))
         # cols[:, :k] is not contiguous, but its (K, P) blocks are: splitting K and P (in _columns)
         # is a view in numpy and CuPy alike, so im2col writes into the buffer itself
         im2col(xp, pad_input(xp, x, self.win), self.win, self.one_gemm, cols[:k] if self.one_gemm else cols[:, :k])
