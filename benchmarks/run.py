@@ -25,11 +25,12 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 from workloads import CPU_DEFAULT, GPU_DEFAULT, WORKLOADS  # noqa: E402
 
 
-def spawn(args: list[str], threads: int) -> dict:
+def spawn(args: list[str], threads: int, worker: Path = HERE / "worker.py") -> dict:
+    """Run ``worker`` (this checkout's, or another's: it imports the dlrun beside it) with ``args``."""
     env = dict(os.environ)
     for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[k] = str(threads)
-    p = subprocess.run([sys.executable, str(HERE / "worker.py"), *args], env=env, capture_output=True, text=True)
+    p = subprocess.run([sys.executable, str(worker), *args], env=env, capture_output=True, text=True)
     if p.returncode != 0:
         tail = (p.stderr.strip().splitlines() or ["?"])[-1]
         return {"available": False, "reason": f"worker failed: {tail}"}
