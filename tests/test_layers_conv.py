@@ -272,3 +272,24 @@ def test_maxpool_partial_ties_follow_row_major_first_winner(opts, hw):
             r, col = a * layer.stride[0] + i - layer.padding[0], b * layer.stride[1] + j - layer.padding[1]
             expected[n, c, r, col] += dy[idx]
         np.testing.assert_allclose(layer.backward(dy), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+@pytest.mark.parametrize("opts", POOL_CASES + [dict(pool_size=[3, 1]), dict(pool_size=[2, 3])])
+def test_maxpool_training_and_evaluation_paths_agree(opts, dtype):
+    """Training copies disjoint windows' sub-grids into one contiguous array; evaluation reads
+    strided views. Both must give the same maxima (NaN and ties included) in either dtype."""
+    layer = layers.build({"type": "MaxPool2D", **opts})
+    make(layer, (2, 7, 8), dtype)
+    x = np.random.default_rng(11).integers(-3, 4, (3, 2, 7, 8)).astype(dtype)
+    if dtype != np.int64:
+        x[0, 0, 0, 0] = np.nan
+    train = layer.forward(x).copy()
+    arg = layer.branch_signature().copy()
+    layer.training = False
+    np.testing.assert_array_equal(layer.forward(x), train)
+    if dtype != np.int64:  # reference_pool's argmax: NaN windows aside, the first maximum
+        ref, ref_arg = reference_pool(np.nan_to_num(x, nan=-np.inf), layer.pool_size, layer.stride, layer.padding,
+                                      np.max, -np.inf)
+        keep = ~np.isnan(train)
+        np.testing.assert_array_equal(arg[keep], ref_arg[keep])

@@ -77,6 +77,7 @@ class MaxPool2D(Layer):
         c, h, w = expect_image(self, input_shape)
         self.win = make_window("MaxPool2D", (h, w), self.pool_size, self.stride, (1, 1), self.padding)
         self.overlapping = any(s < k for s, k in zip(self.stride, self.pool_size))
+        self.disjoint = self.stride == self.pool_size and not self.win.has_padding
         # windows that tile the padded input exactly write every gradient element: no zero fill
         self.tiling = (self.stride == self.pool_size
                        and all(o * k == n for o, k, n in zip(self.win.out_hw, self.pool_size, self.win.padded_hw)))
@@ -88,9 +89,12 @@ class MaxPool2D(Layer):
         self._arg = None
         if _POOL.on(xp) is not None and not win.has_padding and self.stride == self.pool_size and x.dtype.kind == "f":
             return self._forward_gpu(xp, x)
-        fill = float("-inf") if x.dtype.kind == "f" else x.min()
-        xpad = pad_input(xp, x, win, fill)
-        grids = [xpad[(slice(None), slice(None)) + win.offset_slices(i, j)] for i, j in win.offsets()]
+        if self.training and self.disjoint:
+            grids = self._split_windows(xp, x)
+        else:
+            fill = float("-inf") if x.dtype.kind == "f" else x.min()
+            xpad = pad_input(xp, x, win, fill)
+            grids = [xpad[(slice(None), slice(None)) + win.offset_slices(i, j)] for i, j in win.offsets()]
         out = self.buffer("y", grids[0].shape, x.dtype)  # reused in fast mode: no page faults
         if len(grids) == 1:  # a 1x1 pool
             out = grids[0].copy()
@@ -99,8 +103,21 @@ class MaxPool2D(Layer):
         for g in grids[2:]:
             xp.maximum(out, g, out=out)
         self._grids, self._out, self._masks = grids, out, None
-        self._xshape = xpad.shape
+        self._xshape = x.shape[:2] + win.padded_hw
         return out
+
+    def _split_windows(self, xp, x):
+        """The kh·kw sub-grids of disjoint unpadded windows, copied into one (kh·kw, N, C, Ho, Wo)
+        array: one strided pass over x, after which the forward maxima and backward's winner
+        masks all run on contiguous arrays. Training only, where backward reads the grids a
+        second time: 811 -> 626 µs for forward plus backward on 64×8×26×26 float32; evaluation
+        reads them once and keeps the strided views."""
+        (kh, kw), (ho, wo) = self.pool_size, self.win.out_hw
+        n, c = x.shape[:2]
+        split = self.output_array("windows", (kh * kw, n, c, ho, wo), x.dtype)
+        split.reshape(kh, kw, n, c, ho, wo)[...] = \
+            x[:, :, :ho * kh, :wo * kw].reshape(n, c, ho, kh, wo, kw).transpose(3, 5, 0, 1, 2, 4)
+        return list(split)
 
     # GPU, non-overlapping unpadded windows (the usual pool): one kernel each way instead of a
     # launch per window offset. Forward records the winning offset of each window (first in
