@@ -256,3 +256,32 @@ def test_float32_failure_within_rounding_is_explained(cli, tmp_path):
     plugin = write(tmp_path / "broken.py", BROKEN)
     x = json.loads(cli("gradcheck", "HalfReQU", "--plugin", plugin, "--dtype", "float32", "--json").out)["tensors"][0]
     assert x["status"] == "FAIL" and not any("float32 rounding" in n for n in x["notes"])
+
+
+def test_config_check_moves_off_kinks_of_zero_biases_and_keeps_shapes_whole_at_80_columns(cli):
+    """digits_cnn: zero biases on zero pixels put the first ReLUs exactly on their kink, so at the
+    initial parameters every element of 0.bias crossed it; the check then jitters the parameters
+    and compares every bias element. In an 80-column pipe each shape stays on one line."""
+    r = cli("gradcheck", "configs/digits_cnn.yaml", env={"COLUMNS": "80"})
+    assert r.code == 0, r.out + r.err
+    assert "plus N(0, 0.01²) noise on every trainable parameter" in r.err
+    row = next(line for line in r.out.splitlines() if line.lstrip().startswith("0.bias"))
+    assert row.split()[1:5] == ["(32)", "exhaustive", "32", "0"]  # shape, mode, checked, skipped
+    assert any("(64,32,3,3)" in line for line in r.out.splitlines())
+
+
+def test_a_tensor_with_nothing_compared_is_not_reported_as_a_pass():
+    from dlrun.cli.gradcheck import tensor_line
+    from dlrun.gradcheck.numeric import TensorRun
+    from dlrun.gradcheck.report import NA, PASS
+    from dlrun.gradcheck.runner import merge
+
+    results = {}
+    merge(results, TensorRun("b", "param", (4,), "float64", "exhaustive", checked=0, skipped=4))
+    assert results["b"].status == NA
+    assert tensor_line(results["b"]) == "b: not compared: the difference of each of its 4 element(s) crossed a kink"
+    merge(results, TensorRun("b", "param", (4,), "float64", "exhaustive", checked=3, skipped=1))
+    assert results["b"].status == PASS
+    merge(results, TensorRun("b", "param", (4,), "float64", "exhaustive", checked=4, failed=True))
+    merge(results, TensorRun("b", "param", (4,), "float64", "exhaustive", checked=0, skipped=4))
+    assert results["b"].status == "FAIL"  # a failure is never overwritten

@@ -15,7 +15,7 @@ from ..errors import UsageError
 from .. import registry
 from ..options import did_you_mean
 from ..gradcheck import ERROR, PASS, Settings, check_all, check_config, check_layer, check_loss, check_regularizer
-from ..gradcheck.report import band
+from ..gradcheck.report import NA, band
 from ..plugins import load_plugins
 from . import app, err, out
 from .catalog import PLUGIN_HELP
@@ -37,10 +37,13 @@ def tensor_table(report) -> Table:
     band and worst element go on a line below the table (see tensor_line)."""
     t = Table(title=f"gradcheck {report.layer}", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
               padding=(0, 1), collapse_padding=True)
+    # shapes wrap between configurations, never inside one (a squeezed column would print one
+    # character per line)
+    widest = max((len("(" + ",".join(map(str, s)) + ")") for r in report.tensors for s in r.shapes), default=5)
     for c, j in (("tensor", "left"), ("shape", "left"), ("mode", "left"), ("checked", "right"),
                  ("skipped", "right"), ("max abs", "right"), ("max rel", "right"), ("sym rel", "right"),
                  ("result", "left")):
-        t.add_column(c, justify=j, no_wrap=c != "shape", overflow="fold")  # shapes wrap between configurations
+        t.add_column(c, justify=j, no_wrap=c != "shape", overflow="fold", min_width=widest if c == "shape" else None)
     for r in report.tensors:
         elementwise = r.mode != "fast"  # directions alone give no per-element errors
         t.add_row(r.name, r.shape_text, r.mode, str(r.checked), str(r.skipped),
@@ -54,6 +57,8 @@ def tensor_table(report) -> Table:
 def tensor_line(r) -> str:
     """``x: happy (sym rel < 1e-7); worst x[5,1]: analytic 0.0148774, numeric 0.0148774`` (with the
     tolerance and where when failing)."""
+    if r.status == NA:
+        return f"{r.name}: not compared: the difference of each of its {r.skipped} element(s) crossed a kink"
     line = f"{r.name}: {r.band}"
     w = r.worst
     if w is None:
@@ -84,6 +89,9 @@ def print_report(report, indent: str = "") -> None:
         out.print(f"  [bold yellow]error:[/] {escape(report.error)}", soft_wrap=True)
     failed = report.failed
     tail = f" ({', '.join(failed)})" if failed and report.verdict != PASS else ""
+    unchecked = [t.name for t in report.tensors if t.status == NA]
+    if unchecked and not tail:
+        tail = f" (not compared: {', '.join(unchecked)})"
     out.print(f"RESULT {escape(report.layer)}: {_status(report.verdict)}{escape(tail)}  [dim]{report.seconds:.2f}s[/]", soft_wrap=True)
 
 
