@@ -59,8 +59,21 @@ class CheckReport:
 
 
 def _arrays(obj) -> list:
-    """Arrays an object holds as attributes (numpy or cupy), for the memory count."""
-    return [v for v in vars(obj).values() if hasattr(v, "nbytes") and hasattr(v, "shape")]
+    """Arrays an object holds as attributes (numpy or cupy), directly or in a list or tuple
+    (MaxPool2D's sub-grids), for the memory count."""
+    found = []
+    for v in vars(obj).values():
+        for a in (v if isinstance(v, (list, tuple)) else (v,)):
+            if hasattr(a, "nbytes") and hasattr(a, "shape"):
+                found.append(a)
+    return found
+
+
+def _owner(a):
+    """The array whose memory ``a`` views (``a`` itself when it owns its data)."""
+    while hasattr(getattr(a, "base", None), "nbytes"):
+        a = a.base
+    return a
 
 
 def check_config(config: Config, checkpoint_path: str | Path | None = None) -> CheckReport:
@@ -77,33 +90,39 @@ def check_config(config: Config, checkpoint_path: str | Path | None = None) -> C
     n = len(ds.x)
     bs = min(config.train.batch_size or n, n)
     xb, yb = trainer._to_device(ds.x[:bs], ds.y[:bs])
-    counted: set[int] = {id(p.data) for _, p in model.named_parameters()}
-    counted |= {id(p.grad) for _, p in model.named_parameters()}
-    activations = []
+    # memory is counted once per owning array (views share it); the owners stay referenced in
+    # `held`, so that no id is reused by a later array while counting
+    held = [_owner(a) for _, p in model.named_parameters() for a in (p.data, p.grad) if a is not None]
+    counted: set[int] = {id(a) for a in held}
+    activations = [0] * len(model.layers)
     h = xb
     with np.errstate(all="ignore"):
-        for i, layer in enumerate(model.layers):
+        # in the order training runs the layers (Sequential.order), so memory is what training holds
+        for k, i in enumerate(model.order):
+            layer = model.layers[i]
             h = layer.forward(h, yb) if layer.needs_labels else layer.forward(h)
             where = config.locate(f"model[{i}]")
-            if tuple(h.shape) != (bs,) + model.shapes[i]:
-                raise ShapeError(f"{layer!r}: build() promised output shape {('N',) + model.shapes[i]} but forward "
-                                 f"returned {tuple(h.shape)} for a batch of {bs}", where)
+            if tuple(h.shape) != (bs,) + model.order_shapes[k]:
+                raise ShapeError(f"{layer!r}: build() promised output shape {('N',) + model.order_shapes[k]} but "
+                                 f"forward returned {tuple(h.shape)} for a batch of {bs}", where)
             if (kind := nonfinite_kind(h)) is not None:
                 raise NonFiniteError(f"model[{i}] {layer!r} produced {kind} in forward on the first batch", 1, 1,
                                      f"model[{i}]")
             mem = 0
-            for a in [h, *_arrays(layer)]:
+            for a in map(_owner, [h, *_arrays(layer)]):
                 if id(a) not in counted:
                     counted.add(id(a))
+                    held.append(a)
                     mem += int(a.nbytes)
-            activations.append(mem)
+            activations[i] = mem
         value = loss.forward(h, yb)
         if (kind := nonfinite_kind(value)) is not None:
             raise NonFiniteError(f"the loss {loss!r} is {kind} on the first batch", 1, 1, "loss")
         dy = loss.backward()
-        for i in reversed(range(len(model.layers))):
+        for k in reversed(range(len(model.order))):
+            i = model.order[k]
             layer = model.layers[i]
-            shape_in = (bs,) + (model.shapes[i - 1] if i else model.input_shape)
+            shape_in = (bs,) + (model.order_shapes[k - 1] if k else model.input_shape)
             dy = layer.backward(dy)
             if tuple(dy.shape) != shape_in:
                 raise ShapeError(f"{layer!r}: backward returned dx of shape {tuple(dy.shape)}, expected the input's "

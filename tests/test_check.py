@@ -22,6 +22,19 @@ def test_report_counts_parameters_and_memory_by_hand():
     assert 0 < r.loss < 5
 
 
+def test_conv_net_memory_follows_the_training_order_and_counts_views_once():
+    """digits_cnn, batch 32: each ReLU runs on its pooled map (Sequential.order); MaxPool2D holds
+    its output and, in training, the copy of its four sub-grids; Flatten returns a view."""
+    from conftest import CONFIGS
+
+    r = check_config(load_config(CONFIGS / "digits_cnn.yaml"))
+    rows = {x.index: x for x in r.layers}
+    assert r.batch_size == 32
+    assert rows[1].activation_bytes == 2 * 32 * 32 * 4 * 4 * 4     # ReLU: y and mask on (32, 32, 4, 4)
+    assert rows[2].activation_bytes == 5 * 32 * 32 * 4 * 4 * 4     # MaxPool2D: output + 4 sub-grids
+    assert rows[6].activation_bytes == 0                            # Flatten: a view of ReLU's output
+
+
 def test_cli_check_prints_table_and_writes_nothing(tmp_path):
     before = set(tmp_path.iterdir())
     r = run_cli("check", VALID, "--set", "train.batch_size=5", cwd=tmp_path)
