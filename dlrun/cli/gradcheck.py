@@ -39,7 +39,7 @@ def tensor_table(report) -> Table:
               padding=(0, 1), collapse_padding=True)
     # shapes wrap between configurations, never inside one (a squeezed column would print one
     # character per line)
-    widest = max((len("(" + ",".join(map(str, s)) + ")") for r in report.tensors for s in r.shapes), default=5)
+    widest = max((len(s) for r in report.tensors for s in r.shape_text.split()), default=5)
     for c, j in (("tensor", "left"), ("shape", "left"), ("mode", "left"), ("checked", "right"),
                  ("skipped", "right"), ("max abs", "right"), ("max rel", "right"), ("sym rel", "right"),
                  ("result", "left")):

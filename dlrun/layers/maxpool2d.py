@@ -87,7 +87,7 @@ class MaxPool2D(Layer):
         xp = self.xp
         win = self.win
         self._arg = None
-        if _POOL.on(xp) is not None and not win.has_padding and self.stride == self.pool_size and x.dtype.kind == "f":
+        if self.disjoint and x.dtype.kind == "f" and _POOL.on(xp) is not None:
             return self._forward_gpu(xp, x)
         if self.training and self.disjoint:
             grids = self._split_windows(xp, x)
