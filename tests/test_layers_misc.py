@@ -29,6 +29,19 @@ def test_elu_closed_form_and_gradients():
     assert np.isfinite(big.forward(np.array([[1e4, -1e4]], np.float32))).all()
 
 
+def test_elu_float32_keeps_relative_precision_in_both_tails():
+    # Near 0, alpha·(exp(x) − 1) cancels; far below 0, y + alpha rounds to 0 in float32 although
+    # the true slope alpha·exp(x) is a normal float32 number. Both must stay within a few ulps.
+    layer, _ = built({"type": "ELU", "alpha": 0.7}, (4,), np.float32)
+    x = np.array([[-30.0, -20.0, -1e-4, -3e-7]], np.float32)
+    x64 = x.astype(np.float64)[0]
+    y = layer.forward(x)
+    g = layer.backward(np.ones_like(x))
+    assert y.dtype == g.dtype == np.float32
+    np.testing.assert_allclose(y[0], [0.7 * math.expm1(v) for v in x64], rtol=1e-6)
+    np.testing.assert_allclose(g[0], [0.7 * math.exp(v) for v in x64], rtol=1e-6)
+
+
 # GELU at points in every region of the erf/erfc approximations (|x|/√2 below 0.84375, up to
 # 1.25, up to 1/0.35, beyond) and far into the tails
 X_GELU = np.array([[-40.0, -12.0, -6.5, -3.9, -2.2, -1.5, -0.9, -1e-9, 0.0],

@@ -142,7 +142,10 @@ class Softmax(Layer):
 
 @layers.register()
 class ELU(_KinkAtZero, Layer):
-    """y = x where x > 0, else alpha·(exp(x) − 1); ∂y/∂x = 1 where x > 0, else y + alpha.
+    """y = x where x > 0, else alpha·(exp(x) − 1); ∂y/∂x = 1 where x > 0, else alpha·exp(x).
+
+    The negative branch is computed with expm1 (full relative precision near 0) and the gradient
+    from exp(x) itself, not as y + alpha, which cancels to 0 in float32 once exp(x) < 6e-8.
 
     Args:
         alpha: the value y approaches for large negative x (a kink at 0 unless alpha = 1).
@@ -156,14 +159,16 @@ class ELU(_KinkAtZero, Layer):
     def forward(self, x, y=None):
         xp = self.xp
         pos = x > 0
-        neg = xp.exp(xp.minimum(x, 0))  # exp of a non-positive number: never overflows
-        neg -= 1
+        neg = xp.minimum(x, 0)  # exp of a non-positive number never overflows
+        slope = xp.exp(neg)
+        slope *= self.alpha  # alpha·exp(x): the gradient where x <= 0
+        xp.expm1(neg, out=neg)
         neg *= self.alpha
-        self._mask, self._neg = pos, neg
+        self._mask, self._slope = pos, slope
         return xp.where(pos, x, neg)
 
     def backward(self, dy):
-        return dy * self.xp.where(self._mask, 1.0, self._neg + self.alpha).astype(dy.dtype, copy=False)
+        return dy * self.xp.where(self._mask, 1, self._slope).astype(dy.dtype, copy=False)
 
     def branch_signature(self):
         return self._mask
