@@ -5,6 +5,7 @@ against the constructor's signature (keyword parameters with type hints and defa
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import re
@@ -16,6 +17,7 @@ from .errors import ConfigError, DlrunError, Location, UsageError, collect
 from .options import OptionError, check_value, describe, did_you_mean
 
 Locate = Callable[[str], Location]
+_TYPE_ALIASES = {"name", "kind", "class", "layer", "cls"}  # keys users write where 'type' belongs
 
 
 class RegistryError(UsageError):
@@ -156,12 +158,25 @@ class Registry:
             if "type" not in spec:
                 raise ConfigError(
                     f"expected a {self.kind} name or a mapping with a 'type' key, got a mapping with keys "
-                    f"{', '.join(map(str, spec)) or '(none)'}",
+                    f"{', '.join(map(str, spec)) or '(none)'}{self._type_hint(spec)}",
                     where,
                 )
             opts = {k: v for k, v in spec.items() if k != "type"}
             return spec["type"], opts
         raise ConfigError(f"expected a {self.kind} name or a mapping with a 'type' key, got {spec!r}", where)
+
+    def _type_hint(self, spec: dict) -> str:
+        """How to write a mapping that lacks 'type': ``{Linear: {units: 3}}`` or ``{name: spiral}``."""
+        if len(spec) == 1:
+            (key, value), = spec.items()
+            if isinstance(key, str) and (value is None or isinstance(value, dict)):
+                load_builtins()
+                close = [key] if key in self._entries else difflib.get_close_matches(key, self._entries, n=1)
+                if close:
+                    opts = "".join(f", {k}: {v}" for k, v in (value or {}).items())
+                    return f"; write it as {{type: {close[0]}{opts}}}" if opts else f"; write it as {close[0]}"
+        alias = next((k for k in spec if str(k).lower() in _TYPE_ALIASES), None)
+        return f"; name the {self.kind} with 'type', not {alias!r}" if alias is not None else ""
 
     def check(self, spec, path: str = "", locate: Locate = _default_locate) -> tuple[str, dict]:
         """Validate a config spec against the component's signature; return (name, kwargs).
