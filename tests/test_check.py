@@ -44,6 +44,18 @@ def test_cli_check_prints_table_and_writes_nothing(tmp_path):
     assert set(tmp_path.iterdir()) == before
 
 
+def test_cli_check_table_keeps_one_line_per_layer_in_80_columns(tmp_path):
+    r = run_cli("check", ROOT / "configs/digits_cnn.yaml", cwd=tmp_path, env={"COLUMNS": "80"})
+    assert r.code == 0, r.err
+    lines = r.out.splitlines()
+    body = lines[next(i for i, s in enumerate(lines) if s.startswith("┡")) + 1:
+                 next(i for i, s in enumerate(lines) if s.startswith("└"))]
+    assert [s.split("│")[1].strip() for s in body] == [str(k) for k in range(9)]  # no wrapped rows
+    assert all(len(s) <= 80 for s in lines if s.startswith(("┏", "│", "└")))
+    assert "(N, 32, 8, 8)" in r.out and "336.0 KiB" in r.out  # shapes and figures whole
+    assert "Conv2D(" in r.out and "…" in r.out  # the layer's options are what gets cut
+
+
 LIAR = '''
 from dlrun.layers import Layer
 from dlrun.registry import layers

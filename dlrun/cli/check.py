@@ -36,11 +36,23 @@ def check_cmd(
     cfg = load_config(config, set_, device=device)
     r = check_config(cfg, checkpoint)
     t = Table(title="model", title_justify="left")
-    for col in ("#", "layer", "output shape", "params", "param mem", "grad mem", "activation mem"):
-        t.add_column(col, justify="left" if col in ("layer", "output shape") else "right")
-    for row in r.layers:
-        t.add_row(str(row.index), row.name, str(("N",) + row.output_shape).replace("'", ""), f"{row.params:,}",
-                  _bytes(row.param_bytes), _bytes(row.grad_bytes), _bytes(row.activation_bytes))
+    rows = [(str(row.index), row.name, str(("N",) + row.output_shape).replace("'", ""), f"{row.params:,}",
+             _bytes(row.param_bytes), _bytes(row.grad_bytes), _bytes(row.activation_bytes)) for row in r.layers]
+    # One line per layer: every other column keeps its widest cell (a header may wrap between
+    # words), and the layer's options are cut with '…' to fit the terminal (the config has them all).
+    headers = ("#", "layer", "output shape", "params", "param mem", "grad mem", "activation mem")
+    for split in (False, True):  # whole headers if that leaves the layer 24 characters, else wrapped ones
+        widths = [max(len(c) for c in [cells[k] for cells in rows] + (h.split() if split else [h]))
+                  for k, h in enumerate(headers)]
+        room = max(12, out.width - sum(w + 3 for k, w in enumerate(widths) if k != 1) - 4)
+        if room >= 24:
+            break
+    for k, col in enumerate(headers):
+        t.add_column(col, justify="left" if k in (1, 2) else "right",
+                     min_width=min(widths[k], room) if k == 1 else widths[k], max_width=room if k == 1 else widths[k])
+    for cells in rows:
+        name = cells[1] if len(cells[1]) <= room else cells[1][:room - 1] + "…"
+        t.add_row(*cells[:1], name, *cells[2:])
     t.caption = (f"input (N, {', '.join(map(str, r.input_shape))}) · batch N={r.batch_size} · {r.device} · {r.dtype} · "
                  f"memory {_bytes(r.total_bytes)} (parameters + gradients + activations)")
     out.print(t)
