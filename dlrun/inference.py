@@ -6,6 +6,7 @@ source changed gives a warning (returned, for the CLI to print).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -156,6 +157,25 @@ def write_csv(table: PredictionTable, f: TextIO) -> None:
     f.write(",".join(table.columns) + "\n")
     if len(table.values):
         np.savetxt(f, table.values, fmt=table.formats, delimiter=",")
+
+
+def save_csv(table: PredictionTable, path: str | Path) -> None:
+    """Write the table to ``path`` atomically: a failure mid-write (full disk, Ctrl-C) leaves no
+    partial file, and a file already there intact. A path that exists but is not a regular file
+    (``/dev/null``, a pipe) is written directly, never replaced."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        with open(path, "w", newline="") as f:
+            write_csv(table, f)
+        return
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", newline="") as f:
+            write_csv(table, f)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def evaluation_data(restored: Restored, spec: str | None = None) -> tuple[np.ndarray, np.ndarray, str]:

@@ -1,6 +1,8 @@
 """`dlrun predict`: rebuilt from the checkpoint alone, CSV/.npy in, CSV out (file or stdout)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -203,3 +205,35 @@ train: {{epochs: 5, batch_size: 30}}
     p /= p.sum(1, keepdims=True)
     np.testing.assert_allclose(values[:, 1:], p, rtol=1e-4, atol=1e-6)
     np.testing.assert_array_equal(values[:, 0], p.argmax(1))
+
+
+def test_save_csv_is_atomic_and_leaves_special_files_alone(tmp_path, monkeypatch):
+    from dlrun import inference
+    table = inference.PredictionTable(["prediction"], np.arange(3.0)[:, None], ["%d"])
+    path = tmp_path / "pred.csv"
+    inference.save_csv(table, path)
+    assert path.read_text() == "prediction\n0\n1\n2\n"
+
+    def fail_midway(t, f):  # a full disk after the header
+        f.write("prediction\n")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(inference, "write_csv", fail_midway)
+    with pytest.raises(OSError):
+        inference.save_csv(table, path)
+    with pytest.raises(OSError):
+        inference.save_csv(table, tmp_path / "new.csv")
+    monkeypatch.undo()
+    assert path.read_text() == "prediction\n0\n1\n2\n"  # the earlier file is intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pred.csv"]  # no partial or temporary file
+    inference.save_csv(table, "/dev/null")  # written through, not replaced by a regular file
+    assert Path("/dev/null").is_char_device()
+
+
+def test_predict_to_an_unwritable_output_is_a_usage_error(trained, tmp_path):
+    run, tmp, _ = trained
+    r = run_cli("predict", run, "--input", tmp / "x.npy", "--output", tmp_path / "no_dir" / "p.csv")
+    assert r.code == 2 and "--output" in r.err and "cannot write" in r.err and "Traceback" not in r.err
+    r = run_cli("predict", run, "--input", tmp / "x.npy", "--output", tmp_path)
+    assert r.code == 2 and "cannot write" in r.err
+    assert list(tmp_path.iterdir()) == []

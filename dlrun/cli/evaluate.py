@@ -6,32 +6,26 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from .. import inference, metrics
-from ..errors import UsageError
-from . import app, err, out
+from . import app, out
+from .restored import BATCH_SIZE, DEVICE, TARGET, open_trained
 
 
 @app.command("evaluate")
 def evaluate_cmd(
-    target: Path = typer.Argument(..., metavar="RUN_DIR|CHECKPOINT",
-                                  help="A run directory (its checkpoints/best.npz, else last.npz) or a .npz checkpoint."),
+    target: Path = TARGET,
     data: Optional[str] = typer.Option(None, "--data", metavar="FILE|SPEC",
                                        help="A data file (CSV/.npy/.npz, labels in the last column) or a generator "
                                             "spec such as 'spiral' or '{type: spiral, seed: 7}' (default: the "
                                             "run's validation data)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Samples per forward pass."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu or gpu (default: the device the run used)."),
+    batch_size: Optional[int] = BATCH_SIZE,
+    device: Optional[str] = DEVICE,
 ) -> None:
     """Evaluate a trained model on its run's validation data or on given data."""
-    if device is not None and device not in ("cpu", "gpu"):
-        raise UsageError(f"--device: expected cpu or gpu, got {device!r}")
-    restored = inference.open_model(target, device)
-    for w in restored.warnings:
-        err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
+    restored = open_trained(target, device)
     x, y, described = inference.evaluation_data(restored, data)
     result = metrics.evaluate(restored.trainer(batch_size), x, y, batch_size)
     if as_json:
