@@ -221,6 +221,49 @@ class ReusedOutput(ReQU):
         return self._out
 
 
+class NaNForward(ReQU):
+    """y = x·√x: NaN for every negative input (backward is that of the intended x^1.5)."""
+
+    def forward(self, x):
+        self._x = x
+        with np.errstate(invalid="ignore"):
+            return x * np.sqrt(x)
+
+    def backward(self, dy):
+        return dy * 1.5 * np.sqrt(np.abs(self._x))
+
+
+class NaNBackward(Linear):
+    """Linear whose input gradient has one NaN element."""
+
+    def backward(self, dy):
+        dx = super().backward(dy)
+        dx[1, 1] = np.nan
+        return dx
+
+
+class WritesInput(ReQU):
+    """ReQU that zeroes the negative entries of its input in place, then returns a copy: the
+    output and gradients are right, the caller's x is not."""
+
+    def forward(self, x):
+        self._xpos = x * (x > 0)
+        x *= x > 0
+        return self._xpos * x
+
+    def backward(self, dy):
+        return 2 * dy * self._xpos
+
+
+class NormalizesWeightInPlace(Linear):
+    """Linear that renormalises W's rows in place on every forward (not repeatable)."""
+
+    def forward(self, x):
+        w = self.weight.data
+        w /= np.linalg.norm(w, axis=1, keepdims=True)
+        return super().forward(x)
+
+
 BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
     MissingFactor: ({"x"}, set()),
     TransposedWeightGrad: ({"weight", "grad-structure"}, {"x", "bias"}),
@@ -237,4 +280,8 @@ BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
     CopiedWeight: ({"weight", "wiring"}, {"bias"}),  # x too: backward uses the real W
     UndeclaredBeta: ({"state"}, set()),
     ReusedOutput: ({"output-aliasing"}, {"x"}),  # its gradients are right
+    NaNForward: ({"x", "output-finite"}, set()),
+    NaNBackward: ({"x"}, {"weight", "bias", "reentrant"}),
+    WritesInput: ({"inputs-unchanged"}, set()),
+    NormalizesWeightInPlace: ({"inputs-unchanged"}, set()),
 }

@@ -187,6 +187,57 @@ def test_a_forward_that_is_not_repeatable_is_refused(cli, tmp_path, stochastic, 
     r = cli("gradcheck", "NoisyScale", "--plugin", plugin)
     assert r.code == code, r.out + r.err
     if code == 2:  # random numbers not drawn from the reseeded self.rng
-        assert "stochastic layer without seed hook: two forwards at the same point give different outputs" in r.out
+        assert "two forwards at the same point give different outputs" in r.out
+        assert "stochastic without the seed hook" in r.out and "self.rng" in r.out
     else:
         assert "RESULT NoisyScale: PASS" in r.out
+
+
+NOT_AN_ARRAY = '''
+from dlrun.layers import InputSpec, Layer
+from dlrun.registry import layers
+
+
+@layers.register()
+class ListOut(Layer):
+    """y = x, returned as a list of rows."""
+
+    input_spec = InputSpec(shape=("D",))
+
+    def forward(self, x):
+        return list(x)
+
+    def backward(self, dy):
+        return dy
+'''
+
+
+def test_bad_returns_and_bad_settings_are_one_line_errors_not_crashes(cli, tmp_path):
+    from conftest import write
+
+    plugin = write(tmp_path / "listout.py", NOT_AN_ARRAY)
+    r = cli("gradcheck", "ListOut", "--plugin", plugin)
+    assert r.code == 2 and "forward returned list, expected an array of shape (7, 3)" in r.out, r.out + r.err
+    assert "internal error" not in r.out + r.err
+    for args, text in ((["--eps", "1e-17"], "θ ± eps rounds back to θ"),
+                       (["--eps", "1e-17", "--mode", "fast"], "θ ± eps rounds back to θ"),
+                       (["--seed", "-1"], "--seed must be at least 0, got -1")):
+        r = cli("gradcheck", "Linear", *args)
+        assert r.code == 2 and text in r.err and "Traceback" not in r.err, (args, r.out, r.err)
+
+
+def test_nan_fails_the_tensor_and_json_stays_valid(cli, tmp_path):
+    import json
+
+    from broken_layers import NaNBackward, NaNForward
+
+    with registered(NaNForward) as name:
+        report = check_layer(name)
+    x = report.tensors[0]
+    assert x.status == FAIL and x.band == "wrong" and any("forward's output is not finite" in n for n in x.notes)
+    with registered(NaNBackward) as name:
+        report = check_layer(name)
+    x = next(t for t in report.tensors if t.name == "x")
+    assert x.status == FAIL and np.isnan(x.worst.analytic) and any("backward's gradient for x" in n for n in x.notes)
+    d = json.loads(report.to_json())  # strict JSON: NaN and inf written as null
+    assert d["result"] == FAIL and d["tensors"][0]["worst"]["analytic"] is None and d["tensors"][0]["max_abs"] is None

@@ -1,6 +1,7 @@
 """Auxiliary checks, each reported as its own PASS/FAIL line.
 
-* output-shape: forward returns (N, *shape that build declared);
+* output-shape: forward returns (N, *shape that build declared) in the dtype of the check;
+* output-finite: forward's output at the (finite) check point holds no NaN or inf;
 * output-aliasing: a second forward, at other inputs, leaves the first one's output as it was
   (no output buffer reused across calls: a caller may keep outputs);
 * grad-structure: every float input and trainable parameter gets a gradient of its own shape
@@ -21,7 +22,7 @@ import numpy as np
 
 from .report import FAIL, NA, PASS, AuxResult
 
-NAMES = ("output-shape", "output-aliasing", "grad-structure", "zero-upstream", "reentrant", "inputs-unchanged", "state",
+NAMES = ("output-shape", "output-finite", "output-aliasing", "grad-structure", "zero-upstream", "reentrant", "inputs-unchanged", "state",
          "second-point", "wiring", "adds-gradient")
 
 
@@ -72,8 +73,9 @@ def max_gap(a: dict, b: dict) -> tuple[str, float] | None:
     for k in a:
         if k not in b or a[k] is None or b[k] is None:
             continue
-        if a[k].shape != b[k].shape or not np.array_equal(a[k], b[k]):
-            gap = float(np.max(np.abs(a[k] - b[k]))) if a[k].shape == b[k].shape else float("inf")
+        if a[k].shape != b[k].shape or not np.array_equal(a[k], b[k], equal_nan=a[k].dtype.kind in "fc"):
+            gap = float(np.nanmax(np.abs(a[k] - b[k]))) if a[k].shape == b[k].shape else float("inf")
+            gap = float("inf") if np.isnan(gap) else gap  # NaN in one call only
             if worst is None or gap > worst[1]:
                 worst = (k, gap)
     return worst

@@ -21,8 +21,8 @@ from .. import registry
 from ..backend import to_host
 from . import aux, device as devices, inputs, kinks
 from .numeric import Probe, TensorRun, check_tensor
-from .report import LayerReport, TensorResult
-from .runner import choose_mode, merge, new_report
+from .report import LayerReport, TensorResult, merge
+from .runner import choose_mode, new_report
 from .settings import Settings
 
 

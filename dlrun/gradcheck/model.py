@@ -20,8 +20,8 @@ from . import device as devices, kinks
 from .harness import restore_state, snapshot_state
 from .losscheck import check_loss
 from .numeric import Probe, check_tensor
-from .report import LayerReport, TensorResult
-from .runner import check_layer, choose_mode, merge, new_report
+from .report import LayerReport, TensorResult, merge
+from .runner import check_layer, choose_mode, new_report
 from .settings import Settings
 
 

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..backend import array_module, to_host
+from ..errors import UsageError
 from . import kinks
 from .report import Worst
 
@@ -79,7 +80,7 @@ def _difference(probe: Probe, put: Callable[[float], float], h: float):
         crossed = _crossed(probe)
         hm = -put(-h)
         lm = probe.loss()
-        return (lp - lm) / (hp + hm), crossed or _crossed(probe)
+        return (lp - lm) / _span(hp + hm, h), crossed or _crossed(probe)
     if probe.center is None:  # the terms at θ itself, the fifth sample of every fit
         probe.center = probe.parts()
     ts, parts, crossed = [], [], False
@@ -87,11 +88,19 @@ def _difference(probe: Probe, put: Callable[[float], float], h: float):
         ts.append(put(t))
         parts.append(probe.parts())
         crossed = crossed or _crossed(probe)
-    numeric = (probe.value(parts[3]) - probe.value(parts[0])) / (ts[3] - ts[0])
+    numeric = (probe.value(parts[3]) - probe.value(parts[0])) / _span(ts[3] - ts[0], h)
     stack = np.stack([parts[0], parts[1], probe.center, parts[2], parts[3]])
     kinked = kinks.nondifferentiable(probe.kink_test, [ts[0], ts[1], 0.0, ts[2], ts[3]], stack, numeric, h,
                                      probe.vector)
     return numeric, crossed or kinked
+
+
+def _span(stored: float, h: float) -> float:
+    """The step actually taken, which must not have rounded away (|θ| far above eps)."""
+    if stored == 0:
+        raise UsageError(f"--eps {h:g}: θ ± eps rounds back to θ (the step is below the spacing of floating-point "
+                         f"numbers at the checked values); use a larger --eps")
+    return stored
 
 
 def element_derivative(probe: Probe, arr, idx: tuple, h: float) -> tuple[float, bool]:
@@ -128,7 +137,7 @@ def direction_derivative(probe: Probe, arr, grad: np.ndarray, u: np.ndarray, h: 
     finally:
         arr[...] = saved
     span = (steps[h] - steps[-h]).ravel()
-    return num, float(np.dot(grad.ravel(), span)) / float(np.dot(u.ravel(), span)), crossed
+    return num, float(np.dot(grad.ravel(), span)) / _span(float(np.dot(u.ravel(), span)), h), crossed
 
 
 def compare(run: TensorRun, a: np.ndarray, n: np.ndarray, flat: np.ndarray, atol: float, rtol: float,
@@ -136,6 +145,28 @@ def compare(run: TensorRun, a: np.ndarray, n: np.ndarray, flat: np.ndarray, atol
     """Elementwise abs(a − n) <= atol + rtol·abs(n); record maxima and the worst element."""
     if flat.size == 0:
         return
+    finite = np.isfinite(a) & np.isfinite(n)
+    if not finite.all():  # NaN compares false with every tolerance: it must fail, not pass
+        k = int(np.argmin(finite))
+        idx = tuple(int(i) for i in np.unravel_index(int(flat[k]), run.shape))
+        run.failed = True
+        run.max_abs = run.sym_rel = float("inf")  # shown as inf (JSON: null), read as "wrong"
+        ref = n[k] if np.isfinite(n[k]) else a[k] if np.isfinite(a[k]) else 0.0
+        run.worst = Worst(idx, float(a[k]), float(n[k]), float(atol + rtol * abs(ref)), where)
+        note = (f"backward's gradient for {run.name} is NaN or inf" if not np.isfinite(a[k]) else
+                f"finite differences for {run.name} are NaN or inf: forward's output is not finite at or next "
+                f"to the point")
+        if note not in run.notes:
+            run.notes.append(note + " (the worst element shows the first such element)")
+        a, n, flat = a[finite], n[finite], flat[finite]
+        if flat.size == 0:
+            return
+        _compare_finite(run, a, n, flat, atol, rtol, where, keep_worst=True)
+        return
+    _compare_finite(run, a, n, flat, atol, rtol, where)
+
+
+def _compare_finite(run: TensorRun, a, n, flat, atol: float, rtol: float, where: str, keep_worst: bool = False) -> None:
     diff = np.abs(a - n)
     tol = atol + rtol * np.abs(n)
     big = np.maximum(np.abs(a), np.abs(n))
@@ -143,9 +174,10 @@ def compare(run: TensorRun, a: np.ndarray, n: np.ndarray, flat: np.ndarray, atol
     run.max_abs = max(run.max_abs, float(diff.max()))
     run.max_rel = max(run.max_rel, float(rel.max()))
     run.sym_rel = max(run.sym_rel, sym_rel(a, n))
-    k = int(np.argmax(diff - tol))
-    idx = tuple(int(i) for i in np.unravel_index(int(flat[k]), run.shape))
-    run.worst = Worst(idx, float(a[k]), float(n[k]), float(tol[k]), where)
+    if not keep_worst:  # (a non-finite element, when there is one, stays the worst)
+        k = int(np.argmax(diff - tol))
+        idx = tuple(int(i) for i in np.unravel_index(int(flat[k]), run.shape))
+        run.worst = Worst(idx, float(a[k]), float(n[k]), float(tol[k]), where)
     if (diff > tol).any():
         run.failed = True
     if not n.any() and np.abs(a).max() > atol:
@@ -197,8 +229,13 @@ def check_directions(probe: Probe, arr, grad, count: int, rng, run: TensorRun, h
             run.skipped += 1
             continue
         run.checked += 1
-        run.sym_rel = max(run.sym_rel, sym_rel(np.array([ana]), np.array([num])))
         gap = abs(ana - num)
+        if not np.isfinite(gap):
+            run.failed = True
+            run.notes.append(f"direction {r + 1}: backward gives {ana:.6g}, finite differences {num:.6g}: not finite "
+                             f"({'backward' if not np.isfinite(ana) else 'forward'} produced NaN or inf) at {where}")
+            continue
+        run.sym_rel = max(run.sym_rel, sym_rel(np.array([ana]), np.array([num])))
         if gap > tol:
             run.failed = True
             run.notes.append(f"direction {r + 1}: backward gives {ana:.6g}, finite differences {num:.6g} "

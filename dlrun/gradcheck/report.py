@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
+
+import numpy as np
 
 PASS, FAIL, ERROR, NA = "PASS", "FAIL", "ERROR", "n/a"
 # cs231n's reading of a relative error (informative: pass/fail is the tolerance rule). It is
@@ -113,4 +116,42 @@ class LayerReport:
         return d
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=float)
+        """Strict JSON: a NaN or infinite number (a layer that produced one) is written as null."""
+        return json.dumps(_json_safe(self.to_dict()), indent=2, allow_nan=False, default=str)
+
+
+def _json_safe(v):
+    if isinstance(v, dict):
+        return {k: _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    if isinstance(v, (float, np.floating)):
+        return float(v) if math.isfinite(v) else None
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
+
+
+def merge(results: dict, run) -> None:
+    """Fold one tensor's check at one point (a numeric.TensorRun) into its TensorResult."""
+    t = results.setdefault(run.name, TensorResult(run.name, run.role, dtype=run.dtype))
+    if list(run.shape) not in t.shapes:
+        t.shapes.append(list(run.shape))
+    if run.mode not in t.mode.split(","):
+        t.mode = ",".join(m for m in (t.mode, run.mode) if m)
+    t.checked += run.checked
+    t.skipped += run.skipped
+    t.max_abs = max(t.max_abs, run.max_abs)
+    t.max_rel = max(t.max_rel, run.max_rel)
+    t.sym_rel = max(t.sym_rel, run.sym_rel)
+    if run.worst is not None:
+        ex = lambda w: np.nan_to_num(abs(w.analytic - w.numeric) - w.tol, nan=np.inf)  # noqa: E731  (NaN: the worst)
+        if t.worst is None or ex(run.worst) > ex(t.worst):
+            t.worst = run.worst
+    if run.failed:
+        t.status = FAIL
+    elif t.status != FAIL:  # nothing compared (every element crossed a kink) is not a pass
+        t.status = NA if t.checked == 0 and t.skipped > 0 else PASS
+    for n in run.notes:
+        if n not in t.notes and len(t.notes) < 4:
+            t.notes.append(n)

@@ -10,7 +10,7 @@ from . import aux, device as devices, inputs, kinks
 from .harness import ContractError, Harness, LayerRaised, public_scalars, restore_state, state_changes
 from .jacobian import TooLarge, check_jacobians
 from .numeric import Probe, TensorRun, check_tensor
-from .report import FAIL, NA, PASS, LayerReport, TensorResult
+from .report import LayerReport, TensorResult, merge
 from .settings import Settings
 
 F32_WARNING = ("float32 check: rounding noise (~1e-7 relative) divided by the step makes finite "
@@ -46,10 +46,20 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     _host = dev.host
     differentiable = spec.kind in inputs.FLOAT_KINDS
     start = public_scalars(layer)
+    # pristine copies, taken before any forward can write into x or a parameter
+    x0, y0 = np.array(point.x, copy=True), None if point.y is None else np.array(point.y, copy=True)
+    params0 = {n: _host(p.data) for n, p in layer.params.items() if n not in layer.state}
     out = h.forward(x, y)  # warm-up: replaces caches and attributes left by the previous shape
     expected = (x.shape[0], *out_shape)
-    log.record("output-shape", tuple(out.shape) == expected,
-               f"forward returned shape {tuple(out.shape)}, build declared {expected}", where)
+    if not (hasattr(out, "shape") and hasattr(out, "dtype")):
+        raise ContractError(f"forward returned {type(out).__name__}, expected an array of shape {expected} ({where})")
+    log.record("output-shape", tuple(out.shape) == expected and out.dtype == settings.np_dtype,
+               f"forward returned shape {tuple(out.shape)} {out.dtype}, expected {expected} {np.dtype(settings.np_dtype)} "
+               f"(the shape build declared, the dtype of the check)", where)
+    bad_out = ~np.isfinite(_host(out)) if out.dtype.kind in "fc" else np.zeros(0, bool)
+    log.record("output-finite", not bad_out.any(),
+               f"forward's output holds {int(bad_out.sum())} NaN or inf values at finite inputs, first at out"
+               f"{list(np.argwhere(bad_out)[0]) if bad_out.any() else ''}", where)
     g = rng.standard_normal(out.shape).astype(out.dtype)
     h.backward(g.copy())  # (the harness moves it to the device)
     kept = _host(out)  # the rows reversed are other inputs of the same kind (labels follow them)
@@ -58,14 +68,20 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
                "a second forward overwrote the first one's output: the layer returns a buffer it reuses "
                "across calls", where)
 
-    x0, y0 = _host(x), _host(y)
     before = public_scalars(layer)
     out0 = _host(h.forward(x, y))
     # an undeclared coefficient that moved explains a difference: the state check names it
     if not aux.repeatable(kept, out0, settings.nondet_tol) and not aux.scalar_changes(start, public_scalars(layer)):
-        raise ContractError(f"stochastic layer without seed hook: two forwards at the same point give different "
-                            f"outputs ({where}). A layer that draws random numbers sets `stochastic = True` and draws "
-                            f"them from self.rng, which gradcheck reseeds before every forward")
+        moved = _modified(layer, x0, y0, params0, x, y, _host)
+        if moved:  # a bug found (FAIL), and the check cannot go on from a point that moved
+            log.record("inputs-unchanged", False, f"{', '.join(moved)} modified in place by forward/backward", where)
+            raise ContractError(f"two forwards at the same point give different outputs because forward/backward "
+                                f"modified {', '.join(moved)} in place ({where})")
+        raise ContractError(f"two forwards at the same point give different outputs ({where}): the layer is "
+                            f"stochastic without the seed hook, or keeps private state between calls. A layer that "
+                            f"draws random numbers sets `stochastic = True` and draws them from self.rng, which "
+                            f"gradcheck reseeds before every forward; a counter or running value that changes the "
+                            f"output belongs in `state`, which gradcheck freezes")
     sig0 = h.signature()
     dy = dev.put(g.copy())  # the array backward receives, checked afterwards for in-place writes
     dx = h.backward(dy)
@@ -95,10 +111,11 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     zeros["x"] = _host(zx) if differentiable else None
     nz = aux.nonzero(zeros)
     log.record("zero-upstream", not nz,
-               f"backward(0) gives a non-zero gradient for {', '.join(nz)} (not multiplied by the upstream gradient?)",
+               f"backward(0) gives a non-zero or non-finite gradient for {', '.join(nz)} (not multiplied by the "
+               f"upstream gradient?)",
                where)
-    moved = aux.changed({"x": x0, "y": y0, "upstream gradient": g},
-                        {"x": _host(x), "y": _host(y), "upstream gradient": _host(dy)})
+    moved = _modified(layer, x0, y0, params0, x, y, _host) + aux.changed({"upstream gradient": g},
+                                                                       {"upstream gradient": _host(dy)})
     log.record("inputs-unchanged", not moved, f"{', '.join(moved)} modified in place by forward/backward", where)
     note = f"declared state {', '.join(declared)} changes in a step; frozen and restored during the check" if declared else ""
     log.record("state", not hidden, f"{'; '.join(hidden)} in one forward/backward but is not declared in `state`",
@@ -131,6 +148,8 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
 
     unwired = []
     for n, p in trainable.items():
+        if p.data.size == 0:  # nothing to perturb (units: 0)
+            continue
         saved = p.data.copy()
         dev.assign(p.data, _host(saved) + 1e-2 * rng.standard_normal(saved.shape))
         moved_out = _host(h.forward(x, y))
@@ -141,6 +160,12 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
                f"(parameter not used, or the layer reads a copy)", where)
     restore_state(layer, h.frozen)
     return runs
+
+
+def _modified(layer, x0, y0, params0: dict, x, y, host) -> list[str]:
+    """What forward/backward wrote into: the inputs, or a parameter outside the optimizer."""
+    names = aux.changed({"x": x0, "y": y0}, {"x": host(x), "y": host(y)})
+    return names + [f"parameter {n}" for n in aux.changed(params0, {n: host(layer.params[n].data) for n in params0})]
 
 
 ROUNDING_NOTE = ("its failures are within float32 rounding of the finite differences (4·2⁻²⁴·‖G ⊙ out‖₂ / eps): "
@@ -162,30 +187,6 @@ def _class_rows(x, y, rng):
     row = int(np.prod(x.shape[1:]))
     firsts = np.unique(y, return_index=True)[1]
     return [int(i) * row + int(rng.integers(row)) for i in firsts]
-
-
-def merge(results: dict, run: TensorRun) -> None:
-    t = results.setdefault(run.name, TensorResult(run.name, run.role, dtype=run.dtype))
-    if list(run.shape) not in t.shapes:
-        t.shapes.append(list(run.shape))
-    if run.mode not in t.mode.split(","):
-        t.mode = ",".join(m for m in (t.mode, run.mode) if m)
-    t.checked += run.checked
-    t.skipped += run.skipped
-    t.max_abs = max(t.max_abs, run.max_abs)
-    t.max_rel = max(t.max_rel, run.max_rel)
-    t.sym_rel = max(t.sym_rel, run.sym_rel)
-    if run.worst is not None:
-        ex = lambda w: abs(w.analytic - w.numeric) - w.tol  # noqa: E731
-        if t.worst is None or ex(run.worst) > ex(t.worst):
-            t.worst = run.worst
-    if run.failed:
-        t.status = FAIL
-    elif t.status != FAIL:  # nothing compared (every element crossed a kink) is not a pass
-        t.status = NA if t.checked == 0 and t.skipped > 0 else PASS
-    for n in run.notes:
-        if n not in t.notes and len(t.notes) < 4:
-            t.notes.append(n)
 
 
 def check_layer(name: str, options: dict | None = None, settings: Settings | None = None,
@@ -250,7 +251,11 @@ def _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settin
                 if dodge.redraw(h.kink_distance(point.x, point.y), attempt == settings.resample):
                     continue
                 attempt_log = aux.AuxLog()
-                runs = run_point(h, spec, point, out_shape, settings, rng, where, attempt_log)
+                try:
+                    runs = run_point(h, spec, point, out_shape, settings, rng, where, attempt_log)
+                except ContractError:  # keep what it found before it had to stop (inputs-unchanged)
+                    log.merge(attempt_log)
+                    raise
                 skipped = sum(r.skipped for r in runs)
                 if not kinks.too_many_skipped(skipped, sum(r.checked for r in runs)):
                     break

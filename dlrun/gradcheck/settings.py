@@ -84,7 +84,7 @@ class Settings:
             raise UsageError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.phase not in PHASES:
             raise UsageError(f"--phase must be one of {', '.join(PHASES)}, got {self.phase!r}")
-        for name, low in (("points", 1), ("directions", 1), ("samples", 1), ("resample", 0)):
+        for name, low in (("points", 1), ("directions", 1), ("samples", 1), ("resample", 0), ("seed", 0)):
             if getattr(self, name) < low:
                 raise UsageError(f"--{name} must be at least {low}, got {getattr(self, name)}")
         self.dim_configs()  # raises UsageError for a bad --dims
