@@ -119,6 +119,12 @@ TOP_LEVEL = {
 }
 
 
+def _safe_name(name: str) -> bool:
+    """A run name stays one directory level inside the runs directory."""
+    return bool(name.strip()) and name == name.strip() and name not in (".", "..") and not any(
+        c in name for c in ("/", "\\", "\0", os.sep))
+
+
 def _settings_class(hint):
     """The dataclass in a ``Settings | None`` hint, or None."""
     for a in typing.get_args(hint) or (hint,):
@@ -177,6 +183,9 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
             return default
 
     name = check("name", str, Path(source.file).stem if source.file else "run")
+    if "name" in raw and isinstance(name, str) and not _safe_name(name):
+        errors.append(ConfigError(f"expected a run name without path separators or surrounding spaces (it names a "
+                                  f"directory inside the runs directory), got {name!r}", locate("name")))
     seed = check("seed", NonNegativeInt | None, None)
     device = check("device", Literal["cpu", "gpu"], "cpu")
     dtype = check("dtype", Literal["float32", "float64"], "float32")

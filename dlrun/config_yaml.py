@@ -14,14 +14,20 @@ from .errors import ConfigError, DlrunError, Location, collect
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads ``1e-3`` as a float (YAML 1.1 insists on ``1.0e-3``)."""
+    """SafeLoader whose numbers follow YAML 1.2 rather than 1.1: ``1e-3`` is a float (1.1 insists
+    on ``1.0e-3``), while ``010`` and ``1:30`` are not numbers (1.1 reads them as octal 8 and
+    base-60 90: in a config they are typos, and become errors naming the value)."""
 
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F_]+|0b[01_]+)$"),
+                              list("-+0123456789"))
+_Loader.add_implicit_resolver(_FLOAT, re.compile(
+    r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?"
+    r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
 
 
 @dataclass
@@ -54,33 +60,67 @@ def _join(path: str, key) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
-def _walk(node, path: str, lines: dict, errors: list, file: str) -> None:
+MAX_VALUES = 100_000  # a config is a few hundred values; aliases must not multiply them without bound
+
+
+def _walk(node, path: str, lines: dict, errors: list, file: str, seen_nodes: list, parents: tuple = ()) -> None:
+    """Record the line of every key path; refuse an alias that contains itself and alias chains
+    that expand to more than MAX_VALUES values (a "billion laughs" file)."""
+    if any(node is p for p in parents):
+        raise ConfigError("a YAML alias refers to a value that contains it, an endless structure (the line is "
+                          "the anchor's)",
+                          Location(file, node.start_mark.line + 1, path))
+    seen_nodes[0] += 1
+    if seen_nodes[0] > MAX_VALUES:
+        raise ConfigError(f"the config expands to more than {MAX_VALUES:,} values through YAML aliases (&name / "
+                          f"*name); write the repeated parts out or use fewer levels of aliases", Location(file))
     lines.setdefault(path, node.start_mark.line + 1)
+    parents = (*parents, node)
     if isinstance(node, yaml.MappingNode):
         seen = set()
         for k, v in node.value:
+            if not isinstance(k, yaml.ScalarNode):
+                raise ConfigError(f"a key must be a name, got a {'list' if isinstance(k, yaml.SequenceNode) else 'mapping'}",
+                                  Location(file, k.start_mark.line + 1, path))
             key = k.value
             p = _join(path, key)
             if key in seen:
                 errors.append(ConfigError(f"duplicate key {key!r}", Location(file, k.start_mark.line + 1, p)))
             seen.add(key)
             lines[p] = k.start_mark.line + 1
-            _walk(v, p, lines, errors, file)
+            _walk(v, p, lines, errors, file, seen_nodes, parents)
     elif isinstance(node, yaml.SequenceNode):
         for i, v in enumerate(node.value):
-            _walk(v, _join(path, i), lines, errors, file)
+            _walk(v, _join(path, i), lines, errors, file, seen_nodes, parents)
+
+
+def _unshare(value):
+    """A copy in which no two places share one list or mapping: an alias (*name) becomes a copy
+    of its anchor, so ``--set model[0].units=5`` changes model[0] and not every alias of it."""
+    if isinstance(value, dict):
+        return {k: _unshare(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unshare(v) for v in value]
+    return value
 
 
 def parse_yaml(text: str, file: str | None = None) -> tuple[Any, Source]:
     """Parse YAML safely; return the data and a Source with line numbers for every key path."""
+    source = Source(file)
+    errors: list[DlrunError] = []
     try:
         node = yaml.compose(text, Loader=_Loader)
+        if node is not None:  # before constructing: the walk refuses endless and exploding aliases
+            _walk(node, "", source.lines, errors, file, [0])
         data = yaml.load(text, Loader=_Loader)
     except yaml.constructor.ConstructorError as e:
         mark = e.problem_mark or e.context_mark
         tag = re.search(r"tag '([^']*)'", e.problem or "")
+        if tag is None:  # not a tag: an unhashable key ([1, 2]: 3), a bad merge (<<: 5)
+            raise ConfigError(f"YAML error: {e.problem}" + (f" ({e.context})" if e.context else ""),
+                              Location(file, mark.line + 1 if mark else None)) from None
         raise ConfigError(
-            f"YAML tag {tag.group(1) if tag else '?'!r} is not allowed: dlrun reads configs with a safe loader "
+            f"YAML tag {tag.group(1)!r} is not allowed: dlrun reads configs with a safe loader "
             f"that only builds plain values (numbers, strings, lists, mappings), never Python objects",
             Location(file, mark.line + 1 if mark else None)) from None
     except yaml.MarkedYAMLError as e:
@@ -90,14 +130,11 @@ def parse_yaml(text: str, file: str | None = None) -> tuple[Any, Source]:
         raise ConfigError(f"YAML syntax error{col}: {e.problem or e.context}", Location(file, line)) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"YAML error: {e}", Location(file)) from None
-    source = Source(file)
-    errors: list[DlrunError] = []
-    if node is not None:
-        _walk(node, "", source.lines, errors, file)
     collect(errors)
-    return data, source
+    return _unshare(data), source
 
 
+_KEY_PATH = re.compile(r"[A-Za-z_]\w*(?:\[\d+\])*(?:\.[A-Za-z_]\w*(?:\[\d+\])*)*")
 _PATH_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
 
@@ -114,12 +151,22 @@ def apply_override(raw: dict, item: str, source: Source) -> None:
     if "=" not in item:
         raise ConfigError(f"expected KEY=VALUE (for example train.epochs=5), got {item!r}", Location("--set"))
     key, _, text = item.partition("=")
+    if not _KEY_PATH.fullmatch(key.strip()):
+        raise ConfigError(f"expected a key path such as train.epochs or model[0].units before '=', got {key!r}",
+                          Location("--set"))
     keys = _split_path(key.strip())
-    if not keys:
-        raise ConfigError(f"empty key in {item!r}", Location("--set"))
     try:
-        value = yaml.load(text, Loader=_Loader) if text.strip() else None
-    except yaml.YAMLError:
+        node = yaml.compose(text, Loader=_Loader) if text.strip() else None
+        errors: list[DlrunError] = []
+        if node is not None:  # duplicate keys and alias bombs, as in a file
+            _walk(node, "", {}, errors, None, [0])
+        if errors:
+            raise ConfigError(f"{errors[0].message} in the value", Location(flag, None, key.strip()))
+        value = yaml.load(text, Loader=_Loader) if node is not None else None
+    except yaml.YAMLError as e:
+        if text.strip().startswith(("{", "[")):  # meant as a mapping or list: a plain string would mislead
+            raise ConfigError(f"cannot parse the value {text.strip()!r} as YAML: {getattr(e, 'problem', None) or e}",
+                              Location(flag, None, key.strip())) from None
         value = text
     target = raw
     path = ""
@@ -131,6 +178,9 @@ def apply_override(raw: dict, item: str, source: Source) -> None:
             if isinstance(target[k], str):  # "ReLU" shorthand -> mapping, so options can be set
                 target[k] = {"type": target[k]}
             target = target[k]
+        elif isinstance(target, dict) and isinstance(k, int):
+            raise ConfigError(f"[{k}] indexes a list, but {path[:path.rindex('[')] or 'this'} is a mapping",
+                              Location(flag, None, path))
         elif isinstance(target, dict):
             if isinstance(target.get(k), str) and k in ("loss", "optimizer", "regularizer", "data", "schedule"):
                 target[k] = {"type": target[k]}
@@ -141,10 +191,11 @@ def apply_override(raw: dict, item: str, source: Source) -> None:
     path = _join(path, last)
     if isinstance(target, list) and isinstance(last, int) and -len(target) <= last < len(target):
         target[last] = value
-    elif isinstance(target, dict):
+    elif isinstance(target, dict) and not isinstance(last, int):
         target[last] = value
     else:
-        raise ConfigError(f"cannot set {key!r} here", Location(flag, None, path))
+        raise ConfigError(f"cannot set {key!r}: {'the index is out of range' if isinstance(target, list) else 'no such list'}",
+                          Location(flag, None, path))
     source.flags[path] = flag
     source.lines = {p: n for p, n in source.lines.items() if not (p == path or p.startswith(path + ".") or p.startswith(path + "["))}
 

@@ -94,3 +94,27 @@ def test_data_path_is_relative_to_config(tmp_path):
                                                       "{type: file, path: d.csv}"))
     cfg = load_config(p)
     assert cfg.build("data").x.shape == (2, 2)
+
+
+def test_yaml_aliases_are_copies_and_cannot_loop_or_explode(tmp_path):
+    aliased = GOOD.replace("  - {type: Linear, units: 8}\n  - ReLU\n",
+                           "  - &hidden {type: Linear, units: 8}\n  - ReLU\n  - *hidden\n  - ReLU\n")
+    cfg = load_config(write(tmp_path / "a.yaml", aliased), ["model[0].units=5"])
+    assert [s.get("units") for s in cfg.model if isinstance(s, dict)] == [5, 8, 3]  # the alias kept 8
+
+    endless = GOOD.replace("model:\n", "model: &m\n").replace("  - ReLU\n", "  - *m\n")
+    with pytest.raises(ConfigError, match="alias refers to a value that contains it") as e:
+        load_config(write(tmp_path / "loop.yaml", endless))
+    assert "loop.yaml:3: model[1]" in str(e.value)  # where the anchor &m is
+
+    levels = ['a: &a ["x","x","x","x","x","x","x","x","x","x"]'] + [
+        f"{n}: &{n} [{', '.join([f'*{p}'] * 10)}]" for p, n in zip("abcde", "bcdef")]  # 10^6 values
+    with pytest.raises(ConfigError, match="more than 100,000 values through YAML aliases"):
+        parse_yaml("\n".join(levels) + "\n", "bomb.yaml")
+
+    with pytest.raises(ConfigError, match="a key must be a name, got a list") as e:
+        parse_yaml("model:\n  - {type: Linear, [1, 2]: 3}\n", "k.yaml")
+    assert "k.yaml:2" in str(e.value)
+    with pytest.raises(ConfigError, match="expected a mapping for merging, but found scalar") as e:
+        parse_yaml("model:\n  - {<<: [1, 2], type: Linear}\n", "m.yaml")
+    assert "not allowed" not in str(e.value)
