@@ -77,7 +77,39 @@ def load(path: str | Path) -> tuple[dict, dict, dict]:
         raise CheckpointError(f"{path}: corrupt checkpoint (the 'meta' record is not a JSON object)")
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: checkpoint format {meta.get('format')!r} is not supported (expected {FORMAT})")
+    for key, (ok, expected) in _META.items():
+        if key in meta and not ok(meta[key]):
+            raise CheckpointError(f"{path}: corrupt checkpoint: meta.{key}: expected {expected}, got {meta[key]!r:.80}")
+    for group, arrays in (("model", model), ("optimizer", optim)):
+        for k, a in arrays.items():
+            if a.dtype.kind not in "biuf":
+                raise CheckpointError(f"{path}: corrupt checkpoint: {group}/{k}: expected numbers, got an array of "
+                                      f"dtype {a.dtype}")
     return model, optim, meta
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _dicts(v) -> bool:
+    return isinstance(v, list) and all(isinstance(x, dict) for x in v)
+
+
+# what dlrun.snapshot writes into meta, checked where present so that a damaged or hand-edited
+# record is a CheckpointError naming the key, not a crash deep in restoring it
+_META = {
+    "config": (lambda v: isinstance(v, dict), "a mapping"),
+    "input_shape": (lambda v: isinstance(v, list) and all(_count(d) and d > 0 for d in v), "a list of positive integers"),
+    "dtype": (lambda v: v in ("float32", "float64"), "float32 or float64"),
+    "device": (lambda v: isinstance(v, str), "a device name"),
+    "epoch": (_count, "a non-negative integer"),
+    "step": (_count, "a non-negative integer"),
+    "plugins": (lambda v: _dicts(v) and all(isinstance(x.get("path"), str) for x in v), "a list of plugin records"),
+    "controls": (lambda v: _dicts(v) and all(isinstance(x.get("state"), dict) for x in v), "a list of control states"),
+    "rng": (lambda v: isinstance(v, dict) and isinstance(v.get("layers", {}) or {}, dict), "a mapping of generator states"),
+    "best": (lambda v: v is None or isinstance(v, dict), "null or a mapping"),
+}
 
 
 @dataclass

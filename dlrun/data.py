@@ -159,6 +159,23 @@ def _is_number(s: str) -> bool:
     return True
 
 
+def check_range(ds: Dataset, dtype) -> None:
+    """Features finite in float64 but beyond ``dtype``'s range would become inf in the first batch."""
+    limit = float(np.finfo(dtype).max)
+    for x, val in ((ds.x, False), (ds.x_val, True)):
+        if x is None or not len(x) or x.dtype.kind != "f":
+            continue
+        big = (np.abs(x) > limit).reshape(len(x), -1).any(axis=1)
+        if big.any():
+            i = int(np.flatnonzero(big)[0])
+            v = float(np.asarray(x[i]).ravel()[np.argmax(np.abs(np.asarray(x[i]).ravel()))])
+            raise DataError(f"{ds.where(i, val)}: feature value {v:g} is beyond the range of {np.dtype(dtype)} "
+                            f"(±{limit:.4g}), where it would become inf; scale the data, or set dtype: float64")
+
+
+MAX_LABEL = 2 ** 31 - 1  # class indices beyond int32 are not classes anyone has outputs for
+
+
 def _labels(y: np.ndarray, task: str, where) -> np.ndarray:
     if task == "regression":
         bad = ~np.isfinite(y)
@@ -166,11 +183,17 @@ def _labels(y: np.ndarray, task: str, where) -> np.ndarray:
             i = int(np.flatnonzero(bad)[0])
             raise DataError(f"{where(i)}: the target is {y[i]}, expected a finite number")
         return y.astype(np.float64)
-    bad = ~np.isfinite(y) | (y != np.round(y)) | (y < 0)
+    bad = ~np.isfinite(y) | (y != np.round(y)) | (y < 0) | (y > MAX_LABEL)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise DataError(f"{where(i)}: class labels must be integers >= 0, got {y[i]:g}")
+        raise DataError(f"{where(i)}: class labels must be integers from 0 to {MAX_LABEL}, got {y[i]:g}")
     return y.astype(np.int64)
+
+
+def _real(a: np.ndarray, p: Path, what: str) -> np.ndarray:
+    if np.iscomplexobj(a):
+        raise DataError(f"{p}: {what} holds complex numbers; expected real numbers")
+    return np.asarray(a)
 
 
 @data.register("file")
@@ -205,9 +228,16 @@ def load_file(path: FilePath, label_column: int = -1, header: bool | None = None
                 missing = [k for k in (features_key, labels_key) if k not in z.files]
                 if missing:
                     raise DataError(f"{p}: no array {missing[0]!r} in the file; it holds {', '.join(z.files) or 'nothing'}")
-                x, y = np.asarray(z[features_key], dtype=np.float64), np.asarray(z[labels_key])
+                x, y = _real(z[features_key], p, features_key), _real(z[labels_key], p, labels_key)
+                if x.ndim == 0:
+                    raise DataError(f"{p}: array {features_key!r} is a single number; expected one sample per row")
+                x = (x[:, None] if x.ndim == 1 else x).astype(np.float64)  # 1-D: one feature per sample
         elif suffix == ".npy":
             arr = np.load(p, allow_pickle=False)
+            if not isinstance(arr, np.ndarray):  # an .npz archive under an .npy name
+                raise DataError(f"{p}: holds an .npz archive, not one array; rename it to .npz and name its "
+                                f"arrays with features_key and labels_key")
+            arr = _real(arr, p, "the array")
             if arr.ndim != 2 or arr.shape[1] < 2:
                 raise DataError(f"{p}: expected a 2-D array (samples x columns, at least 2), got shape {arr.shape}")
             lc = label_column % arr.shape[1]

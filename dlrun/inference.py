@@ -15,7 +15,7 @@ import numpy as np
 
 from . import checkpoint, registry, snapshot
 from .config import Config, config_from_dict, parse_value
-from .data import Dataset, read_csv
+from .data import Dataset, check_range, read_csv
 from .losses import Loss
 from .errors import CheckpointError, DataError, DlrunError, PluginError, UsageError
 from .model import Sequential
@@ -89,6 +89,12 @@ def shape_features(x: np.ndarray, input_shape: tuple, where: str) -> np.ndarray:
         raise DataError(f"{where}: expected one sample per row, got an array of shape {x.shape}")
     if tuple(x.shape[1:]) == tuple(input_shape):
         return x
+    squeezed = lambda shape: tuple(d for d in shape if d != 1)  # noqa: E731
+    if x.ndim > 2 and squeezed(x.shape[1:]) != squeezed(input_shape):
+        # shaped samples are taken as they are ((8, 8) for (1, 8, 8) is fine), never re-cut:
+        # a (1, 4, 16) image holds 64 values but is not a (1, 8, 8) one
+        raise DataError(f"{where}: samples of shape {tuple(x.shape[1:])}, but the model expects "
+                        f"{tuple(input_shape)} (or flat rows of {want} values)")
     got = int(np.prod(x.shape[1:]))
     if got != want:
         hint = " (if the last column holds labels, drop it, or use dlrun evaluate)" if got == want + 1 else ""
@@ -97,14 +103,19 @@ def shape_features(x: np.ndarray, input_shape: tuple, where: str) -> np.ndarray:
     return x.reshape((len(x),) + tuple(input_shape))
 
 
-def read_features(path: str | Path, input_shape: tuple) -> np.ndarray:
-    """Features from a CSV (header optional, detected) or .npy file, shaped for the model."""
+def read_features(path: str | Path, input_shape: tuple, dtype=np.float64) -> np.ndarray:
+    """Features from a CSV (header optional, detected) or .npy file, shaped for the model (whose
+    floating-point type is ``dtype``)."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"input file not found: {p}")
     try:
         if p.suffix.lower() == ".npy":
             x = np.load(p, allow_pickle=False)
+            if not isinstance(x, np.ndarray):  # an .npz archive under an .npy name
+                raise DataError(f"{p}: holds an .npz archive, not one array; save the features with numpy.save")
+        elif p.suffix.lower() == ".npz":
+            raise DataError(f"{p}: expected a CSV or .npy file of features, got an .npz archive")
         else:
             x, _, _ = read_csv(p, None, None)
     except ValueError as e:
@@ -113,10 +124,13 @@ def read_features(path: str | Path, input_shape: tuple) -> np.ndarray:
         raise DataError(f"{p}: cannot read the file ({e.strerror or e})") from None
     if x.dtype.kind not in "biuf":
         raise DataError(f"{p}: expected numbers, got an array of dtype {x.dtype}")
+    if len(x) == 0:
+        raise DataError(f"{p}: the file holds no samples")
     x = shape_features(np.asarray(x, dtype=np.float64), input_shape, str(p))
     bad = ~np.isfinite(x).reshape(len(x), -1).all(axis=1)
     if bad.any():
         raise DataError(f"{p}: sample {int(np.flatnonzero(bad)[0]) + 1}: features contain NaN or inf")
+    check_range(Dataset(x, np.zeros(len(x), np.int64), name=str(p)), dtype)
     return x
 
 
@@ -194,6 +208,7 @@ def evaluation_data(restored: Restored, spec: str | None = None) -> tuple[np.nda
             raise DataError(f"--data {spec!r}: no such file, and no data generator of that name "
                             f"(data generators: {', '.join(registry.data.names())})")
     ds: Dataset = registry.data.build(value, "--data")
+    check_range(ds, restored.model.dtype)
     x, y = ds.x, ds.y
     if ds.x_val is not None:
         x, y = np.concatenate([x, ds.x_val]), np.concatenate([y, ds.y_val])

@@ -16,7 +16,7 @@ import numpy as np
 from . import callbacks as controls, checkpoint, rundir, snapshot
 from .backend import get_backend
 from .config import Config, config_from_dict
-from .data import Dataset, split
+from .data import Dataset, check_range, split
 from .errors import CheckpointError, DataError, Interrupted, NonFiniteError, TrainingError, UsageError
 from .faults import StopOnSignal, catch_signals
 from .losses import Loss
@@ -63,8 +63,16 @@ def build_model(config: Config, input_shape, backend=None) -> Sequential:
 
 
 def check_labels(ds: Dataset, model: Sequential, loss) -> None:
-    """Fail early when labels cannot index the model's outputs."""
+    """Fail early when labels cannot index the model's outputs, or targets do not match them."""
     if getattr(loss, "task", "classification") != "classification":
+        outputs = int(np.prod(model.output_shape)) if model.output_shape else 1
+        targets = int(np.prod(ds.y.shape[1:])) if ds.y.ndim > 1 else 1
+        if outputs != targets:
+            raise DataError(f"data {ds.name!r}: the loss {type(loss).__name__} compares each sample's {outputs} model "
+                            f"outputs with its {targets} target value(s); make the last layer output {targets} "
+                            f"(units: {targets}) or give {outputs} target columns"
+                            + (" (integer class labels want a classification loss such as SoftmaxCrossEntropy)"
+                               if ds.y.dtype.kind in "iu" else ""))
         return
     if ds.y.dtype.kind not in "iu":
         raise DataError(f"data {ds.name!r}: a classification loss needs integer labels, got {ds.y.dtype} targets")
@@ -97,11 +105,14 @@ def prepare(config: Config):
     resolve_seed(config)
     backend = get_backend(config.device)
     ds = load_data(config)
+    check_range(ds, config.dtype)
     model = build_model(config, ds.input_shape, backend)
     loss = config.build("loss")
     check_labels(ds, model, loss)
     trainer = Trainer(model, loss, config.build("optimizer"), config.build("regularizer"),
                       config.train.batch_size, config.train.shuffle, config.seed)
+    _monitor(config, ds, trainer)  # settings that depend on the data: dlrun check and time see them too
+    _controls(config, ds, trainer)
     return ds, trainer
 
 
@@ -112,7 +123,7 @@ def save_checkpoint(path: Path, trainer: Trainer, config: Config, extra: dict | 
 
 def _monitor(config: Config, ds: Dataset, trainer: Trainer) -> tuple[str, str]:
     has_val = ds.x_val is not None and len(ds.x_val) > 0
-    return snapshot.resolve_monitor(config.train.monitor, has_val, trainer.classification)
+    return snapshot.resolve_monitor(config.train.monitor, has_val, trainer.classification, config.locate)
 
 
 def _controls(config: Config, ds: Dataset, trainer: Trainer) -> list:
@@ -194,8 +205,12 @@ def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from
     _monitor(config, ds, trainer)  # fail before any file is written
     train_controls = _controls(config, ds, trainer)
     run_dir = rundir.new_run_dir(runs_dir, config.name)
-    rundir.write_config(run_dir, config)
-    return _fit(config, ds, trainer, run_dir, callbacks, extra, train_controls)
+    try:
+        rundir.write_config(run_dir, config)
+        return _fit(config, ds, trainer, run_dir, callbacks, extra, train_controls)
+    except BaseException:  # a run that saved nothing leaves nothing behind (an interrupted one saves)
+        rundir.discard_if_empty(run_dir)
+        raise
 
 
 def _offer_best_weights(run_dir: Path, train_controls: list) -> None:

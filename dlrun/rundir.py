@@ -41,6 +41,28 @@ def new_run_dir(runs_dir: str | Path, name: str) -> Path:
     raise TrainingError(f"too many runs named {name}-{stamp} in {runs_dir}")
 
 
+def discard_if_empty(run_dir: Path) -> None:
+    """Remove a new run's directory when it failed before finishing an epoch: it would hold only
+    config.yaml and a metrics header, nothing to resume, evaluate, predict from or read."""
+    ckpts = run_dir / "checkpoints"
+    if ckpts.is_dir() and any(ckpts.iterdir()):
+        return
+    try:
+        with open(run_dir / "metrics.csv") as f:
+            if sum(1 for _ in f) > 1:  # an epoch's metrics were recorded: keep them
+                return
+    except FileNotFoundError:
+        pass
+    for name in ("config.yaml", "metrics.csv"):
+        (run_dir / name).unlink(missing_ok=True)
+    try:
+        if ckpts.is_dir():
+            ckpts.rmdir()
+        run_dir.rmdir()  # only if nothing else is there
+    except OSError:
+        pass
+
+
 class MetricsWriter(Callback):
     """Writes metrics.csv (a row per epoch, flushed) into the run directory."""
 

@@ -16,8 +16,8 @@ import numpy as np
 
 from . import __version__, checkpoint, registry
 from .config import Config
-from .errors import CheckpointError, ConfigError
-from .callbacks import control_states
+from .errors import CheckpointError
+from .callbacks import check_monitor, control_states
 from .plugins import source_hash
 from .trainer import Callback, Trainer
 
@@ -101,14 +101,11 @@ def restore(trainer: Trainer, ckpt: checkpoint.Checkpoint, seed: int) -> None:
 MODES = {"val_loss": "min", "train_loss": "min", "val_accuracy": "max", "train_accuracy": "max"}
 
 
-def resolve_monitor(monitor: str | None, has_val: bool, classification: bool) -> tuple[str, str]:
-    """The metric that picks best.npz and whether lower ("min") or higher ("max") is better."""
+def resolve_monitor(monitor: str | None, has_val: bool, classification: bool, locate=None) -> tuple[str, str]:
+    """The metric that picks best.npz and whether lower ("min") or higher ("max") is better;
+    a ConfigError located by ``locate`` (config.locate) when the run will not produce it."""
     name = monitor or ("val_loss" if has_val else "train_loss")
-    if name.startswith("val_") and not has_val:
-        raise ConfigError(f"train.monitor: {name} needs validation data; set train.validation_split "
-                          f"or monitor train_loss")
-    if name.endswith("accuracy") and not classification:
-        raise ConfigError(f"train.monitor: {name} needs a classification loss; monitor a loss instead")
+    check_monitor(name, "train.monitor", has_val, classification, locate or (lambda path: None))
     return name, MODES[name]
 
 

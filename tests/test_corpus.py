@@ -5,6 +5,8 @@ key path or file and row) and that no traceback is printed.
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -46,6 +48,9 @@ CASES = [
     ("layer_no_type", ["check", f"{C}/layer_no_type.yaml"], 2, ["layer_no_type.yaml:3: model[0]", "'type' key"]),
     ("layer_as_key", ["check", f"{C}/layer_as_key.yaml"], 2, ["layer_as_key.yaml:3: model[0]", "write it as {type: Linear, units: 4}",
                                                                "layer_as_key.yaml:4: model[1]", "write it as ReLU"]),
+    ("name_escapes", ["check", f"{C}/name_escapes.yaml"], 2, ["name_escapes.yaml:1: name", "without path separators", "'../outside'"]),
+    ("mse_width", ["check", f"{C}/mse_width.yaml"], 2, ["the loss MSE compares each sample's 3 model outputs with its 1 target",
+                                                        "units: 1", "SoftmaxCrossEntropy"]),
     ("data_name_key", ["check", f"{C}/data_name_key.yaml"], 2, ["data_name_key.yaml:1: data", "with 'type', not 'name'"]),
     ("shape_linear_images", ["check", f"{C}/shape_linear_images.yaml"], 2, ["shape_linear_images.yaml:3: model[0]", "(1, 8, 8)", "Flatten"]),
     ("shape_softmax_rank", ["check", f"{C}/shape_softmax_rank.yaml"], 2, ["shape_softmax_rank.yaml:4: model[1]", "Linear expects"]),
@@ -71,6 +76,12 @@ CASES = [
     ("data_pickled", ["check", f"{C}/data_pickled_npy.yaml"], 2, [f"{D}/pickled.npy", "pickled"]),
     ("data_split_empty", ["check", f"{C}/data_split_empty.yaml"], 2, ["data_split_empty.yaml:6: train.validation_split", "no validation data"]),
     ("data_regression_nan", ["check", f"{C}/data_regression_nan_target.yaml"], 2, [f"{D}/nan.csv:3", "finite"]),
+    ("data_label_huge", ["check", f"{C}/data_label_huge.yaml"], 2, [f"{D}/label_huge.csv:3", "integers from 0 to 2147483647", "1e+30"]),
+    ("data_float32_overflow", ["check", f"{C}/data_float32_overflow.yaml"], 2, [f"{D}/float32_overflow.csv:2", "1e+39", "range of float32", "dtype: float64"]),
+    ("data_archive_named_npy", ["check", f"{C}/data_archive_named.yaml"], 2, [f"{D}/archive_named.npy", "holds an .npz archive"]),
+    ("data_complex", ["check", f"{C}/data_complex.yaml"], 2, [f"{D}/complex.npy", "complex numbers"]),
+    ("monitor_without_validation", ["check", f"{C}/valid.yaml", "--set", "train.monitor=val_loss"], 2,
+     ["--set train.monitor=val_loss: train.monitor", "needs validation data"]),
     ("data_label_column", ["check", f"{C}/data_one_column.yaml"], 2, [f"{D}/one_row.csv", "label_column 5"]),
     # -- command lines ----------------------------------------------------------------------
     ("set_no_equals", ["check", f"{C}/valid.yaml", "--set", "train.epochs"], 2, ["--set", "expected KEY=VALUE"]),
@@ -82,6 +93,14 @@ CASES = [
     ("set_and_file_together", ["check", f"{C}/zero_units.yaml", "--set", "train.epochs=0"], 2, ["zero_units.yaml:3: model[0].units", "--set train.epochs=0: train.epochs"]),
     ("set_negative_seed", ["check", f"{C}/valid.yaml", "--set", "seed=-1"], 2, ["--set seed=-1: seed", ">= 0, got -1"]),
     ("set_data_null", ["check", f"{C}/valid.yaml", "--set", "data=null"], 2, ["--set data=null: data", "got null"]),
+    ("set_octal_typo", ["check", f"{C}/valid.yaml", "--set", "model[0].units=010"], 2, ["model[0].units", "got '010'"]),
+    ("set_base60_typo", ["check", f"{C}/valid.yaml", "--set", "seed=1:00"], 2, ["--set seed=1:00: seed", "got '1:00'"]),
+    ("set_duplicate_key", ["check", f"{C}/valid.yaml", "--set", "optimizer={type: SGD, type: Adam}"], 2,
+     ["optimizer: duplicate key 'type' in the value"]),
+    ("set_unparseable", ["check", f"{C}/valid.yaml", "--set", "optimizer={type: SGD, learning_rate: [0.1"], 2,
+     ["optimizer: cannot parse the value", "as YAML"]),
+    ("set_bad_path", ["check", f"{C}/valid.yaml", "--set", "train..epochs=3"], 2, ["expected a key path", "'train..epochs'"]),
+    ("set_index_into_mapping", ["check", f"{C}/valid.yaml", "--set", "model[0][1]=3"], 2, ["model[0][1]", "no such list"]),
     ("config_not_found", ["check", "nothere.yaml"], 2, ["config file not found: nothere.yaml"]),
     ("unknown_command", ["trian", f"{C}/valid.yaml"], 2, ["No such command 'trian'"]),
     ("device_flag", ["check", f"{C}/valid.yaml", "--device", "tpu"], 2, ["--device: device", "got 'tpu'"]),
@@ -160,6 +179,17 @@ def _meta_list(src, dst):
     np.savez(dst, **{"meta": np.frombuffer(b"[1, 2]", np.uint8)})
 
 
+def _edit_meta(**changes):
+    def make(src, dst):
+        with np.load(src) as z:
+            arrays = {k: z[k] for k in z.files}
+        meta = json.loads(bytes(arrays["meta"]).decode())
+        meta.update(changes)
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+        np.savez(dst, **arrays)
+    return make
+
+
 CHECKPOINT_CASES = [
     ("ckpt_missing", None, [], 2, ["checkpoint not found"]),
     ("ckpt_truncated", _truncate, [], 2, ["corrupt or truncated"]),
@@ -168,6 +198,9 @@ CHECKPOINT_CASES = [
     ("ckpt_pickled", _pickled, [], 2, ["pickled objects; refusing"]),
     ("ckpt_no_meta", _no_meta, [], 2, ["not a dlrun checkpoint"]),
     ("ckpt_meta_not_record", _meta_list, [], 2, ["record is not a JSON object"]),
+    ("ckpt_meta_shape", _edit_meta(input_shape="abc"), [], 2, ["corrupt checkpoint: meta.input_shape: expected a list "
+                                                             "of positive integers, got 'abc'"]),
+    ("ckpt_meta_epoch", _edit_meta(epoch=-1), [], 2, ["corrupt checkpoint: meta.epoch: expected a non-negative integer"]),
     ("ckpt_other_model", "copy", ["--set", "model[0].units=5", "--set", "model[1]=Tanh"], 2,
      ["does not fit the model (4 problems)", "0.weight: shape (4, 2) in the checkpoint, (5, 2) in the model",
       "layers: the checkpoint has [Linear, ReLU, Linear], the model has [Linear, Tanh, Linear]"]),

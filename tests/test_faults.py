@@ -31,6 +31,7 @@ def test_nan_in_backward_names_the_layer(tmp_path):
     assert "epoch 1, batch 1: model[1] NaNBackward() produced NaN in backward (dx" in r.err
     assert "no epoch finished" in r.err and "Traceback" not in r.err
     assert not list((tmp_path / "runs").glob("*/checkpoints/last.npz"))  # nothing non-finite was saved
+    assert list((tmp_path / "runs").iterdir()) == []  # and no run directory with only config.yaml in it
 
 
 def test_nan_in_forward_names_epoch_batch_and_keeps_last_good_checkpoint(tmp_path):

@@ -237,3 +237,24 @@ def test_predict_to_an_unwritable_output_is_a_usage_error(trained, tmp_path):
     r = run_cli("predict", run, "--input", tmp / "x.npy", "--output", tmp_path)
     assert r.code == 2 and "cannot write" in r.err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_predict_refuses_empty_archive_and_out_of_range_inputs(trained, tmp_path):
+    run, _, _ = trained
+    np.save(tmp_path / "empty.npy", np.zeros((0, 2)))
+    np.savez(tmp_path / "x.npz", x=np.zeros((3, 2)))
+    (tmp_path / "big.csv").write_text("x0,x1\n1e39,1\n")
+    for name, text in (("empty.npy", "holds no samples"), ("x.npz", "got an .npz archive"),
+                       ("big.csv", "beyond the range of float32")):
+        r = run_cli("predict", run, "--input", tmp_path / name)
+        assert r.code == 2 and text in r.err and r.out == "", (name, r.err)
+
+
+def test_shaped_samples_are_never_recut():
+    from dlrun.errors import DataError
+    from dlrun.inference import shape_features
+
+    assert shape_features(np.zeros((3, 8, 8)), (1, 8, 8), "x").shape == (3, 1, 8, 8)  # a unit axis added
+    assert shape_features(np.zeros((3, 64)), (1, 8, 8), "x").shape == (3, 1, 8, 8)  # flat rows
+    with pytest.raises(DataError, match=r"samples of shape \(1, 4, 16\), but the model expects \(1, 8, 8\)"):
+        shape_features(np.zeros((3, 1, 4, 16)), (1, 8, 8), "x")

@@ -48,7 +48,7 @@ def test_checkpoint_every_n_epochs_and_at_the_end(tmp_path):
 def test_monitor_errors(tmp_path):
     r = run_cli("train", spiral_config(tmp_path, split=0.0), "--runs-dir", tmp_path / "r2",
                 "--set", "train.monitor=val_loss")
-    assert r.code == 2 and "val_loss needs validation data" in r.err
+    assert r.code == 2 and "'val_loss' needs validation data" in r.err and "train.monitor" in r.err
     assert not (tmp_path / "r2").exists() or not any((tmp_path / "r2").iterdir())
     r = run_cli("train", spiral_config(tmp_path), "--set", "train.monitor=val_los")
     assert r.code == 2 and "did you mean val_loss" in r.err

@@ -24,7 +24,7 @@ def predict_cmd(
 ) -> None:
     """Write a CSV with a header and one row per input: `prediction` (class index or value)."""
     restored = open_trained(target, device)
-    x = inference.read_features(input, restored.model.input_shape)
+    x = inference.read_features(input, restored.model.input_shape, restored.model.dtype)
     table = inference.predictions(restored, x, proba, batch_size)
     if output is None:
         inference.write_csv(table, sys.stdout)
