@@ -264,6 +264,29 @@ class NormalizesWeightInPlace(Linear):
         return super().forward(x)
 
 
+class SmallScaleBug(Linear):
+    """Linear scaled by 1e-6 whose input gradient is twice too large: every gradient is below
+    atol, so only the float64 relative rule can see the bug."""
+
+    def forward(self, x):
+        return 1e-6 * super().forward(x)
+
+    def backward(self, dy):
+        dx = super().backward(1e-6 * dy)
+        return 2 * dx
+
+
+class OneElementBug(Linear):
+    """Linear whose input gradient is wrong at one element in the middle of a large tensor."""
+
+    input_spec = InputSpec(shape=("D",), options={"units": "C"})
+
+    def backward(self, dy):
+        dx = super().backward(dy)
+        dx[len(dx) // 2, dx.shape[1] // 2] *= 3
+        return dx
+
+
 BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
     MissingFactor: ({"x"}, set()),
     TransposedWeightGrad: ({"weight", "grad-structure"}, {"x", "bias"}),
@@ -280,6 +303,7 @@ BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
     CopiedWeight: ({"weight", "wiring"}, {"bias"}),  # x too: backward uses the real W
     UndeclaredBeta: ({"state"}, set()),
     ReusedOutput: ({"output-aliasing"}, {"x"}),  # its gradients are right
+    SmallScaleBug: ({"x"}, {"weight", "bias"}),
     NaNForward: ({"x", "output-finite"}, set()),
     NaNBackward: ({"x"}, {"weight", "bias", "reentrant"}),
     WritesInput: ({"inputs-unchanged"}, set()),

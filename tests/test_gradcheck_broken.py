@@ -241,3 +241,51 @@ def test_nan_fails_the_tensor_and_json_stays_valid(cli, tmp_path):
     assert x.status == FAIL and np.isnan(x.worst.analytic) and any("backward's gradient for x" in n for n in x.notes)
     d = json.loads(report.to_json())  # strict JSON: NaN and inf written as null
     assert d["result"] == FAIL and d["tensors"][0]["worst"]["analytic"] is None and d["tensors"][0]["max_abs"] is None
+
+
+def test_one_wrong_element_in_a_large_tensor_fails_by_the_relative_rule():
+    from broken_layers import OneElementBug
+
+    with registered(OneElementBug) as name:
+        report = check_layer(name, settings=Settings(dims="N=100,D=60"))
+    x = next(t for t in report.tensors if t.name == "x")
+    assert x.mode == "fast+sampled" and x.status == FAIL, x
+    assert any("disagree by sym rel" in n for n in x.notes), x.notes
+    assert "second-point" not in report.failed  # sampling luck at one point is not a stale cache
+    assert check_layer("Linear", settings=Settings(dims="N=100,D=60")).verdict == PASS
+
+
+BIG_OUTPUT = '''
+import numpy as np
+from dlrun.layers import InputSpec, Layer
+from dlrun.registry import layers
+
+
+@layers.register()
+class BigCube(Layer):
+    """y[:, j] = scale·Σ_i x_i³ for 50 outputs j: a correct layer with large outputs."""
+
+    input_spec = InputSpec(shape=("D",))
+
+    def __init__(self, scale: float = 1e6):
+        self.scale = scale
+
+    def build(self, shape):
+        return (50,)
+
+    def forward(self, x):
+        self._x = x
+        return self.scale * np.repeat((x ** 3).sum(1, keepdims=True), 50, axis=1)
+
+    def backward(self, dy):
+        return self.scale * dy.sum(1, keepdims=True) * 3 * self._x ** 2
+'''
+
+
+def test_strict_allows_float64_rounding_of_large_outputs(cli, tmp_path):
+    from conftest import write
+
+    plugin = write(tmp_path / "big.py", BIG_OUTPUT)
+    for scale in ("1", "1e3", "1e8"):  # 1e3 and up failed --strict on rounding of L alone
+        r = cli("gradcheck", "BigCube", "--plugin", plugin, "--strict", "--set", f"scale={scale}")
+        assert r.code == 0, (scale, r.out)

@@ -22,8 +22,8 @@ import numpy as np
 
 from .report import FAIL, NA, PASS, AuxResult
 
-NAMES = ("output-shape", "output-finite", "output-aliasing", "grad-structure", "zero-upstream", "reentrant", "inputs-unchanged", "state",
-         "second-point", "wiring", "adds-gradient")
+NAMES = ("output-shape", "output-finite", "output-aliasing", "grad-structure", "zero-upstream", "reentrant",
+         "inputs-unchanged", "state", "second-point", "wiring", "adds-gradient")
 
 
 class AuxLog:

@@ -1,0 +1,103 @@
+"""Comparing backward's gradient with finite differences: the tolerance rule, the symmetric
+relative error, non-finite values and the float64 relative rule, recorded in a TensorRun."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .report import Worst
+
+TINY = 1e-10  # cs231n: a numeric gradient this small everywhere is suspect, not a match
+
+
+@dataclass
+class TensorRun:
+    """One tensor checked at one point."""
+
+    name: str
+    role: str
+    shape: tuple
+    dtype: str
+    mode: str
+    checked: int = 0
+    skipped: int = 0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    sym_rel: float = 0.0
+    worst: Worst | None = None
+    failed: bool = False
+    notes: list = field(default_factory=list)
+
+
+def compare(run: TensorRun, a: np.ndarray, n: np.ndarray, flat: np.ndarray, atol: float, rtol: float,
+            where: str) -> None:
+    """Elementwise abs(a − n) <= atol + rtol·abs(n); record maxima and the worst element."""
+    if flat.size == 0:
+        return
+    finite = np.isfinite(a) & np.isfinite(n)
+    if not finite.all():  # NaN compares false with every tolerance: it must fail, not pass
+        k = int(np.argmin(finite))
+        idx = tuple(int(i) for i in np.unravel_index(int(flat[k]), run.shape))
+        run.failed = True
+        run.max_abs = run.sym_rel = float("inf")  # shown as inf (JSON: null), read as "wrong"
+        ref = n[k] if np.isfinite(n[k]) else a[k] if np.isfinite(a[k]) else 0.0
+        run.worst = Worst(idx, float(a[k]), float(n[k]), float(atol + rtol * abs(ref)), where)
+        note = (f"backward's gradient for {run.name} is NaN or inf" if not np.isfinite(a[k]) else
+                f"finite differences for {run.name} are NaN or inf: forward's output is not finite at or next "
+                f"to the point")
+        if note not in run.notes:
+            run.notes.append(note + " (the worst element shows the first such element)")
+        a, n, flat = a[finite], n[finite], flat[finite]
+        if flat.size == 0:
+            return
+        _compare_finite(run, a, n, flat, atol, rtol, where, keep_worst=True)
+        return
+    _compare_finite(run, a, n, flat, atol, rtol, where)
+
+
+def _compare_finite(run: TensorRun, a, n, flat, atol: float, rtol: float, where: str, keep_worst: bool = False) -> None:
+    diff = np.abs(a - n)
+    tol = atol + rtol * np.abs(n)
+    big = np.maximum(np.abs(a), np.abs(n))
+    rel = np.where(big < 1e-12, 0.0, diff / np.where(big == 0, 1.0, big))
+    run.max_abs = max(run.max_abs, float(diff.max()))
+    run.max_rel = max(run.max_rel, float(rel.max()))
+    run.sym_rel = max(run.sym_rel, sym_rel(a, n))
+    if not keep_worst:  # (a non-finite element, when there is one, stays the worst)
+        k = int(np.argmax(diff - tol))
+        idx = tuple(int(i) for i in np.unravel_index(int(flat[k]), run.shape))
+        run.worst = Worst(idx, float(a[k]), float(n[k]), float(tol[k]), where)
+    if (diff > tol).any():
+        run.failed = True
+    if not n.any() and np.abs(a).max() > atol:
+        run.notes.append(f"numeric gradient is exactly 0 everywhere but backward's is not: "
+                         f"perturbing {run.name} does not reach the output (not wired, or a copy is used?)")
+    elif np.abs(n).max() < TINY and np.abs(a).max() > atol:
+        run.notes.append(f"numeric gradient is below {TINY:.0e} everywhere but backward's is not: the "
+                         f"output hardly moves with {run.name} (a factor missing in forward, or values "
+                         f"outside floating point's active range: scale them up)")
+
+
+def sym_rel(a: np.ndarray, n: np.ndarray) -> float:
+    """‖a − n‖₂ / ‖a + n‖₂ (Oxford's measure, "of the order of eps" when right); 0 when both
+    are (near) zero, huge when a = −n."""
+    den = float(np.linalg.norm(a + n))
+    num = float(np.linalg.norm(a - n))
+    return 0.0 if den < 1e-12 and num < 1e-12 else num / max(den, 1e-300)  # finite: valid JSON
+
+
+def relative_rule(run: TensorRun, rel: float, gap: float, noise: float, atol: float) -> None:
+    """float64 (noise > 0): every element may sit inside atol only because the gradients are small
+    (a layer scaled by 1e-6), while backward and the differences disagree by a percent or more,
+    a thousand times beyond rounding. That is a bug at any scale: FAIL it."""
+    if noise > 0 and rel >= RELATIVE_FAIL and gap > 1e3 * noise:
+        run.failed = True
+        note = (f"{run.name}: backward and finite differences disagree by sym rel {rel:.2g} (≥ {RELATIVE_FAIL:g}, over "
+                f"a thousand times what rounding explains), though within the tolerance: atol={atol:.1e} dwarfs small "
+                f"gradients, and a tolerance along a random direction spans the whole tensor")
+        if note not in run.notes:  # (no place in it: one note per tensor; the worst element has the place)
+            run.notes.append(note)
+
+
+RELATIVE_FAIL = 1e-2  # cs231n's "wrong" band; correct float64 layers reach 5e-9
