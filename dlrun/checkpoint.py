@@ -49,6 +49,9 @@ def load(path: str | Path) -> tuple[dict, dict, dict]:
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     if not zipfile.is_zipfile(path):
+        if path.suffix.lower() in (".yaml", ".yml"):
+            raise CheckpointError(f"{path}: a config file, not a checkpoint; train it first (dlrun train {path}) and "
+                                  f"give the run directory")
         raise CheckpointError(f"{path}: corrupt or truncated checkpoint (not an .npz archive)")
     try:
         with np.load(path, allow_pickle=False) as z:

@@ -245,7 +245,7 @@ def load_config(path: str | Path, overrides: list[str] = (), seed: int | None = 
     """Read, override and validate a config file. ``seed``/``device`` come from CLI flags."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file not found: {p}", Location(str(p)))
+        raise ConfigError(f"config file not found: {p}" + (" (it is a folder)" if p.is_dir() else ""), Location(str(p)))
     try:
         text = p.read_text()
     except (OSError, UnicodeDecodeError) as e:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataError
-from .options import FilePath, NonNegativeFloat, PositiveInt
+from .options import FilePath, NonNegativeFloat, PositiveInt, did_you_mean
 from .registry import data
 
 
@@ -190,6 +190,15 @@ def _labels(y: np.ndarray, task: str, where) -> np.ndarray:
     return y.astype(np.int64)
 
 
+def expect_npy(p: Path) -> None:
+    """An .npy file starts with the magic b'\\x93NUMPY' (an .npz is a zip); anything else would
+    reach numpy's pickle fallback and be misreported as pickled objects."""
+    with open(p, "rb") as f:
+        head = f.read(6)
+    if head != b"\x93NUMPY" and not head.startswith(b"PK"):
+        raise DataError(f"{p}: not an .npy file (no NumPy header); save arrays with numpy.save, or use a CSV")
+
+
 def _real(a: np.ndarray, p: Path, what: str) -> np.ndarray:
     if np.iscomplexobj(a):
         raise DataError(f"{p}: {what} holds complex numbers; expected real numbers")
@@ -227,12 +236,14 @@ def load_file(path: FilePath, label_column: int = -1, header: bool | None = None
             with np.load(p, allow_pickle=False) as z:
                 missing = [k for k in (features_key, labels_key) if k not in z.files]
                 if missing:
-                    raise DataError(f"{p}: no array {missing[0]!r} in the file; it holds {', '.join(z.files) or 'nothing'}")
+                    raise DataError(f"{p}: no array {missing[0]!r} in the file{did_you_mean(missing[0], z.files)}; "
+                                    f"it holds {', '.join(z.files) or 'nothing'}")
                 x, y = _real(z[features_key], p, features_key), _real(z[labels_key], p, labels_key)
                 if x.ndim == 0:
                     raise DataError(f"{p}: array {features_key!r} is a single number; expected one sample per row")
                 x = (x[:, None] if x.ndim == 1 else x).astype(np.float64)  # 1-D: one feature per sample
         elif suffix == ".npy":
+            expect_npy(p)
             arr = np.load(p, allow_pickle=False)
             if not isinstance(arr, np.ndarray):  # an .npz archive under an .npy name
                 raise DataError(f"{p}: holds an .npz archive, not one array; rename it to .npz and name its "

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import checkpoint, registry, snapshot
 from .config import Config, config_from_dict, parse_value
-from .data import Dataset, check_range, read_csv
+from .data import Dataset, expect_npy, check_range, read_csv
 from .losses import Loss
 from .errors import CheckpointError, DataError, DlrunError, PluginError, UsageError
 from .model import Sequential
@@ -111,6 +111,7 @@ def read_features(path: str | Path, input_shape: tuple, dtype=np.float64) -> np.
         raise DataError(f"input file not found: {p}")
     try:
         if p.suffix.lower() == ".npy":
+            expect_npy(p)
             x = np.load(p, allow_pickle=False)
             if not isinstance(x, np.ndarray):  # an .npz archive under an .npy name
                 raise DataError(f"{p}: holds an .npz archive, not one array; save the features with numpy.save")

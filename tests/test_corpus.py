@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, write
 
 C = "tests/corpus/configs"
 D = "tests/corpus/data"
@@ -228,3 +228,17 @@ def test_good_checkpoint_fits(tmp_path):
     r = run_cli("check", f"{C}/valid.yaml", "--checkpoint", _good_checkpoint(tmp_path))
     assert r.code == 0, r.err
     assert "fits the model" in r.out
+
+
+def test_files_of_the_wrong_kind_are_named_for_what_they_are(tmp_path):
+    text_npy = write(tmp_path / "x.npy", "1,2,0\n3,4,1\n")
+    cfg = write(tmp_path / "c.yaml", f"data: {{type: file, path: {text_npy}}}\nmodel: [{{type: Linear, units: 2}}]\n"
+                                     "loss: SoftmaxCrossEntropy\noptimizer: {type: SGD, learning_rate: 0.1}\n")
+    r = run_cli("check", cfg)
+    assert r.code == 2 and "not an .npy file (no NumPy header)" in r.err and "pickled" not in r.err, r.err
+    r = run_cli("evaluate", cfg)
+    assert r.code == 2 and "a config file, not a checkpoint; train it first" in r.err, r.err
+    r = run_cli("check", tmp_path)
+    assert r.code == 2 and "(it is a folder)" in r.err, r.err
+    r = run_cli("gradcheck", "Linear", "--dims", "N=100000000000")
+    assert r.code == 2 and "out of memory" in r.err and "Traceback" not in r.err, r.err

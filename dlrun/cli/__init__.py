@@ -78,6 +78,12 @@ def main(argv: list[str] | None = None) -> None:
     except (typer.Abort, KeyboardInterrupt):
         err.print("interrupted")
         sys.exit(130)
+    except MemoryError as e:  # sizes from the command line or config (--dims N=1e11, units: 1e12)
+        if debug_enabled():
+            traceback.print_exc()
+        err.print(f"[bold red]error:[/] out of memory{': ' + escape(str(e)) if str(e) else ''}; reduce the sizes "
+                  "given (batch size, units, --dims)", soft_wrap=True, markup=True)
+        sys.exit(2)
     except Exception as e:  # a bug in dlrun or in a plugin: one line unless --debug
         if debug_enabled():
             traceback.print_exc()
