@@ -229,7 +229,7 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
                 registry.layers.build(spec, f"model[{i}]", locate)
             except DlrunError as e:
                 errors.append(e)
-    train, errs = _check_fields(TrainSettings, raw.get("train") or {}, "train", locate)
+    train, errs = _check_fields(TrainSettings, {} if raw.get("train") is None else raw["train"], "train", locate)
     errors.extend(errs)
     if train.schedule is not None:
         try:

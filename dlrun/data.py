@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataError
-from .options import FilePath, NonNegativeFloat, PositiveInt, did_you_mean
+from .options import FilePath, NonNegativeFloat, NonNegativeInt, PositiveInt, did_you_mean
 from .registry import data
 
 
@@ -92,7 +92,7 @@ def split(x: np.ndarray, y: np.ndarray, fraction: float, seed: int, stratify: bo
 
 @data.register("spiral")
 def spiral(classes: PositiveInt = 3, points_per_class: PositiveInt = 100,
-           noise: NonNegativeFloat = 0.2, seed: int = 0) -> Dataset:
+           noise: NonNegativeFloat = 0.2, seed: NonNegativeInt = 0) -> Dataset:
     """Interleaved 2-D spirals (the cs231n case study), one arm per class.
 
     For class j: r = linspace(0, 1, n), t = linspace(4j, 4(j+1), n) + noise·N(0, 1),
@@ -171,6 +171,19 @@ def check_range(ds: Dataset, dtype) -> None:
             v = float(np.asarray(x[i]).ravel()[np.argmax(np.abs(np.asarray(x[i]).ravel()))])
             raise DataError(f"{ds.where(i, val)}: feature value {v:g} is beyond the range of {np.dtype(dtype)} "
                             f"(±{limit:.4g}), where it would become inf; scale the data, or set dtype: float64")
+
+
+def check_indices(ds: Dataset, layer: str) -> None:
+    """A model that starts with an index-taking layer (Embedding) needs whole-number features:
+    casting 0.37 to an index would silently read row 0."""
+    for x, val in ((ds.x, False), (ds.x_val, True)):
+        if x is None or not len(x) or x.dtype.kind != "f":
+            continue
+        bad = (x != np.round(x)).reshape(len(x), -1).any(axis=1)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            v = np.asarray(x[i]).ravel()
+            raise DataError(f"{ds.where(i, val)}: {layer} takes integer indices, got {v[v != np.round(v)][0]:g}")
 
 
 MAX_LABEL = 2 ** 31 - 1  # class indices beyond int32 are not classes anyone has outputs for

@@ -12,14 +12,14 @@ from typing import Annotated
 import numpy as np
 
 from .data import Dataset
-from .options import NonNegativeFloat, PositiveFloat, PositiveInt, Range
+from .options import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range
 from .registry import data
 
 AtLeastTwo = Annotated[int, Range(min=2)]
 
 
 @data.register("moons")
-def moons(samples: AtLeastTwo = 200, noise: NonNegativeFloat = 0.1, seed: int = 0) -> Dataset:
+def moons(samples: AtLeastTwo = 200, noise: NonNegativeFloat = 0.1, seed: NonNegativeInt = 0) -> Dataset:
     """Two interleaving half circles (as sklearn's make_moons), 2 classes.
 
     Class 0: (cos t, sin t); class 1: (1 − cos t, 0.5 − sin t), t = linspace(0, π) for each;
@@ -42,7 +42,7 @@ def moons(samples: AtLeastTwo = 200, noise: NonNegativeFloat = 0.1, seed: int = 
 @data.register("circles")
 def circles(samples: AtLeastTwo = 200, noise: NonNegativeFloat = 0.05,
             factor: Annotated[float, Range(0, 1, min_inclusive=False, max_inclusive=False)] = 0.5,
-            seed: int = 0) -> Dataset:
+            seed: NonNegativeInt = 0) -> Dataset:
     """A circle inside a circle (as sklearn's make_circles), 2 classes.
 
     Class 0: (cos t, sin t) on the unit circle; class 1: factor · (cos t, sin t), t evenly
@@ -66,7 +66,7 @@ def circles(samples: AtLeastTwo = 200, noise: NonNegativeFloat = 0.05,
 
 @data.register("blobs")
 def blobs(samples: PositiveInt = 300, classes: PositiveInt = 3, features: PositiveInt = 2,
-          std: NonNegativeFloat = 1.0, box: PositiveFloat = 10.0, seed: int = 0) -> Dataset:
+          std: NonNegativeFloat = 1.0, box: PositiveFloat = 10.0, seed: NonNegativeInt = 0) -> Dataset:
     """Isotropic Gaussian clusters (as sklearn's make_blobs), one per class.
 
     Centres c_k ~ U[−box, box]^features; class k's points are c_k + N(0, std²·I). Classes get
@@ -90,7 +90,7 @@ def blobs(samples: PositiveInt = 300, classes: PositiveInt = 3, features: Positi
 
 
 @data.register("xor")
-def xor(samples: PositiveInt = 200, noise: NonNegativeFloat = 0.0, seed: int = 0) -> Dataset:
+def xor(samples: PositiveInt = 200, noise: NonNegativeFloat = 0.0, seed: NonNegativeInt = 0) -> Dataset:
     """The XOR problem: x ~ U[−1, 1]², label 1 when the two coordinates differ in sign.
 
     y = [x₁ > 0] xor [x₂ > 0], decided before N(0, noise²) is added to the points (so noise
@@ -110,7 +110,7 @@ def xor(samples: PositiveInt = 200, noise: NonNegativeFloat = 0.0, seed: int = 0
 
 @data.register("sine")
 def sine(samples: PositiveInt = 200, low: float = -3.0, high: float = 3.0, amplitude: float = 1.0,
-         frequency: float = 1.0, phase: float = 0.0, noise: NonNegativeFloat = 0.1, seed: int = 0) -> Dataset:
+         frequency: float = 1.0, phase: float = 0.0, noise: NonNegativeFloat = 0.1, seed: NonNegativeInt = 0) -> Dataset:
     """Regression on a sine: x ~ U[low, high], y = amplitude · sin(frequency · x + phase) + N(0, noise²).
 
     Features have shape (N, 1) and targets (N, 1) (pair with a one-unit output and MSE or Huber).

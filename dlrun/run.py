@@ -15,9 +15,9 @@ import numpy as np
 
 from . import callbacks as controls, checkpoint, rundir, snapshot
 from .backend import get_backend
-from .config import Config, config_from_dict
-from .data import Dataset, check_range, split
-from .errors import CheckpointError, DataError, Interrupted, NonFiniteError, TrainingError, UsageError
+from .config import Config, config_from_dict, parse_yaml
+from .data import Dataset, check_indices, check_range, split
+from .errors import CheckpointError, DataError, DlrunError, Interrupted, NonFiniteError, TrainingError, UsageError
 from .faults import StopOnSignal, catch_signals
 from .losses import Loss
 from .model import Sequential
@@ -107,6 +107,8 @@ def prepare(config: Config):
     ds = load_data(config)
     check_range(ds, config.dtype)
     model = build_model(config, ds.input_shape, backend)
+    if getattr(getattr(model.layers[0], "input_spec", None), "kind", "") == "index":
+        check_indices(ds, f"model[0] {type(model.layers[0]).__name__}")
     loss = config.build("loss")
     check_labels(ds, model, loss)
     trainer = Trainer(model, loss, config.build("optimizer"), config.build("regularizer"),
@@ -241,6 +243,16 @@ def resume_config(run_dir: str | Path, overrides=(), device: str | None = None) 
     if "config" not in ckpt.meta:
         raise CheckpointError(f"{path}: the checkpoint records no config; it cannot be resumed")
     return config_from_dict(ckpt.meta["config"], overrides=list(overrides), device=device, origin=str(path)), ckpt
+
+
+def config_edited(run_dir: str | Path, ckpt: checkpoint.Checkpoint) -> bool:
+    """Whether RUN_DIR/config.yaml no longer says what the checkpoint records (edited by hand):
+    --resume follows the checkpoint and rewrites the file, so the edit would be lost silently."""
+    try:
+        recorded_file, _ = parse_yaml((Path(run_dir) / "config.yaml").read_text(), str(run_dir))
+    except (OSError, UnicodeDecodeError, DlrunError):
+        return True
+    return recorded_file != ckpt.meta.get("config")
 
 
 def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, callbacks=()) -> RunResult:

@@ -233,3 +233,14 @@ def test_restore_best_weights_after_a_resume_restores_a_best_from_before_it(tmp_
     # final_* are evaluated on the restored weights (without them, on epoch 6's: a different value)
     for key in ("final_train_loss", "final_train_accuracy"):
         assert summary(part)[key] == summary(straight)[key], key
+
+
+def test_resume_warns_when_the_run_config_was_edited(tmp_path):
+    run = train(spiral_config(tmp_path, epochs=2), tmp_path / "runs")
+    r = run_cli("train", "--resume", run, "--set", "train.epochs=3")
+    assert r.code == 0 and "warning" not in r.err, r.err  # untouched (and rewritten with the override)
+    text = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(text.replace("epochs: 3", "epochs: 9"))
+    r = run_cli("train", "--resume", run, "--set", "train.epochs=4")
+    assert r.code == 0, r.err
+    assert "config.yaml differs from the config recorded in the checkpoint" in r.err and "--set" in r.err

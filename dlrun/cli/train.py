@@ -5,13 +5,14 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from .. import run
 from ..config import load_config
 from ..errors import UsageError
 from ..plugins import load_plugins
 from ..progress import RichProgress
-from . import app, out
+from . import app, err, out
 
 SET_HELP = "Override a config key by its dotted path, e.g. train.epochs=5 or model[0].units=64 (repeatable)."
 
@@ -38,6 +39,10 @@ def train_cmd(
             raise UsageError("--resume RUN_DIR takes its config, weights and seed from the run; "
                              "drop the CONFIG argument, --init-from and --seed (use --set to change settings)")
         cfg, ckpt = run.resume_config(resume, set_, device)
+        if run.config_edited(resume, ckpt):
+            err.print(f"[yellow]warning:[/] {escape(str(resume))}/config.yaml differs from the config recorded in the "
+                      f"checkpoint (edited by hand?); --resume continues with the recorded one and rewrites the file. "
+                      f"Change settings with --set", soft_wrap=True)
         with RichProgress(out, cfg.train.epochs) as progress:
             result = run.resume(resume, cfg, ckpt, callbacks=[progress])
     else:
