@@ -274,7 +274,8 @@ def _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settin
                 elif r.failed and passed_first.get(r.name) and r.mode in ("exhaustive", "jacobian"):
                     # (a sampled or directional check that fails at one point only was lucky at the other)
                     log.record("second-point", False, f"{r.name} passes at point 1 but fails at point {p + 1} on the "
-                               f"same instance (stale cache or accumulating buffer)", where)
+                               f"same instance (a stale cache or accumulating buffer, or a bug only some inputs reach: "
+                               f"repeated indices, ties)", where)
                 else:
                     log.record("second-point", True)
 
