@@ -20,7 +20,7 @@ from .losses import Loss
 from .errors import CheckpointError, DataError, DlrunError, PluginError, UsageError
 from .model import Sequential
 from .plugins import source_hash
-from .run import build_model, load_data
+from .run import build_model, check_labels, load_data
 from .trainer import Trainer, predict
 
 
@@ -210,6 +210,7 @@ def evaluation_data(restored: Restored, spec: str | None = None) -> tuple[np.nda
                             f"(data generators: {', '.join(registry.data.names())})")
     ds: Dataset = registry.data.build(value, "--data")
     check_range(ds, restored.model.dtype)
+    check_labels(ds, restored.model, restored.loss)  # a label the model has no output for, with file:line
     x, y = ds.x, ds.y
     if ds.x_val is not None:
         x, y = np.concatenate([x, ds.x_val]), np.concatenate([y, ds.y_val])

@@ -79,6 +79,13 @@ def test_evaluate_on_a_generator_spec_and_bad_data(run_dir):
     assert r.code == 0, r.err
     assert json.loads(r.out)["samples"] == 30
     r = run_cli("evaluate", run_dir, "--data", "{type: spiral, classes: 5, points_per_class: 4}")
-    assert r.code == 2 and "outside the model's 3 classes" in r.err
+    assert r.code == 2 and "label 3 is out of range: the model outputs 3 scores" in r.err, r.err
     r = run_cli("evaluate", run_dir, "--data", "no_such_thing")
     assert r.code == 2 and "no such file" in r.err
+
+
+def test_evaluate_names_the_file_line_of_a_label_the_model_has_no_output_for(run_dir, tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b,label\n0.1,0.2,0\n0.3,0.4,5\n")
+    r = run_cli("evaluate", run_dir, "--data", bad)
+    assert r.code == 2 and f"{bad}:3: label 5 is out of range" in r.err, r.err
