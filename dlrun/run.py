@@ -204,8 +204,7 @@ def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from
         ckpt = checkpoint.read(checkpoint.resolve(init_from))
         snapshot.load_weights(trainer.model, ckpt)
         extra["init_from"] = str(ckpt.path)
-    _monitor(config, ds, trainer)  # fail before any file is written
-    train_controls = _controls(config, ds, trainer)
+    train_controls = _controls(config, ds, trainer)  # (prepare has checked them and the monitor)
     run_dir = rundir.new_run_dir(runs_dir, config.name)
     try:
         rundir.write_config(run_dir, config)

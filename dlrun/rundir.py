@@ -43,19 +43,19 @@ def new_run_dir(runs_dir: str | Path, name: str) -> Path:
 
 def discard_if_empty(run_dir: Path) -> None:
     """Remove a new run's directory when it failed before finishing an epoch: it would hold only
-    config.yaml and a metrics header, nothing to resume, evaluate, predict from or read."""
+    config.yaml and a metrics header, nothing to resume, evaluate, predict from or read. Called
+    while another error propagates, so it never raises."""
     ckpts = run_dir / "checkpoints"
-    if ckpts.is_dir() and any(ckpts.iterdir()):
-        return
     try:
-        with open(run_dir / "metrics.csv") as f:
-            if sum(1 for _ in f) > 1:  # an epoch's metrics were recorded: keep them
-                return
-    except FileNotFoundError:
-        pass
-    for name in ("config.yaml", "metrics.csv"):
-        (run_dir / name).unlink(missing_ok=True)
-    try:
+        if ckpts.is_dir() and any(ckpts.iterdir()):
+            return
+        metrics = run_dir / "metrics.csv"
+        if metrics.is_file():
+            with open(metrics) as f:
+                if sum(1 for _ in f) > 1:  # an epoch's metrics were recorded: keep them
+                    return
+        for name in ("config.yaml", "metrics.csv"):
+            (run_dir / name).unlink(missing_ok=True)
         if ckpts.is_dir():
             ckpts.rmdir()
         run_dir.rmdir()  # only if nothing else is there
