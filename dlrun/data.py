@@ -168,7 +168,8 @@ def check_range(ds: Dataset, dtype) -> None:
         big = (np.abs(x) > limit).reshape(len(x), -1).any(axis=1)
         if big.any():
             i = int(np.flatnonzero(big)[0])
-            v = float(np.asarray(x[i]).ravel()[np.argmax(np.abs(np.asarray(x[i]).ravel()))])
+            row = np.asarray(x[i]).ravel()
+            v = float(row[np.argmax(np.abs(row))])
             raise DataError(f"{ds.where(i, val)}: feature value {v:g} is beyond the range of {np.dtype(dtype)} "
                             f"(±{limit:.4g}), where it would become inf; scale the data, or set dtype: float64")
 

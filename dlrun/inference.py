@@ -125,7 +125,7 @@ def read_features(path: str | Path, input_shape: tuple, dtype=np.float64) -> np.
         raise DataError(f"{p}: cannot read the file ({e.strerror or e})") from None
     if x.dtype.kind not in "biuf":
         raise DataError(f"{p}: expected numbers, got an array of dtype {x.dtype}")
-    if len(x) == 0:
+    if x.ndim and len(x) == 0:  # (a 0-d array is refused by shape_features)
         raise DataError(f"{p}: the file holds no samples")
     x = shape_features(np.asarray(x, dtype=np.float64), input_shape, str(p))
     bad = ~np.isfinite(x).reshape(len(x), -1).all(axis=1)

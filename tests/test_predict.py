@@ -242,9 +242,11 @@ def test_predict_to_an_unwritable_output_is_a_usage_error(trained, tmp_path):
 def test_predict_refuses_empty_archive_and_out_of_range_inputs(trained, tmp_path):
     run, _, _ = trained
     np.save(tmp_path / "empty.npy", np.zeros((0, 2)))
+    np.save(tmp_path / "scalar.npy", np.float64(3.0))
     np.savez(tmp_path / "x.npz", x=np.zeros((3, 2)))
     (tmp_path / "big.csv").write_text("x0,x1\n1e39,1\n")
-    for name, text in (("empty.npy", "holds no samples"), ("x.npz", "got an .npz archive"),
+    for name, text in (("empty.npy", "holds no samples"), ("scalar.npy", "expected one sample per row"),
+                       ("x.npz", "got an .npz archive"),
                        ("big.csv", "beyond the range of float32")):
         r = run_cli("predict", run, "--input", tmp_path / name)
         assert r.code == 2 and text in r.err and r.out == "", (name, r.err)

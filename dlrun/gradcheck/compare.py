@@ -31,8 +31,10 @@ class TensorRun:
 
 
 def compare(run: TensorRun, a: np.ndarray, n: np.ndarray, flat: np.ndarray, atol: float, rtol: float,
-            where: str) -> None:
-    """Elementwise abs(a − n) <= atol + rtol·abs(n); record maxima and the worst element."""
+            where: str, noise: float = 0.0) -> None:
+    """Elementwise abs(a − n) <= atol + rtol·abs(n); record maxima and the worst element. A
+    non-finite value fails; with float64's rounding bound ``noise`` (per element) the relative
+    rule applies too."""
     if flat.size == 0:
         return
     finite = np.isfinite(a) & np.isfinite(n)
@@ -46,30 +48,28 @@ def compare(run: TensorRun, a: np.ndarray, n: np.ndarray, flat: np.ndarray, atol
         note = (f"backward's gradient for {run.name} is NaN or inf" if not np.isfinite(a[k]) else
                 f"finite differences for {run.name} are NaN or inf: forward's output is not finite at or next "
                 f"to the point")
+        note += " (the worst element shows the first such element)"
         if note not in run.notes:
-            run.notes.append(note + " (the worst element shows the first such element)")
+            run.notes.append(note)
         a, n, flat = a[finite], n[finite], flat[finite]
         if flat.size == 0:
             return
-        _compare_finite(run, a, n, flat, atol, rtol, where, keep_worst=True)
-        return
-    _compare_finite(run, a, n, flat, atol, rtol, where)
-
-
-def _compare_finite(run: TensorRun, a, n, flat, atol: float, rtol: float, where: str, keep_worst: bool = False) -> None:
     diff = np.abs(a - n)
     tol = atol + rtol * np.abs(n)
     big = np.maximum(np.abs(a), np.abs(n))
     rel = np.where(big < 1e-12, 0.0, diff / np.where(big == 0, 1.0, big))
+    sym = sym_rel(a, n)
     run.max_abs = max(run.max_abs, float(diff.max()))
     run.max_rel = max(run.max_rel, float(rel.max()))
-    run.sym_rel = max(run.sym_rel, sym_rel(a, n))
-    if not keep_worst:  # (a non-finite element, when there is one, stays the worst)
+    run.sym_rel = max(run.sym_rel, sym)
+    if finite.all():  # (a non-finite element, when there is one, stays the worst)
         k = int(np.argmax(diff - tol))
         idx = tuple(int(i) for i in np.unravel_index(int(flat[k]), run.shape))
         run.worst = Worst(idx, float(a[k]), float(n[k]), float(tol[k]), where)
     if (diff > tol).any():
         run.failed = True
+    elif not run.failed:
+        relative_rule(run, sym, float(np.linalg.norm(a - n)), noise * np.sqrt(a.size), atol)
     if not n.any() and np.abs(a).max() > atol:
         run.notes.append(f"numeric gradient is exactly 0 everywhere but backward's is not: "
                          f"perturbing {run.name} does not reach the output (not wired, or a copy is used?)")
