@@ -1,14 +1,13 @@
 """AvgPool2D: the mean over each pooling window of NCHW images."""
 from __future__ import annotations
 
-from ..options import NonNegativeInt
 from ..registry import layers
-from .base import InputSpec, Layer
-from .windows import Size2, expect_image, make_window, pad_input, pair, unpad
+from .pool2d import Pool2D
+from .windows import pad_input, unpad
 
 
 @layers.register()
-class AvgPool2D(Layer):
+class AvgPool2D(Pool2D):
     """y[n,c,a,b] = (1/(ph·pw)) Σ_{i,j} x̃[n, c, a·s_h + i, b·s_w + j]: the mean of each window.
 
     x̃ is x zero-padded; ∂L/∂x̃ = dy / (ph·pw) spread over each window.
@@ -27,22 +26,6 @@ class AvgPool2D(Layer):
     Shape:
         input (N, C, H, W) -> output (N, C, Ho, Wo), Ho = floor((H + 2·p_h - ph) / s_h) + 1.
     """
-
-    input_spec = InputSpec(shape=("C", "H", "W"), options={"pool_size": 2, "stride": 1})
-
-    def __init__(self, pool_size: Size2 = 2, stride: Size2 | None = None,
-                 padding: NonNegativeInt | tuple[NonNegativeInt, NonNegativeInt] = 0):
-        self.pool_size = pair(pool_size, "pool_size")
-        self.stride = self.pool_size if stride is None else pair(stride, "stride")
-        self.padding = pair(padding, "padding")
-        if any(2 * p > k for p, k in zip(self.padding, self.pool_size)):
-            raise ValueError(f"padding {list(self.padding)} must be at most half the pool size "
-                             f"{list(self.pool_size)}")
-
-    def build(self, input_shape):
-        c, h, w = expect_image(self, input_shape)
-        self.win = make_window("AvgPool2D", (h, w), self.pool_size, self.stride, (1, 1), self.padding)
-        return (c,) + self.win.out_hw
 
     def forward(self, x, y=None):
         win = self.win
@@ -63,6 +46,3 @@ class AvgPool2D(Layer):
         for i, j in offsets:
             dxp[(slice(None), slice(None)) + win.offset_slices(i, j)] += g
         return unpad(dxp, win)
-
-    def __repr__(self) -> str:
-        return f"AvgPool2D(pool_size={list(self.pool_size)}, stride={list(self.stride)}, padding={list(self.padding)})"

@@ -7,10 +7,9 @@ import numpy as np
 
 from ..backend import Kernel
 from ..registry import layers
-from .base import InputSpec, Layer
 from .minmax import runner_up_gap
-from .windows import Size2, expect_image, make_window, pad_input, pair, unpad
-from ..options import NonNegativeInt
+from .pool2d import Pool2D
+from .windows import pad_input, unpad
 
 # GPU kernels for non-overlapping unpadded windows (see MaxPool2D._forward_gpu).
 _GEOMETRY = "int32 H, int32 W, int32 Ho, int32 Wo, int32 kh, int32 kw"
@@ -36,7 +35,7 @@ _POOL_GRAD = Kernel("raw T dy, raw int32 arg, " + _GEOMETRY, "T dx", """
 
 
 @layers.register()
-class MaxPool2D(Layer):
+class MaxPool2D(Pool2D):
     """y[n,c,a,b] = max_{i,j} x̃[n, c, a·s_h + i, b·s_w + j]: the maximum of each pooling window.
 
     x̃ is x padded with -inf; ∂L/∂x goes to the one element of each window that gave the maximum.
@@ -62,26 +61,14 @@ class MaxPool2D(Layer):
         ``- {type: MaxPool2D, pool_size: 2}``
     """
 
-    input_spec = InputSpec(shape=("C", "H", "W"), options={"pool_size": 2, "stride": 1})
-
-    def __init__(self, pool_size: Size2 = 2, stride: Size2 | None = None,
-                 padding: NonNegativeInt | tuple[NonNegativeInt, NonNegativeInt] = 0):
-        self.pool_size = pair(pool_size, "pool_size")
-        self.stride = self.pool_size if stride is None else pair(stride, "stride")
-        self.padding = pair(padding, "padding")
-        if any(2 * p > k for p, k in zip(self.padding, self.pool_size)):
-            raise ValueError(f"padding {list(self.padding)} must be at most half the pool size "
-                             f"{list(self.pool_size)}")
-
     def build(self, input_shape):
-        c, h, w = expect_image(self, input_shape)
-        self.win = make_window("MaxPool2D", (h, w), self.pool_size, self.stride, (1, 1), self.padding)
+        out = super().build(input_shape)
         self.overlapping = any(s < k for s, k in zip(self.stride, self.pool_size))
         self.disjoint = self.stride == self.pool_size and not self.win.has_padding
         # windows that tile the padded input exactly write every gradient element: no zero fill
         self.tiling = (self.stride == self.pool_size
                        and all(o * k == n for o, k, n in zip(self.win.out_hw, self.pool_size, self.win.padded_hw)))
-        return (c,) + self.win.out_hw
+        return out
 
     def forward(self, x, y=None):
         xp = self.xp
@@ -193,7 +180,3 @@ class MaxPool2D(Layer):
         for k, m in enumerate(masks[1:], start=1):
             arg += m * k
         return arg
-
-    def __repr__(self) -> str:
-        return f"MaxPool2D(pool_size={list(self.pool_size)}, stride={list(self.stride)}, padding={list(self.padding)})"
-
