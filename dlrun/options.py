@@ -93,9 +93,8 @@ def describe(hint) -> str:
     if origin in (tuple, list):
         args = typing.get_args(hint)
         if origin is tuple and args and args[-1] is not Ellipsis:
-            return f"a list of {len(args)} {describe(args[0]).removeprefix('a ').removeprefix('an ')}s"
-        inner = describe(args[0]) if args else "value"
-        return f"a list of {inner.removeprefix('a ').removeprefix('an ')}s"
+            return f"a list of {len(args)} {_plural(args[0])}"
+        return f"a list of {_plural(args[0]) if args else 'values'}"
     from .registry import registry_for_type
 
     reg = registry_for_type(hint)
@@ -103,6 +102,17 @@ def describe(hint) -> str:
         return f"{'an' if reg.kind[0] in 'aeiou' else 'a'} {reg.kind} name or spec"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
             FilePath: "a file path", Path: "a file path", Any: "any value"}.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def _plural(hint) -> str:
+    """describe(hint) for several values: 'integers >= 0', not 'integer >= 0s'."""
+    if typing.get_origin(hint) is Annotated:
+        base, *meta = typing.get_args(hint)
+        rng = next((m for m in meta if isinstance(m, Range)), None)
+        if rng == Range(min=1) and base is int:
+            return "positive integers"
+        return _plural(base) + (f" {rng.describe()}" if rng is not None else "")
+    return describe(hint).removeprefix("a ").removeprefix("an ") + "s"
 
 
 def check_value(value, hint, *, build_component=None):

@@ -81,3 +81,12 @@ def test_options_expose_types_defaults_and_docs():
     assert opts["units"].required and opts["units"].type_name == "a positive integer"
     assert opts["use_bias"].default is True
     assert "output features" in opts["units"].doc
+
+
+def test_list_option_types_read_as_plurals():
+    # the plural goes on the noun, before the range: not "a list of 2 integer >= 0s"
+    opts = {o.name: o for o in registry.layers.options("MaxPool2D")}
+    assert opts["padding"].type_name == "an integer >= 0 or a list of 2 integers >= 0"
+    assert opts["pool_size"].type_name == "a positive integer or a list of 2 positive integers"
+    with pytest.raises(ConfigError, match=r"expected an integer >= 0 or a list of 2 integers >= 0, got -1"):
+        registry.layers.build({"type": "MaxPool2D", "padding": -1}, "model[1]")
