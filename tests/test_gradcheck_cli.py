@@ -93,6 +93,22 @@ def test_all_checks_every_layer_and_plugins(cli, tmp_path):
     assert r.code == 1 and "HalfReQU" in r.out and "not passing: HalfReQU, Raises" in r.out
 
 
+def test_all_summary_keeps_one_line_per_check_at_80_columns_and_lists_problems_below(cli, tmp_path):
+    r = cli("gradcheck", "--all", "--dtype", "float32", "--plugin", write(tmp_path / "broken.py", BROKEN),
+            env={"COLUMNS": "80"})
+    assert r.code == 1, r.out + r.err
+    lines = r.out.splitlines()
+    table = lines[:lines.index("  HalfReQU: FAIL x")]
+    assert max(len(line.rstrip()) for line in table) <= 80
+    rows = {line.split()[0]: line.split() for line in table if line.strip().endswith(("PASS", "FAIL", "ERROR"))}
+    # every check on one line, its name whole: name, checked, skipped, sym rel, band..., time, result
+    assert {"SoftmaxCrossEntropy", "MinMaxNormalization", "HalfReQU", "Raises", "BatchNorm"} <= set(rows)
+    assert rows["HalfReQU"][-1] == "FAIL" and rows["HalfReQU"][-2].endswith("s")
+    assert any(row[4:-2] == ["ok", "with", "kinks"] for row in rows.values())  # float32 puts some in that band
+    assert "  HalfReQU: FAIL x" in lines
+    assert any(line.startswith("  Raises: ERROR ") for line in lines)
+
+
 def test_config_checks_whole_model_then_each_layer_and_the_loss(cli):
     r = cli("gradcheck", "configs/iris_requ.yaml", "--json")
     j = json.loads(r.out)

@@ -104,24 +104,28 @@ def kinks_line(k: dict) -> str:
     return line
 
 
-def _rel(report) -> str:
-    """The largest symmetric relative error of a report's tensors, with its band."""
-    rel = max((x.sym_rel for x in report.tensors), default=0.0)
-    return f"{_fmt(rel)} {band(rel)}" if report.tensors else "-"
-
-
 def summary_table(reports) -> Table:
-    t = Table(title="gradcheck --all", title_justify="left")
-    for c, j in (("name", "left"), ("tensors", "left"), ("checked", "right"), ("skipped", "right"),
-                 ("sym rel err", "right"), ("seconds", "right"), ("result", "left"), ("problem", "left")):
-        t.add_column(c, justify=j)
+    """One row per check, one line each at 80 columns: the band is that of the largest sym rel
+    among the check's tensors; what failed is listed below the table (see problem_lines), and
+    each tensor's figures are in ``dlrun gradcheck NAME`` and in --json."""
+    t = Table(title="gradcheck --all", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+              padding=(0, 1), collapse_padding=True)
+    for c, j in (("name", "left"), ("checked", "right"), ("skipped", "right"), ("sym rel", "right"),
+                 ("band", "left"), ("time", "right"), ("result", "left")):
+        t.add_column(c, justify=j, no_wrap=True)
     for r in reports:
-        problem = ", ".join(r.failed) if r.failed else (r.error or "")
-        t.add_row(r.layer, ", ".join(x.name for x in r.tensors), str(sum(x.checked for x in r.tensors)),
-                  str(sum(x.skipped for x in r.tensors)),
-                  _rel(r), f"{r.seconds:.2f}",
-                  _status(r.verdict), problem)
+        rel = max((x.sym_rel for x in r.tensors), default=0.0)
+        t.add_row(r.layer, str(sum(x.checked for x in r.tensors)), str(sum(x.skipped for x in r.tensors)),
+                  _fmt(rel) if r.tensors else "-", band(rel) if r.tensors else "-", f"{r.seconds:.2f}s",
+                  _status(r.verdict))
     return t
+
+
+def problem_lines(reports) -> list[str]:
+    """``  BatchNorm: FAIL x`` for each check that did not pass: its failing tensors and auxiliary
+    checks, or its error."""
+    return [f"  {escape(r.layer)}: {_status(r.verdict)} {escape(', '.join(r.failed) if r.failed else (r.error or ''))}"
+            for r in reports if r.verdict != PASS]
 
 
 def parse_sets(name: str, items: list[str]) -> dict:
@@ -187,6 +191,8 @@ def gradcheck_cmd(
             out.print_json(json.dumps([r.to_dict() for r in reports], default=float))
         else:
             out.print(summary_table(reports))
+            for line in problem_lines(reports):
+                out.print(line)
             bad = [r.layer for r in reports if r.verdict != PASS]
             kinds = ", ".join(f"{len(r.names())} {r.plural}" for r in (registry.layers, registry.losses,
                                                                            registry.regularizers))
