@@ -1,8 +1,11 @@
-"""Evaluation metrics: loss, accuracy, the confusion matrix and per-class precision/recall/F1.
+"""Evaluation metrics: loss, accuracy, the confusion matrix and per-class precision/recall/F1 for
+classification; MSE, RMSE, MAE and R² for regression.
 
 C[i, j] counts samples of true class i predicted as class j. For class k:
 precision = C[k, k] / Σ_i C[i, k], recall = C[k, k] / Σ_j C[k, j],
-F1 = 2·precision·recall / (precision + recall); a 0/0 ratio is reported as 0.
+F1 = 2·precision·recall / (precision + recall); a 0/0 ratio is reported as 0. The macro average
+is the plain mean over classes, the weighted one weights each class by its support (scikit-learn's
+``classification_report``).
 """
 from __future__ import annotations
 
@@ -34,9 +37,32 @@ def per_class(cm: np.ndarray) -> dict[str, np.ndarray]:
     return {"precision": precision, "recall": recall, "f1": f1, "support": cm.sum(axis=1)}
 
 
+def averages(pc: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    """Macro (mean over classes) and support-weighted averages of precision, recall and F1."""
+    support = pc["support"].astype(np.float64)
+    weights = support / support.sum() if support.sum() > 0 else np.zeros_like(support)
+    return {kind: {m: float(np.mean(pc[m]) if kind == "macro" else pc[m] @ weights)
+                   for m in ("precision", "recall", "f1")} for kind in ("macro", "weighted")}
+
+
+def regression_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
+    """MSE, RMSE and MAE over every output of every sample, and R² = 1 − SS_res/SS_tot per output
+    averaged over the outputs. An output whose targets are constant (SS_tot = 0) scores R² = 1 when
+    it is predicted exactly, else 0 (scikit-learn's ``r2_score``)."""
+    t = np.asarray(y_true, dtype=np.float64).reshape(len(y_pred), -1)
+    d = np.asarray(y_pred, dtype=np.float64).reshape(t.shape) - t
+    ss_res = np.square(d).sum(axis=0)
+    ss_tot = np.square(t - t.mean(axis=0)).sum(axis=0)
+    r2 = np.where(ss_tot > 0, 1.0 - _ratio(ss_res, ss_tot), np.where(ss_res == 0, 1.0, 0.0))
+    mse = float(np.square(d).mean())
+    return {"mse": mse, "rmse": float(np.sqrt(mse)), "mae": float(np.abs(d).mean()), "r2": float(r2.mean())}
+
+
 @dataclass
 class Evaluation:
-    """What `dlrun evaluate` reports; ``confusion`` and the per-class lists are None for regression."""
+    """What `dlrun evaluate` reports. The classification fields (``confusion``, the per-class lists
+    and ``macro``/``weighted`` averages) are None for regression, the regression ones (``mse``,
+    ``rmse``, ``mae``, ``r2``, without the regularization that ``loss`` includes) for classification."""
 
     samples: int
     loss: float
@@ -46,6 +72,12 @@ class Evaluation:
     recall: list | None = None
     f1: list | None = None
     support: list | None = None
+    macro: dict | None = None
+    weighted: dict | None = None
+    mse: float | None = None
+    rmse: float | None = None
+    mae: float | None = None
+    r2: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -56,8 +88,10 @@ def evaluate(trainer: Trainer, x: np.ndarray, y: np.ndarray, batch_size: int | N
     if len(x) == 0:
         raise DataError("no samples to evaluate")
     if not trainer.classification:
-        m = trainer.evaluate(x, np.asarray(y, dtype=np.float64), batch_size)
-        return Evaluation(len(x), m["loss"], None)
+        y = np.asarray(y, dtype=np.float64)
+        m = trainer.evaluate(x, y, batch_size)
+        pred = predict(trainer.model, x, batch_size or trainer.batch_size)
+        return Evaluation(len(x), m["loss"], None, **regression_metrics(y, pred))
     y = np.asarray(y)
     if y.dtype.kind not in "iu" or y.ndim != 1:
         raise DataError(f"classification needs one integer label per sample, got labels of dtype {y.dtype} "
@@ -72,4 +106,4 @@ def evaluate(trainer: Trainer, x: np.ndarray, y: np.ndarray, batch_size: int | N
     cm = confusion_matrix(y, pred, outputs)
     pc = per_class(cm)
     return Evaluation(len(x), m["loss"], m["accuracy"], cm.tolist(), pc["precision"].tolist(),
-                      pc["recall"].tolist(), pc["f1"].tolist(), pc["support"].tolist())
+                      pc["recall"].tolist(), pc["f1"].tolist(), pc["support"].tolist(), **averages(pc))

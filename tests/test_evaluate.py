@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from checkpoint_helpers import metrics_rows, read_csv, spiral_config, summary, train
-from conftest import run_cli
-from dlrun.metrics import confusion_matrix, per_class
+from conftest import run_cli, write
+from dlrun.metrics import averages, confusion_matrix, per_class, regression_metrics
 
 
 def test_confusion_matrix_and_per_class_metrics_by_hand():
@@ -26,6 +26,59 @@ def test_confusion_matrix_and_per_class_metrics_by_hand():
     assert m["recall"].tolist() == pytest.approx([1 / 2, 1.0, 2 / 3, 0.0])
     assert m["f1"].tolist() == pytest.approx([0.5, 0.8, 2 / 3, 0.0])
     assert m["support"].tolist() == [2, 2, 3, 1]
+
+
+def test_macro_and_weighted_averages_by_hand():
+    cm = confusion_matrix([0, 0, 1, 1, 2, 2, 2, 3], [0, 1, 1, 1, 2, 0, 2, 2], 4)
+    avg = averages(per_class(cm))  # per class as above: P (1/2, 2/3, 2/3, 0), R (1/2, 1, 2/3, 0), support (2, 2, 3, 1)
+    assert avg["macro"]["precision"] == pytest.approx((1 / 2 + 2 / 3 + 2 / 3 + 0) / 4)
+    assert avg["macro"]["f1"] == pytest.approx((0.5 + 0.8 + 2 / 3 + 0) / 4)
+    assert avg["weighted"]["recall"] == pytest.approx((2 * 0.5 + 2 * 1 + 3 * 2 / 3 + 0) / 8)  # = accuracy
+    assert avg["weighted"]["precision"] == pytest.approx((2 * 0.5 + 2 * 2 / 3 + 3 * 2 / 3) / 8)
+
+
+def test_regression_metrics_by_hand():
+    y = np.array([[1.0, 0.0], [2.0, 0.0], [3.0, 0.0], [6.0, 0.0]])
+    p = np.array([[1.5, 0.0], [2.0, 0.0], [2.0, 0.0], [6.0, 0.0]])
+    m = regression_metrics(y, p)
+    # errors 0.5, 0, −1, 0 in the first output, none in the second: 8 values in all
+    assert m["mse"] == pytest.approx(1.25 / 8) and m["rmse"] == pytest.approx(np.sqrt(1.25 / 8))
+    assert m["mae"] == pytest.approx(1.5 / 8)
+    # output 0: SS_res 1.25, SS_tot (−2)² + (−1)² + 0² + 3² = 14; output 1 is constant and exact: R² = 1
+    assert m["r2"] == pytest.approx(((1 - 1.25 / 14) + 1.0) / 2)
+    p[0, 1] = 0.5  # a constant output predicted inexactly scores 0
+    assert regression_metrics(y, p)["r2"] == pytest.approx((1 - 1.25 / 14) / 2)
+    flat = regression_metrics(y[:, 0], p[:, :1])  # (N,) targets against (N, 1) outputs
+    assert flat["r2"] == pytest.approx(1 - 1.25 / 14) and flat["mae"] == pytest.approx(1.5 / 4)
+
+
+def test_evaluate_a_regression_run_reports_its_errors_against_predictions(tmp_path):
+    data = tmp_path / "reg.csv"
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (60, 2))
+    np.savetxt(data, np.c_[x, x @ [1.5, -2.0] + 0.3], delimiter=",", fmt="%.17g")
+    cfg = write(tmp_path / "reg.yaml", f"""\
+name: reg
+data: {{type: file, path: {data}, task: regression}}
+model: [{{type: Linear, units: 1}}]
+loss: MSE
+optimizer: {{type: SGD, learning_rate: 0.1}}
+train: {{epochs: 5, batch_size: 20}}
+""")
+    run = train(cfg, tmp_path / "runs")
+    r = run_cli("evaluate", run, "--data", data, "--json")
+    assert r.code == 0, r.err
+    res = json.loads(r.out)
+    np.savetxt(tmp_path / "x.csv", x, delimiter=",", fmt="%.17g")
+    pred = read_csv(run_cli("predict", run, "--input", tmp_path / "x.csv").out)[1][:, 0]
+    err = pred - (x @ [1.5, -2.0] + 0.3)
+    assert res["mae"] == pytest.approx(np.abs(err).mean(), rel=1e-5)
+    assert res["loss"] == pytest.approx(res["mse"], rel=1e-6) == pytest.approx(np.square(err).mean(), rel=1e-5)
+    y = x @ [1.5, -2.0] + 0.3
+    assert res["r2"] == pytest.approx(1 - np.square(err).sum() / np.square(y - y.mean()).sum(), rel=1e-5)
+    assert res["confusion"] is None and res["macro"] is None
+    r = run_cli("evaluate", run)
+    assert r.code == 0 and "rmse" in r.out and "r2" in r.out
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +101,8 @@ def test_evaluate_on_validation_data_reproduces_the_best_epoch(run_dir):
     r = run_cli("evaluate", run_dir)
     assert r.code == 0, r.err
     assert "precision" in r.out and "confusion matrix" in r.out and "validation split" in r.out
+    assert "macro avg" in r.out and "weighted avg" in r.out
+    assert res["weighted"]["recall"] == pytest.approx(res["accuracy"])  # support-weighted recall is accuracy
 
 
 def test_evaluate_on_a_file_matches_predictions_counted_by_hand(run_dir, tmp_path):

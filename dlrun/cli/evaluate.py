@@ -1,4 +1,5 @@
-"""`dlrun evaluate`: loss, accuracy, per-class precision/recall/F1 and a confusion matrix."""
+"""`dlrun evaluate`: loss and accuracy, per-class precision/recall/F1 with their averages and a confusion
+matrix; MSE, RMSE, MAE and R² for regression."""
 from __future__ import annotations
 
 import json
@@ -36,12 +37,19 @@ def evaluate_cmd(
     acc = "" if result.accuracy is None else f"  accuracy {result.accuracy:.4f}"
     out.print(f"loss {result.loss:.6g}{acc}", highlight=False)
     if result.confusion is None:
+        out.print(f"mse {result.mse:.6g}  rmse {result.rmse:.6g}  mae {result.mae:.6g}  r2 {result.r2:.4f}",
+                  highlight=False)
         return
     t = Table(title="per class", title_justify="left")
     for col in ("class", "precision", "recall", "f1", "support"):
         t.add_column(col, justify="right")
     for k, (p, r, f, s) in enumerate(zip(result.precision, result.recall, result.f1, result.support)):
         t.add_row(str(k), f"{p:.4f}", f"{r:.4f}", f"{f:.4f}", str(s))
+    t.add_section()
+    for kind in ("macro", "weighted"):
+        avg = getattr(result, kind)
+        t.add_row(f"{kind} avg", f"{avg['precision']:.4f}", f"{avg['recall']:.4f}", f"{avg['f1']:.4f}",
+                  str(sum(result.support)))
     out.print(t)
     cm = Table(title="confusion matrix (rows true, columns predicted)", title_justify="left")
     cm.add_column("true \\ pred", justify="right")
