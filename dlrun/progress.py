@@ -9,7 +9,7 @@ from .trainer import Callback
 
 
 def _fmt(v) -> str:
-    return "-" if v is None else f"{v:.4f}"
+    return f"{v:.4f}"
 
 
 def summary_table(model) -> Table:
@@ -55,8 +55,9 @@ class RichProgress(Callback):
             self.progress.advance(self.task)
 
     def on_epoch_end(self, epoch, m):
-        text = (f"loss {_fmt(m['train_loss'])} acc {_fmt(m['train_accuracy'])} "
-                f"val_loss {_fmt(m['val_loss'])} val_acc {_fmt(m['val_accuracy'])}")
+        # only the figures the run has: no accuracy for regression, no val_* without validation data
+        shown = (("loss", "train_loss"), ("acc", "train_accuracy"), ("val_loss", "val_loss"), ("val_acc", "val_accuracy"))
+        text = " ".join(f"{label} {_fmt(m[key])}" for label, key in shown if m.get(key) is not None)
         if self.progress:
             self.progress.update(self.task, metrics=text)
         else:

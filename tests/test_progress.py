@@ -25,6 +25,20 @@ def test_plain_output_is_one_line_per_epoch():
     assert "\x1b[" not in buf.getvalue()
 
 
+def test_epoch_lines_show_only_the_figures_the_run_has():
+    buf = io.StringIO()
+    _fit(Console(file=buf, force_terminal=False, width=120))  # classification without validation data
+    line = next(ln for ln in buf.getvalue().splitlines() if ln.startswith("epoch 1/3"))
+    assert line.split()[2:6:2] == ["loss", "acc"] and "val_" not in line and " - " not in line
+    buf = io.StringIO()
+    model = Sequential([registry.layers.build({"type": "Linear", "units": 1})], (3,), seed=0)
+    tr = Trainer(model, registry.losses.build("MSE"), registry.optimizers.build("SGD"), batch_size=4)
+    x = np.random.default_rng(0).standard_normal((10, 3))
+    tr.fit(x, x[:, :1], x, x[:, :1], epochs=1, callbacks=[RichProgress(Console(file=buf, width=120), 1)])
+    line = next(ln for ln in buf.getvalue().splitlines() if ln.startswith("epoch 1/1"))
+    assert line.split()[2:6:2] == ["loss", "val_loss"] and "acc" not in line  # regression: no accuracy
+
+
 def test_terminal_output_uses_a_live_bar():
     buf = io.StringIO()
     _fit(Console(file=buf, force_terminal=True, width=120))
