@@ -83,6 +83,36 @@ def test_lsoftmax_margin_one_is_a_plain_fc(data):
     np.testing.assert_allclose(layer.weight.grad, dy.T @ x, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("m", [2, 3, 4])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_lsoftmax_zero_input_row_is_a_plain_fc_row(data, m, dtype):
+    """A sample whose features are all 0 (common after a ReLU) has no angle to its class weight:
+    its logits and gradients are the plain FC ones (0/0 made them NaN, and NaN spread into
+    every row of the weight gradient)."""
+    rng, x, y = data
+    layer = make("LSoftmax", (3,), units=4, margin=m, beta=0.5, scale=1.0)
+    plain = make("LSoftmax", (3,), units=4, margin=m, beta=0.5, scale=1.0)
+    x = x.astype(dtype)
+    x[[2, 5]] = 0
+    layer.weight.data = layer.weight.data.astype(dtype)
+    layer.weight.grad = np.zeros_like(layer.weight.data)
+    out = layer.forward(x, y)
+    assert out.dtype == dtype and np.isfinite(out).all()
+    np.testing.assert_array_equal(out[[2, 5]], 0)
+    dy = rng.standard_normal((9, 4)).astype(dtype)
+    dx = layer.backward(dy)
+    assert np.isfinite(dx).all() and np.isfinite(layer.weight.grad).all()
+    w = layer.weight.data
+    np.testing.assert_allclose(dx[[2, 5]], dy[[2, 5]] @ w, rtol=1e-6)
+    # the other rows are unchanged by the zero rows: the same as a batch without them
+    keep = [i for i in range(9) if i not in (2, 5)]
+    plain.weight.data = w.astype(np.float64)
+    ref = plain.forward(x[keep].astype(np.float64), y[keep])
+    np.testing.assert_allclose(out[keep], ref, rtol=1e-5 if dtype == np.float32 else 1e-12)
+    np.testing.assert_allclose(dx[keep], plain.backward(dy[keep].astype(np.float64)), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(layer.weight.grad, plain.weight.grad, rtol=1e-4, atol=1e-6)  # zero rows add x = 0
+
+
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
 @pytest.mark.parametrize("beta", [0.0, 1.0, 10.0])
 def test_lsoftmax_gradcheck_every_margin(m, beta):

@@ -79,14 +79,18 @@ class LSoftmax(Layer):
         a = xp.sqrt((x * x).sum(axis=1))
         b = xp.sqrt((wy * wy).sum(axis=1))
         t = f[rows, y]
+        # a zero x_i (common after a ReLU) or w_y has no angle: its target logit stays the plain
+        # f = 0 and its gradients the plain ones (as for margin 1); a, b = 1 there keep 0/0 out
+        ok = (a > 0) & (b > 0)
+        a, b = xp.where(ok, a, 1), xp.where(ok, b, 1)
         c = xp.clip(t / (a * b), -1, 1)
         k = xp.minimum(xp.floor(m * xp.arccos(c) / xp.pi), m - 1)
         sign = 1 - 2 * (k % 2)
         tm, um = chebyshev(c, m)
         psi = sign * tm - 2 * k
         beta = x.dtype.type(self.beta)
-        f[rows, y] = (a * b * psi + beta * t) / (1 + beta)
-        self._margin = (rows, y, wy, a, b, c, sign * m * um, psi, beta)
+        f[rows, y] = xp.where(ok, (a * b * psi + beta * t) / (1 + beta), t)
+        self._margin = (rows, y, wy, a, b, c, sign * m * um, psi, beta, ok)
         return f
 
     def backward(self, dy):
@@ -95,8 +99,8 @@ class LSoftmax(Layer):
         dx = dy @ w
         if self._margin is None:
             return dx
-        rows, y, wy, a, b, c, dpsi, psi, beta = self._margin
-        g = (dy[rows, y] / (1 + beta))[:, None]
+        rows, y, wy, a, b, c, dpsi, psi, beta, ok = self._margin
+        g = (dy[rows, y] / (1 + beta) * ok)[:, None]
         a_, b_, c_, psi_, dpsi_ = a[:, None], b[:, None], c[:, None], psi[:, None], dpsi[:, None]
         dphi_dx = (b_ / a_) * psi_ * x + dpsi_ * (wy - (b_ * c_ / a_) * x)
         dphi_dw = (a_ / b_) * psi_ * wy + dpsi_ * (x - (a_ * c_ / b_) * wy)
