@@ -62,6 +62,26 @@ def test_batchnorm_running_statistics_update_and_eval_use():
     np.testing.assert_allclose(layer.forward(x3[:1]), y[:1])
 
 
+@pytest.mark.parametrize("shape", [(3,), (3, 1, 1)])
+def test_batchnorm_one_value_per_feature_leaves_the_running_statistics_alone(shape):
+    """A training batch of one (N, D) sample (or one 1x1 map) has no unbiased variance: it used to
+    pull running_var towards 0 (m/(m − 1) taken as 1), so evaluation over-scaled activations."""
+    layer = bn(shape, momentum=0.5)
+    rng = np.random.default_rng(2)
+    layer.forward(rng.standard_normal((4,) + shape) * 3 + 1)
+    rm, rv = layer.running_mean.copy(), layer.running_var.copy()
+    y = layer.forward(rng.standard_normal((1,) + shape))
+    np.testing.assert_array_equal(layer.running_mean, rm)
+    np.testing.assert_array_equal(layer.running_var, rv)
+    np.testing.assert_allclose(y.reshape(-1), layer.beta.data)  # x − μ = 0: the output is β
+    dx = layer.backward(np.ones_like(y))
+    assert np.isfinite(dx).all() and np.isfinite(layer.gamma.grad).all()
+    # one sample of a 2x2 map has 4 values per channel: the statistics update as usual
+    big = bn((3, 2, 2), momentum=0.5)
+    big.forward(rng.standard_normal((1, 3, 2, 2)))
+    assert not np.array_equal(big.running_var, np.ones(3))
+
+
 @pytest.mark.parametrize("shape", [(4,), (2, 3, 3)])
 @pytest.mark.parametrize("training", [True, False])
 def test_batchnorm_gradients(shape, training):

@@ -30,7 +30,11 @@ class BatchNorm(Layer):
     running statistics are updated as
     running_mean ← momentum·running_mean + (1 − momentum)·μ and
     running_var ← momentum·running_var + (1 − momentum)·σ²·m/(m − 1)
-    (m values per feature; the unbiased variance, as in PyTorch).
+    (m values per feature; the unbiased variance, as in PyTorch). A training batch with a single
+    value per feature (one (N, D) sample, the last batch of an epoch when the training set size is
+    1 more than a multiple of batch_size) normalises to β and leaves the running statistics as they
+    are: its unbiased variance is undefined (PyTorch refuses such a batch; set
+    ``train.drop_last: true`` to skip it).
     Evaluation: μ and σ² are the running statistics, so the layer is a fixed affine map.
 
     Backward (training), with x̂ = (x − μ)/sqrt(σ² + eps) and g = dy·γ, means over the m values:
@@ -82,11 +86,12 @@ class BatchNorm(Layer):
             xc = x - mu
             var = (xc * xc).mean(axis=axes, keepdims=True)
             m = x.size // x.shape[1]
-            a = self.momentum
-            self.running_mean *= a
-            self.running_mean += (1.0 - a) * mu.reshape(-1)
-            self.running_var *= a
-            self.running_var += ((1.0 - a) * m / max(m - 1, 1)) * var.reshape(-1)
+            if m > 1:  # one value has no unbiased variance: it would pull running_var towards 0
+                a = self.momentum
+                self.running_mean *= a
+                self.running_mean += (1.0 - a) * mu.reshape(-1)
+                self.running_var *= a
+                self.running_var += ((1.0 - a) * m / (m - 1)) * var.reshape(-1)
         else:
             xc = x - self.running_mean.reshape(shp)
             var = self.running_var.reshape(shp)
