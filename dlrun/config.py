@@ -48,6 +48,8 @@ class TrainSettings:
         epochs: passes over the training data.
         batch_size: samples per step; null means the whole training set (full batch).
         shuffle: reshuffle the training data every epoch (seeded by the run seed).
+        drop_last: skip each epoch's last batch when it is smaller than batch_size (PyTorch's
+            DataLoader option; with shuffling, different samples are left out each epoch).
         validation_split: fraction of the data held out for validation (stratified for labels).
         clip_norm: rescale all gradients together when their global L2 norm exceeds this.
         clip_value: clip every gradient entry to [-clip_value, clip_value].
@@ -61,6 +63,7 @@ class TrainSettings:
     epochs: PositiveInt = 10
     batch_size: PositiveInt | None = 32
     shuffle: bool = True
+    drop_last: bool = False
     validation_split: Fraction = 0.0
     clip_norm: PositiveFloat | None = None
     clip_value: PositiveFloat | None = None

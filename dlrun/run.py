@@ -112,7 +112,7 @@ def prepare(config: Config):
     loss = config.build("loss")
     check_labels(ds, model, loss)
     trainer = Trainer(model, loss, config.build("optimizer"), config.build("regularizer"),
-                      config.train.batch_size, config.train.shuffle, config.seed)
+                      config.train.batch_size, config.train.shuffle, config.seed, config.train.drop_last)
     _monitor(config, ds, trainer)  # settings that depend on the data: dlrun check and time see them too
     _controls(config, ds, trainer)
     return ds, trainer

@@ -53,16 +53,18 @@ class Trainer:
         batch_size: samples per step (None: full batch).
         shuffle: reshuffle every epoch.
         seed: seeds the shuffling generator.
+        drop_last: skip each epoch's last batch when it is smaller than ``batch_size``.
     """
 
     def __init__(self, model: Sequential, loss, optimizer, regularizer=None, batch_size: int | None = 32,
-                 shuffle: bool = True, seed: int = 0):
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False):
         self.model = model
         self.loss = loss
         self.optimizer = optimizer
         self.backend = model.backend
         self.batch_size = batch_size
         self.shuffle = shuffle
+        self.drop_last = drop_last
         self.shuffle_rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(3)[2])
         self.epoch = 0
         self.step = 0
@@ -121,12 +123,12 @@ class Trainer:
         has_val = x_val is not None and len(x_val) > 0
         val = self._to_device(x_val, y_val) if has_val else None
         n = len(xd)
-        bs = n if self.batch_size is None else min(self.batch_size, n)
-        batches = math.ceil(n / bs)
+        bs, batches = self.epoch_batches(n)
+        used = min(n, batches * bs)  # the samples an epoch trains on (all unless drop_last)
         history = history or History()
         for cb in callbacks:
             cb.on_train_begin(self)
-        in_order = [(xd[s:s + bs], yd[s:s + bs]) for s in range(0, n, bs)] if not self.shuffle else None
+        in_order = [(xd[s:s + bs], yd[s:s + bs]) for s in range(0, used, bs)] if not self.shuffle else None
         classify = self.classification
         from .faults import NonFiniteGuard
 
@@ -157,16 +159,16 @@ class Trainer:
                         correct += batch_correct
                     for cb in callbacks:
                         cb.on_batch_end(epoch, b + 1)
-                train_loss = float(loss_sum) / n
+                train_loss = float(loss_sum) / used
                 healthy = guard.healthy(train_loss)
                 if callbacks or val is not None or not healthy:  # others see the model: plain mode
                     fast = self._fast_mode(False)
                 if not healthy:  # replay the epoch to name the first non-finite value
-                    raise guard.diagnose(epoch, self._epoch_batches(xd, yd, order_d, bs), callbacks)
+                    raise guard.diagnose(epoch, self._epoch_batches(xd, yd, order_d, bs, used), callbacks)
                 self.epoch = epoch
                 m = self._evaluate_device(*val) if val is not None else _NO_VALIDATION
                 row = {"epoch": epoch, "train_loss": train_loss + self._penalty(),
-                       "train_accuracy": float(correct) / n if self.classification else None,
+                       "train_accuracy": float(correct) / used if self.classification else None,
                        "val_loss": m["loss"], "val_accuracy": m["accuracy"],
                        "learning_rate": float(self.optimizer.learning_rate),
                        "seconds": time.perf_counter() - t0}
@@ -182,6 +184,12 @@ class Trainer:
         for cb in callbacks:
             cb.on_train_end(history.rows)
         return history
+
+    def epoch_batches(self, n: int) -> tuple[int, int]:
+        """(batch size, batches per epoch) for ``n`` training samples. A batch_size above ``n``
+        trains on all ``n``; with drop_last, a last batch smaller than the others is skipped."""
+        bs = n if self.batch_size is None else min(self.batch_size, n)
+        return bs, (n // bs if self.drop_last else math.ceil(n / bs))
 
     def train_step(self, xb, yb, callbacks=()):
         """One optimisation step on a device batch; returns ``(batch loss × batch size, number of
@@ -212,9 +220,9 @@ class Trainer:
         if guard is not None and getattr(guard, "params", None) is not None:
             guard.restore(rewind_shuffle=True)
 
-    def _epoch_batches(self, xd, yd, order_d, bs: int):
+    def _epoch_batches(self, xd, yd, order_d, bs: int, used: int):
         """The batches of one epoch in the order ``fit`` drew them (for the non-finite replay)."""
-        for s in range(0, len(xd), bs):
+        for s in range(0, used, bs):
             idx = slice(s, s + bs) if order_d is None else order_d[s:s + bs]
             yield xd[idx], yd[idx]
 

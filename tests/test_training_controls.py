@@ -200,3 +200,32 @@ def test_fit_and_evaluate_reject_labels_the_scores_cannot_index():
     assert binary.fit(x, np.array([0, 1, 1, 0]), epochs=1).rows
     with pytest.raises(DataError, match="BinaryCrossEntropy takes labels 0 and 1"):
         binary.fit(x, np.array([0, 1, 2, 0]), epochs=2)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_drop_last_skips_the_short_batch_and_averages_over_the_samples_used(shuffle):
+    model = Sequential([registry.layers.build({"type": "Linear", "units": 3})], (2,), seed=0)
+    sgd = registry.optimizers.build({"type": "SGD", "learning_rate": 1e-30})  # below every ulp: weights stay
+    tr = Trainer(model, registry.losses.build("SoftmaxCrossEntropy"), sgd, batch_size=4, shuffle=shuffle,
+                 seed=5, drop_last=True)
+    ds = blobs(samples=10, classes=2)  # 10 samples: batches of 4, 4 and (dropped) 2
+    x, y = ds.x, ds.y
+    assert tr.epoch_batches(10) == (4, 2)
+    order = np.random.default_rng(np.random.SeedSequence(5).spawn(3)[2]).permutation(10) if shuffle else np.arange(10)
+    used = order[:8]
+    z = x[used].astype(model.dtype) @ model.layers[0].weight.data.T + model.layers[0].bias.data
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    row = tr.fit(x, y, epochs=1).rows[0]
+    assert tr.step == 2
+    assert row["train_loss"] == pytest.approx(-np.log(p[np.arange(8), y[used]]).mean(), rel=1e-5)
+    assert row["train_accuracy"] == pytest.approx(np.mean(z.argmax(axis=1) == y[used]))
+    assert Trainer(model, registry.losses.build("SoftmaxCrossEntropy"), sgd, batch_size=4).epoch_batches(10) == (4, 3)
+    assert Trainer(model, registry.losses.build("SoftmaxCrossEntropy"), sgd, batch_size=16,
+                   drop_last=True).epoch_batches(10) == (10, 1)  # a batch_size above N still trains on all N
+
+
+def test_drop_last_is_a_train_setting():
+    assert config_from_dict({**BASE, "train": {"drop_last": True}}).train.drop_last is True
+    with pytest.raises(ConfigError, match="did you mean drop_last"):
+        config_from_dict({**BASE, "train": {"drop_lst": True}})
