@@ -37,11 +37,14 @@ def per_class(cm: np.ndarray) -> dict[str, np.ndarray]:
     return {"precision": precision, "recall": recall, "f1": f1, "support": cm.sum(axis=1)}
 
 
-def averages(pc: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
-    """Macro (mean over classes) and support-weighted averages of precision, recall and F1."""
+def averages(cm: np.ndarray, pc: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    """Macro and support-weighted averages of precision, recall and F1. The macro average is over
+    the classes that occur among the labels or the predictions (scikit-learn's default labels):
+    a class the model can score but that never appears would add a 0 to it."""
+    present = (cm.sum(axis=0) + cm.sum(axis=1)) > 0
     support = pc["support"].astype(np.float64)
     weights = support / support.sum() if support.sum() > 0 else np.zeros_like(support)
-    return {kind: {m: float(np.mean(pc[m]) if kind == "macro" else pc[m] @ weights)
+    return {kind: {m: float(np.mean(pc[m][present]) if kind == "macro" else pc[m] @ weights)
                    for m in ("precision", "recall", "f1")} for kind in ("macro", "weighted")}
 
 
@@ -96,14 +99,17 @@ def evaluate(trainer: Trainer, x: np.ndarray, y: np.ndarray, batch_size: int | N
     if y.dtype.kind not in "iu" or y.ndim != 1:
         raise DataError(f"classification needs one integer label per sample, got labels of dtype {y.dtype} "
                         f"and shape {y.shape}")
+    loss = trainer.loss
     outputs = trainer.model.output_shape[-1]
-    if (y < 0).any() or (y >= outputs).any():
-        bad = int(np.flatnonzero((y < 0) | (y >= outputs))[0])
-        raise DataError(f"sample {bad + 1}: label {int(y[bad])} is outside the model's {outputs} classes "
-                        f"(0 to {outputs - 1})")
+    classes = loss.classes(outputs) if hasattr(loss, "classes") else outputs  # plugin losses may lack it
+    if (y < 0).any() or (y >= classes).any():
+        bad = int(np.flatnonzero((y < 0) | (y >= classes))[0])
+        raise DataError(f"sample {bad + 1}: label {int(y[bad])} is outside the model's {classes} classes "
+                        f"(0 to {classes - 1})")
     m = trainer.evaluate(x, y, batch_size)
-    pred = predict(trainer.model, x, batch_size or trainer.batch_size).argmax(axis=1)
-    cm = confusion_matrix(y, pred, outputs)
+    z = predict(trainer.model, x, batch_size or trainer.batch_size)
+    pred = np.asarray(loss.predict(z)) if hasattr(loss, "predict") else z.argmax(axis=1)  # BCE: z > 0
+    cm = confusion_matrix(y, pred, classes)
     pc = per_class(cm)
     return Evaluation(len(x), m["loss"], m["accuracy"], cm.tolist(), pc["precision"].tolist(),
-                      pc["recall"].tolist(), pc["f1"].tolist(), pc["support"].tolist(), **averages(pc))
+                      pc["recall"].tolist(), pc["f1"].tolist(), pc["support"].tolist(), **averages(cm, pc))

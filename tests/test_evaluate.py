@@ -30,11 +30,15 @@ def test_confusion_matrix_and_per_class_metrics_by_hand():
 
 def test_macro_and_weighted_averages_by_hand():
     cm = confusion_matrix([0, 0, 1, 1, 2, 2, 2, 3], [0, 1, 1, 1, 2, 0, 2, 2], 4)
-    avg = averages(per_class(cm))  # per class as above: P (1/2, 2/3, 2/3, 0), R (1/2, 1, 2/3, 0), support (2, 2, 3, 1)
+    avg = averages(cm, per_class(cm))  # per class as above: P (1/2, 2/3, 2/3, 0), R (1/2, 1, 2/3, 0), support (2, 2, 3, 1)
     assert avg["macro"]["precision"] == pytest.approx((1 / 2 + 2 / 3 + 2 / 3 + 0) / 4)
     assert avg["macro"]["f1"] == pytest.approx((0.5 + 0.8 + 2 / 3 + 0) / 4)
     assert avg["weighted"]["recall"] == pytest.approx((2 * 0.5 + 2 * 1 + 3 * 2 / 3 + 0) / 8)  # = accuracy
     assert avg["weighted"]["precision"] == pytest.approx((2 * 0.5 + 2 * 2 / 3 + 3 * 2 / 3) / 8)
+    # a fifth class the model scores but no label or prediction names is left out of the macro
+    # average (scikit-learn's labels = those in y_true or y_pred), not counted as a 0
+    cm5 = confusion_matrix([0, 0, 1, 1, 2, 2, 2, 3], [0, 1, 1, 1, 2, 0, 2, 2], 5)
+    assert averages(cm5, per_class(cm5)) == avg
 
 
 def test_regression_metrics_by_hand():
@@ -79,6 +83,29 @@ train: {{epochs: 5, batch_size: 20}}
     assert res["confusion"] is None and res["macro"] is None
     r = run_cli("evaluate", run)
     assert r.code == 0 and "rmse" in r.out and "r2" in r.out
+
+
+def test_evaluate_a_binary_cross_entropy_run_scores_two_classes_from_one_logit(tmp_path):
+    """One logit per sample: labels 0 and 1, predicted 1 where z > 0 (it reported label 1 as
+    outside the model's 1 class, exit 2)."""
+    cfg = write(tmp_path / "bce.yaml", """\
+name: bce
+seed: 1
+data: {type: moons, samples: 80, noise: 0.1}
+model: [{type: Linear, units: 8}, ReLU, {type: Linear, units: 1}]
+loss: BinaryCrossEntropy
+optimizer: {type: Adam, learning_rate: 0.05}
+train: {epochs: 10, batch_size: 16, validation_split: 0.25}
+""")
+    run = train(cfg, tmp_path / "runs")
+    r = run_cli("evaluate", run, "--json")
+    assert r.code == 0, r.err
+    res = json.loads(r.out)
+    cm = np.array(res["confusion"])
+    assert cm.shape == (2, 2) and cm.sum() == 20 and cm.sum(axis=1).tolist() == [10, 10]
+    assert res["accuracy"] == pytest.approx(np.trace(cm) / 20)
+    row = next(m for m in metrics_rows(run) if int(m["epoch"]) == summary(run)["best"]["epoch"])
+    assert res["accuracy"] == float(row["val_accuracy"])  # the same z > 0 rule as training's accuracy
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,10 @@ class Loss:
         """Class probabilities for ``--proba`` (classification losses only)."""
         raise NotImplementedError(f"{type(self).__name__} gives no probabilities")
 
+    def classes(self, outputs: int) -> int:
+        """How many classes ``outputs`` model outputs score (one score per class here)."""
+        return outputs
+
     def check_outputs(self, classes: int, outputs: int) -> str | None:
         """Why labels 0..classes−1 cannot be scored from ``outputs`` model outputs, or None."""
         if classes > outputs:

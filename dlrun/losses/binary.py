@@ -55,6 +55,9 @@ class BinaryCrossEntropy(Loss):
         p = _sigmoid(self._flat(z))
         return array_module(z).stack([1 - p, p], axis=1)
 
+    def classes(self, outputs):
+        return 2  # one logit scores labels 0 and 1
+
     def check_outputs(self, classes, outputs):
         if classes > 2:
             return (f"has labels up to {classes - 1}, but BinaryCrossEntropy takes labels 0 and 1 "
