@@ -68,7 +68,9 @@ class LearningRateScheduler(Callback):
 
     def on_train_begin(self, trainer):
         self.optimizer = trainer.optimizer
-        if self.base_lr is None:
+        if self.base_lr is None or self._restored is not None:
+            # lr₀ as configured; on --resume the recorded one unless --set changed it. A second
+            # fit in the same process keeps the first one's (the optimizer holds a scheduled rate)
             self.base_lr = float(self.optimizer.learning_rate)
         self.schedule.start(self.base_lr, self.epochs)
         if self._restored is not None:
@@ -76,11 +78,11 @@ class LearningRateScheduler(Callback):
             self._restored = None
 
     def state_dict(self) -> dict:
-        """lr₀ (a resumed run's optimizer holds the scheduled rate, not lr₀) and the schedule's state."""
+        """lr₀ and the schedule's state."""
         return {"base_lr": self.base_lr, "schedule": self.schedule.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.base_lr, self._restored = state["base_lr"], state["schedule"]
+        self._restored = state["schedule"]
 
     def on_epoch_begin(self, epoch, batches):
         self.optimizer.learning_rate = float(self.schedule.value(epoch))

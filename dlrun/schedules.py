@@ -39,7 +39,8 @@ class Schedule:
         return {}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict` output (called after :meth:`start`)."""
+        """Restore :meth:`state_dict` output (called after :meth:`start`). On --resume the config
+        may name another schedule than the checkpoint's: a state that does not fit is ignored."""
 
     def __repr__(self) -> str:
         spec = getattr(self, "spec", None) or {}
@@ -192,10 +193,15 @@ class ReduceOnPlateau(Schedule):
                 self.cooling, self.wait = self.cooldown, 0
 
     def state_dict(self):
-        return {"lr": self.lr, "best": self.best, "wait": self.wait, "cooling": self.cooling}
+        return {"lr": self.lr, "best": self.best, "wait": self.wait, "cooling": self.cooling, "base_lr": self.base_lr}
 
     def load_state_dict(self, state):
-        self.lr, self.best, self.wait, self.cooling = state["lr"], state["best"], state["wait"], state["cooling"]
+        if not {"lr", "best", "wait", "cooling"} <= set(state):  # another schedule's state: start afresh
+            return
+        # the reductions so far apply to lr₀ as configured now (--set optimizer.learning_rate on --resume)
+        rescale = self.base_lr / state.get("base_lr", self.base_lr)
+        self.lr = max(state["lr"] * rescale, self.min_lr)
+        self.best, self.wait, self.cooling = state["best"], state["wait"], state["cooling"]
 
 
 def improved(current: float, best: float, mode: str, min_delta: float) -> bool:

@@ -244,3 +244,25 @@ def test_resume_warns_when_the_run_config_was_edited(tmp_path):
     r = run_cli("train", "--resume", run, "--set", "train.epochs=4")
     assert r.code == 0, r.err
     assert "config.yaml differs from the config recorded in the checkpoint" in r.err and "--set" in r.err
+
+
+def test_resume_takes_a_new_learning_rate_and_a_new_schedule(tmp_path):
+    """--set optimizer.learning_rate on --resume sets lr₀ for the schedule (the recorded lr₀ used to
+    win, while config.yaml recorded the new one), reduce_on_plateau's reductions so far scale with
+    it, and a schedule of another type starts afresh (its state lookup was an internal KeyError)."""
+    step = (CONTROLLED.replace("PATIENCE", "50")
+            .replace(CONTROLLED[CONTROLLED.index("  schedule:"):CONTROLLED.index("  early_stopping:")],
+                     "  schedule: {type: step, step_size: 1, gamma: 0.5}\n"))
+    run = train(write(tmp_path / "s.yaml", step.replace("EPOCHS", "2")), tmp_path / "a")
+    r = run_cli("train", "--resume", run, "--set", "train.epochs=4", "--set", "optimizer.learning_rate=1.0")
+    assert r.code == 0, r.err
+    assert [float(x["learning_rate"]) for x in metrics_rows(run)] == [0.3, 0.15, 0.25, 0.125]  # 1.0·0.5^(e−1)
+    r = run_cli("train", "--resume", run, "--set", "train.epochs=6", "--set",
+                "train.schedule={type: reduce_on_plateau, monitor: train_loss, patience: 0, min_delta: 10}")
+    assert r.code == 0, r.err
+    # a fresh plateau schedule starts at lr₀; epoch 5 sets its best, epoch 6 fails to beat it by 10
+    assert [float(x["learning_rate"]) for x in metrics_rows(run)[4:]] == [1.0, 1.0]
+    # the state (1.0 reduced to 0.1 after epoch 6) follows a doubled lr₀
+    r = run_cli("train", "--resume", run, "--set", "train.epochs=7", "--set", "optimizer.learning_rate=2.0")
+    assert r.code == 0, r.err
+    assert float(metrics_rows(run)[-1]["learning_rate"]) == pytest.approx(0.2)
