@@ -56,22 +56,25 @@ def _poly(coefs, z):
     return r
 
 
-def _erfc_tail(u):
-    """erfc(u) for u ≥ 1.25 (and inf, NaN): exp(−u² − 0.5625 + R/S) / u.
+def _erfc_tail(ax):
+    """erfc(u), u = ax/√2, for u ≥ 1.25 (and inf, NaN): exp(−u² − 0.5625 + R/S) / u.
 
-    u² is split as z² + (z − u)(z + u), with z = u cut to half the mantissa so z² is exact (as
-    fdlibm does): exp(−u²) computed directly would carry u²'s rounding error times u².
+    −u² is taken as −z²/2 − (ax − z)(ax + z)/2, with z = ax cut to half the mantissa so z² is
+    exact (fdlibm splits u the same way): exp(−u²) from a rounded u = ax·(1/√2) would carry
+    u's rounding error times 2u² (some 280 ulps at x = −20.7).
     """
-    xp = array_module(u)
-    u = xp.minimum(u, 30.0)  # erfc(30) underflows to 0 in float64; inf → 0 not NaN; NaN stays
+    xp = array_module(ax)
+    ax = xp.minimum(ax, 30.0 / SQRT1_2)  # erfc(30) underflows to 0 in float64; inf → 0 not NaN; NaN stays
+    u = ax * SQRT1_2
     s = 1.0 / (u * u)
     near = u < 1.0 / 0.35
     rs = xp.where(near, _poly(_RA, s) / _poly(_SA, s), _poly(_RB, s) / _poly(_SB, s))
-    scale = 2.0 ** ((xp.finfo(u.dtype).nmant + 1) // 2 - 5)  # z has ≤ half the bits while u < 32
-    z = xp.floor(u * scale)
+    scale = 2.0 ** ((xp.finfo(ax.dtype).nmant + 1) // 2 - 6)  # z has ≤ half the bits while ax < 64
+    z = xp.floor(ax * scale)
     z /= scale
-    rs += (z - u) * (z + u)
+    rs += 0.5 * ((z - ax) * (z + ax))
     head = z * z
+    head *= 0.5
     head += 0.5625
     xp.negative(head, out=head)
     xp.exp(head, out=head)
@@ -128,7 +131,7 @@ def _ndtr_mid(x):
 
 def _ndtr_tail(x):
     """Φ(x) where |x|/√2 ≥ 1.25 (and inf, NaN): ½·erfc(|x|/√2) on the left, 1 minus it on the right."""
-    half_erfc = _erfc_tail(array_module(x).abs(x) * SQRT1_2)
+    half_erfc = _erfc_tail(array_module(x).abs(x))
     half_erfc *= 0.5
     return array_module(x).where(x < 0, half_erfc, 1.0 - half_erfc)
 
