@@ -207,7 +207,8 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
 
     if base_dir is not None and isinstance(raw.get("data"), dict) and isinstance(raw["data"].get("path"), str):
         p = Path(raw["data"]["path"])
-        raw["data"]["path"] = str(p if p.is_absolute() else os.path.normpath(base_dir / p))
+        # absolute, so the recorded config reads the same file from any directory (evaluate, --resume)
+        raw["data"]["path"] = str(p if p.is_absolute() else os.path.abspath(base_dir / p))
 
     def component(reg, key):
         if raw.get(key) is None:

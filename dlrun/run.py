@@ -7,6 +7,7 @@ best ``train.monitor`` value; :mod:`dlrun.snapshot`, docs/runs.md).
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,7 +204,7 @@ def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from
     if init_from is not None:
         ckpt = checkpoint.read(checkpoint.resolve(init_from))
         snapshot.load_weights(trainer.model, ckpt)
-        extra["init_from"] = str(ckpt.path)
+        extra["init_from"] = os.path.abspath(ckpt.path)
     train_controls = _controls(config, ds, trainer)  # (prepare has checked them and the monitor)
     run_dir = rundir.new_run_dir(runs_dir, config.name)
     try:

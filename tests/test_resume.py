@@ -1,6 +1,8 @@
 """Exact resume: N epochs + resume for N more equals 2N epochs straight, bit for bit (CPU)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -125,7 +127,7 @@ def test_init_from_uses_weights_with_a_fresh_optimizer(tmp_path):
         base = train(cfg, tmp_path / f"base{momentum}")
         ckpt = base / "checkpoints" / "last.npz"
         tuned = train(cfg, tmp_path / f"tuned{momentum}", "--init-from", ckpt, "--set", "train.epochs=1")
-        assert summary(tuned)["init_from"] == str(ckpt)
+        assert summary(tuned)["init_from"] == str(ckpt.absolute())
         r = run_cli("train", "--resume", base, "--set", "train.epochs=4")
         assert r.code == 0, r.err
         a = checkpoint.read(tuned / "checkpoints" / "last.npz").model
@@ -266,3 +268,33 @@ def test_resume_takes_a_new_learning_rate_and_a_new_schedule(tmp_path):
     r = run_cli("train", "--resume", run, "--set", "train.epochs=7", "--set", "optimizer.learning_rate=2.0")
     assert r.code == 0, r.err
     assert float(metrics_rows(run)[-1]["learning_rate"]) == pytest.approx(0.2)
+
+
+def test_a_run_reads_its_data_from_any_directory_after_training_from_a_relative_path(tmp_path):
+    """`cd proj && dlrun train configs/c.yaml` recorded `configs/data/d.csv`, relative to proj, so
+    evaluate and --resume from elsewhere failed with 'data file not found'."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((40, 2))
+    rows = "\n".join(f"{a:.6f},{b:.6f},{int(a > 0)}" for a, b in x)
+    write(tmp_path / "proj" / "configs" / "data" / "d.csv", rows + "\n")
+    write(tmp_path / "proj" / "configs" / "c.yaml", """\
+name: rel
+seed: 1
+data: {type: file, path: data/d.csv}
+model: [{type: Linear, units: 2}]
+loss: SoftmaxCrossEntropy
+optimizer: {type: SGD, learning_rate: 0.1}
+train: {epochs: 2, batch_size: 8, validation_split: 0.25}
+""")
+    r = run_cli("train", "configs/c.yaml", "--runs-dir", tmp_path / "runs", cwd=tmp_path / "proj")
+    assert r.code == 0, r.err
+    run = Path(r.out.strip().splitlines()[-1])
+    if not run.is_absolute():
+        run = tmp_path / "proj" / run
+    recorded = checkpoint.read(run / "checkpoints" / "last.npz").meta["config"]["data"]["path"]
+    assert Path(recorded) == (tmp_path / "proj" / "configs" / "data" / "d.csv").resolve()
+    (tmp_path / "elsewhere").mkdir()
+    r = run_cli("evaluate", run, "--json", cwd=tmp_path / "elsewhere")
+    assert r.code == 0, r.err
+    r = run_cli("train", "--resume", run, "--set", "train.epochs=3", cwd=tmp_path / "elsewhere")
+    assert r.code == 0, r.err
