@@ -13,7 +13,7 @@ import numpy as np
 
 from . import checkpoint, run
 from .config import Config
-from .errors import NonFiniteError, ShapeError
+from .errors import LayerContractError, Location, NonFiniteError
 from .faults import nonfinite_kind
 
 
@@ -76,6 +76,18 @@ def _owner(a):
     return a
 
 
+def _located(config: Config, i: int, call, *args):
+    """``call(*args)``, with a contract error located at the config line of ``model[i]`` (the
+    message names the layer already)."""
+    try:
+        return call(*args)
+    except LayerContractError as e:
+        if e.where is None:
+            at = config.locate(f"model[{i}]")
+            e.where = Location(at.source, at.line) if at is not None else None
+        raise
+
+
 def check_config(config: Config, checkpoint_path: str | Path | None = None) -> CheckReport:
     """Build everything a run needs and run one forward/backward; raise the first problem."""
     ds, trainer = run.prepare(config)
@@ -100,11 +112,7 @@ def check_config(config: Config, checkpoint_path: str | Path | None = None) -> C
         # in the order training runs the layers (Sequential.order), so memory is what training holds
         for k, i in enumerate(model.order):
             layer = model.layers[i]
-            h = layer.forward(h, yb) if layer.needs_labels else layer.forward(h)
-            where = config.locate(f"model[{i}]")
-            if tuple(h.shape) != (bs,) + model.order_shapes[k]:
-                raise ShapeError(f"{layer!r}: build() promised output shape {('N',) + model.order_shapes[k]} but "
-                                 f"forward returned {tuple(h.shape)} for a batch of {bs}", where)
+            h = _located(config, i, model.checked_call, k, "forward", h, yb)  # as training checks it
             if (kind := nonfinite_kind(h)) is not None:
                 raise NonFiniteError(f"model[{i}] {layer!r} produced {kind} in forward on the first batch", 1, 1,
                                      f"model[{i}]")
@@ -122,11 +130,7 @@ def check_config(config: Config, checkpoint_path: str | Path | None = None) -> C
         for k in reversed(range(len(model.order))):
             i = model.order[k]
             layer = model.layers[i]
-            shape_in = (bs,) + (model.order_shapes[k - 1] if k else model.input_shape)
-            dy = layer.backward(dy)
-            if tuple(dy.shape) != shape_in:
-                raise ShapeError(f"{layer!r}: backward returned dx of shape {tuple(dy.shape)}, expected the input's "
-                                 f"shape {shape_in}", config.locate(f"model[{i}]"))
+            dy = _located(config, i, model.checked_call, k, "backward", dy)
             for pname, p in layer.params.items():
                 if p.trainable and (kind := nonfinite_kind(p.grad)) is not None:
                     raise NonFiniteError(f"model[{i}] {layer!r} produced {kind} in backward (the gradient of "

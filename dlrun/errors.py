@@ -94,6 +94,11 @@ class TrainingError(DlrunError):
     """Training started but could not finish (non-finite loss, I/O failure). Exit code 1."""
 
 
+class LayerError(TrainingError):
+    """A layer's forward or backward raised (usually a plugin's own code): the message names the
+    layer, the call and the file:line in the layer's source. Exit code 1."""
+
+
 class NonFiniteError(TrainingError):
     """A loss, activation, gradient or weight became NaN or inf; ``where`` names the first one."""
 

@@ -1,13 +1,16 @@
 """Sequential: a model built from a list of layers, with eager shape inference."""
 from __future__ import annotations
 
+import inspect
+import os
+import traceback
 from dataclasses import dataclass
 
 import numpy as np
 
 from .arena import ParamArena
 from .backend import CPU, Backend, array_module
-from .errors import LayerContractError, Location, ShapeError
+from .errors import DlrunError, LayerContractError, LayerError, Location, ShapeError
 from .layers.activations import ReLU
 from .layers.base import Layer
 from .layers.maxpool2d import MaxPool2D
@@ -99,47 +102,88 @@ class Sequential:
         return self.train(False)
 
     def forward(self, x, y=None):
-        if self._unchecked_forward:
-            return self._forward_checked(x, y)
-        for layer, labelled in zip(self._run, self._labelled):
-            x = layer.forward(x, y) if labelled else layer.forward(x)
-        return x
+        try:
+            if self._unchecked_forward:
+                return self._forward_checked(x, y)
+            for layer, labelled in zip(self._run, self._labelled):
+                x = layer.forward(x, y) if labelled else layer.forward(x)
+            return x
+        except (DlrunError, MemoryError):
+            raise
+        except Exception as e:
+            raise self._raised(e, "forward") from e
 
     def backward(self, dy):
         """Back-propagate dL/d(output); returns dL/d(input) (None in fast training mode)."""
-        if self._unchecked_backward:
-            return self._backward_checked(dy)
-        layers = self._run
-        for k in range(len(layers) - 1, self._stop - 1, -1):
-            dy = layers[k].backward(dy)
-        return dy if self._stop == 0 else None
+        try:
+            if self._unchecked_backward:
+                return self._backward_checked(dy)
+            layers = self._run
+            for k in range(len(layers) - 1, self._stop - 1, -1):
+                dy = layers[k].backward(dy)
+            return dy if self._stop == 0 else None
+        except (DlrunError, MemoryError):
+            raise
+        except Exception as e:
+            raise self._raised(e, "backward") from e
+
+    def _raised(self, e: Exception, call: str) -> Exception:
+        """A LayerError naming the layer whose ``call`` raised ``e`` and the line of its source
+        file the exception came from; ``e`` itself when no layer's frame is in the traceback.
+        Found from the traceback, so the loops above carry no bookkeeping."""
+        tb = e.__traceback__
+        while tb is not None and not any(tb.tb_frame.f_locals.get("self") is layer for layer in self.layers):
+            tb = tb.tb_next
+        if tb is None:
+            return e
+        layer = tb.tb_frame.f_locals["self"]
+        i = next(i for i, other in enumerate(self.layers) if other is layer)
+        try:
+            source = os.path.realpath(inspect.getsourcefile(type(layer)) or "")
+        except TypeError:
+            source = ""
+        lines = [f for f in traceback.extract_tb(e.__traceback__) if os.path.realpath(f.filename) == source]
+        at = f" ({os.path.basename(source)}:{lines[-1].lineno})" if lines else ""
+        return LayerError(f"model[{i}] {layer!r}: {call} raised {type(e).__name__}: {e}{at}")
 
     # The first forward and the first backward check what each layer returns against the shapes
     # build declared and the model's dtype and device, so a layer (a plugin) that breaks the
     # contract is named at once, not by a confusing error in the layer after it (on GPU a float64
     # gradient reaching a float32 fused kernel is a TypeError). Later calls skip the checks.
     def _forward_checked(self, x, y):
-        n = len(x)
-        for k, (layer, labelled) in enumerate(zip(self._run, self._labelled)):
-            given = x.dtype
-            x = layer.forward(x, y) if labelled else layer.forward(x)
-            # the model's dtype, or the input's when the caller passed another float dtype
-            self._expect(self.order[k], "forward", "its output", x, (n, *self.order_shapes[k]), {self.dtype, given})
+        for k in range(len(self._run)):
+            x = self.checked_call(k, "forward", x, y)
         self._unchecked_forward = False
         return x
 
     def _backward_checked(self, dy):
-        layers, n = self._run, len(dy)
-        for k in range(len(layers) - 1, self._stop - 1, -1):
-            given = dy.dtype
-            dy = layers[k].backward(dy)
-            if dy is not None or layers[k].needs_input_grad:
-                # the model input's gradient may follow the input's dtype (indices: Embedding)
-                dtypes = {self.dtype, given} if k else None
-                shape = self.order_shapes[k - 1] if k else self.input_shape
-                self._expect(self.order[k], "backward", "dx", dy, (n, *shape), dtypes)
+        for k in range(len(self._run) - 1, self._stop - 1, -1):
+            dy = self.checked_call(k, "backward", dy)
         self._unchecked_backward = False
         return dy if self._stop == 0 else None
+
+    def checked_call(self, k: int, call: str, a, y=None):
+        """Run the ``forward`` (with labels ``y`` if it takes them) or ``backward`` of the layer at
+        position ``k`` of the execution order on ``a`` alone, with the first call's contract checks
+        and a failure named as :meth:`forward` names it (``dlrun check`` goes layer by layer)."""
+        layer, n, given = self._run[k], len(a), a.dtype
+        try:
+            if call == "forward":
+                out = layer.forward(a, y) if self._labelled[k] else layer.forward(a)
+            else:
+                out = layer.backward(a)
+        except (DlrunError, MemoryError):
+            raise
+        except Exception as e:
+            raise self._raised(e, call) from e
+        if call == "forward":
+            # the model's dtype, or the input's when the caller passed another float dtype
+            self._expect(self.order[k], "forward", "its output", out, (n, *self.order_shapes[k]), {self.dtype, given})
+        elif out is not None or layer.needs_input_grad:
+            # the model input's gradient may follow the input's dtype (indices: Embedding)
+            shape = self.order_shapes[k - 1] if k else self.input_shape
+            self._expect(self.order[k], "backward", "dx", out, (n, *shape), {self.dtype, given} if k else None)
+        return out
 
     def _expect(self, i: int, call: str, what: str, a, shape: tuple, dtypes) -> None:
         here = a is not None and hasattr(a, "shape") and array_module(a) is self.backend.xp

@@ -73,13 +73,57 @@ class Liar(Layer):
 '''
 
 
+BAD_LAYERS = """\
+import numpy as np
+from dlrun.layers import Layer
+from dlrun.registry import layers
+
+
+@layers.register()
+class Widens(Layer):
+    def forward(self, x):
+        return x.astype(np.float64)
+
+    def backward(self, dy):
+        return dy
+
+
+@layers.register()
+class RaisesInBackward(Layer):
+    def forward(self, x):
+        return x
+
+    def backward(self, dy):
+        return {}["gone"]
+"""
+
+
 def test_check_catches_a_layer_whose_build_lies(tmp_path):
     plugin = write(tmp_path / "liar.py", LIAR)
     cfg = write(tmp_path / "c.yaml", "data: {type: spiral, classes: 2, points_per_class: 5}\n"
                 "model:\n  - Liar\n  - {type: Linear, units: 2}\nloss: SoftmaxCrossEntropy\noptimizer: SGD\n")
     r = run_cli("check", cfg, "--plugin", plugin)
     assert r.code == 2, r.err
-    assert "c.yaml:3: model[0]: Liar(): build() promised output shape ('N', 2) but forward returned (10, 1)" in r.err
+    # the contract check training makes on its first batch
+    assert "c.yaml:3: model[0] Liar(): forward returned its output as shape (10, 1) float32; expected shape (10, 2)" in r.err
+
+
+def test_check_and_time_name_what_training_would_refuse_or_a_layer_that_raises(tmp_path):
+    """dlrun check said OK for a layer returning float64 in a float32 model (train refuses it), and a
+    plugin layer that raised was an 'internal error' naming neither the layer nor its line."""
+    plugin = write(tmp_path / "bad.py", BAD_LAYERS)
+    head = "data: {type: spiral, classes: 2, points_per_class: 5}\nmodel:\n  - {type: Linear, units: 4}\n"
+    tail = "  - {type: Linear, units: 2}\nloss: SoftmaxCrossEntropy\noptimizer: SGD\n"
+    wide = write(tmp_path / "wide.yaml", head + "  - Widens\n" + tail)
+    raises = write(tmp_path / "raises.yaml", head + "  - RaisesInBackward\n" + tail)
+    for command in ("check", "time", "train"):
+        r = run_cli(command, wide, "--plugin", plugin, *(("--runs-dir", tmp_path / "runs") if command == "train" else ()))
+        assert r.code == 2, (command, r.err)
+        assert "model[1] Widens(): forward returned its output as shape (10, 4) float64; expected" in r.err, r.err
+        r = run_cli(command, raises, "--plugin", plugin, *(("--runs-dir", tmp_path / "runs") if command == "train" else ()))
+        assert r.code == 1 and "internal error" not in r.err, (command, r.err)
+        assert "model[1] RaisesInBackward(): backward raised KeyError: 'gone' (bad.py:21)" in r.err, (command, r.err)
+        assert "Traceback" not in r.err
 
 
 def test_error_text_in_brackets_is_printed_not_taken_for_markup(cli, tmp_path):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dlrun import registry
+from dlrun.errors import LayerError
 from dlrun.layers.base import Layer, Parameter
 from dlrun.model import Sequential
 from dlrun.optimizers import SGD
@@ -276,7 +277,7 @@ def test_fit_leaves_the_model_and_loss_in_plain_mode(fails):
     model = Sequential(layers, (3,), seed=0)
     trainer = Trainer(model, registry.losses.build("SoftmaxCrossEntropy"), SGD(learning_rate=0.1), batch_size=None)
     if fails:
-        with pytest.raises(RuntimeError, match="boom"):
+        with pytest.raises(LayerError, match=r"model\[1\] .*: forward raised RuntimeError: boom \(test_fast_path.py:\d+\)"):
             trainer.fit(x, y, epochs=5)
     else:
         trainer.fit(x, y, epochs=5)

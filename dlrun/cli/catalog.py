@@ -14,12 +14,13 @@ from ..plugins import load_plugins
 from . import app, out
 
 PLUGIN_HELP = "Python file with user components to load first (repeatable)."
+PLUGIN = typer.Option([], "--plugin", help=PLUGIN_HELP, metavar="FILE.py")  # shared by every command
 
 
 @app.command("list")
 def list_cmd(
     kind: Optional[str] = typer.Argument(None, help="layers, initializers, losses, regularizers, optimizers, data or schedules."),
-    plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+    plugin: list[str] = PLUGIN,
 ) -> None:
     """List registered components with their one-line summaries."""
     load_plugins(plugin)
@@ -40,7 +41,7 @@ def list_cmd(
 @app.command("show")
 def show_cmd(
     name: str = typer.Argument(..., help="Component name, e.g. Linear or he_normal."),
-    plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+    plugin: list[str] = PLUGIN,
 ) -> None:
     """Show a component's documentation and options (types, defaults, docs)."""
     load_plugins(plugin)

@@ -11,7 +11,7 @@ from ..check import check_config
 from ..config import load_config
 from ..plugins import load_plugins
 from . import app, out
-from .catalog import PLUGIN_HELP
+from .catalog import PLUGIN
 from .train import SET_HELP
 
 
@@ -27,7 +27,7 @@ def _bytes(n: int) -> str:
 def check_cmd(
     config: Path = typer.Argument(..., help="YAML config file."),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP, metavar="KEY=VALUE"),
-    plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+    plugin: list[str] = PLUGIN,
     device: Optional[str] = typer.Option(None, "--device", help="cpu or gpu (overrides the config)."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Also check that this checkpoint fits the model."),
 ) -> None:

@@ -18,7 +18,7 @@ from ..gradcheck import ERROR, PASS, Settings, check_all, check_config, check_la
 from ..gradcheck.report import NA, band
 from ..plugins import load_plugins
 from . import app, err, out
-from .catalog import PLUGIN_HELP
+from .catalog import PLUGIN
 
 EXIT = {PASS: 0, "FAIL": 1, ERROR: 2}
 STYLE = {PASS: "green", "FAIL": "bold red", ERROR: "bold yellow", "n/a": "dim"}
@@ -143,7 +143,7 @@ def gradcheck_cmd(
                                            "regularizer (e.g. L1) name, or a CONFIG.yaml."),
     set_: list[str] = typer.Option([], "--set", metavar="OPTION=VALUE",
                                    help="Layer option (or, for a config, KEY.PATH=VALUE override); repeatable."),
-    plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+    plugin: list[str] = PLUGIN,
     all_: bool = typer.Option(False, "--all", help="Check every registered layer, loss and regularizer (plugins' too)."),
     dtype: str = typer.Option("float64", "--dtype", help="float64 (default) or float32 (warns; loose tolerances)."),
     eps: Optional[float] = typer.Option(None, "--eps", help="Finite-difference step (float64 1e-6, float32 1e-3)."),

@@ -8,8 +8,10 @@ import typer
 from rich.table import Table
 
 from ..config import load_config
+from ..plugins import load_plugins
 from ..timing import time_config
 from . import app, out
+from .catalog import PLUGIN
 from .train import SET_HELP
 
 
@@ -23,8 +25,10 @@ def time_cmd(
     set_: list[str] = typer.Option([], "--set", help=SET_HELP, metavar="KEY=VALUE"),
     batches: int = typer.Option(20, "--batches", help="Timed training steps (after 2 untimed warm-up steps)."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu or gpu (overrides the config)."),
+    plugin: list[str] = PLUGIN,
 ) -> None:
     """Time each layer's forward and backward pass, the loss and the optimizer step (median per batch)."""
+    load_plugins(plugin)
     cfg = load_config(config, set_, device=device)
     r = time_config(cfg, batches)
     total = r.parts_total

@@ -13,6 +13,7 @@ from ..errors import UsageError
 from ..plugins import load_plugins
 from ..progress import RichProgress
 from . import app, err, out
+from .catalog import PLUGIN
 
 SET_HELP = "Override a config key by its dotted path, e.g. train.epochs=5 or model[0].units=64 (repeatable)."
 
@@ -24,7 +25,7 @@ def train_cmd(
     device: Optional[str] = typer.Option(None, "--device", help="cpu or gpu (overrides the config)."),
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Folder for run directories."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Random seed (overrides the config)."),
-    plugin: list[str] = typer.Option([], "--plugin", help="Python file with user components to load first (repeatable)."),
+    plugin: list[str] = PLUGIN,
     resume: Optional[Path] = typer.Option(None, "--resume", metavar="RUN_DIR",
                                           help="Continue RUN_DIR from checkpoints/last.npz (optimizer and RNG state "
                                                "included) up to train.epochs, which --set may raise."),
