@@ -9,7 +9,7 @@ from .trainer import Callback
 
 
 def _fmt(v) -> str:
-    return f"{v:.4f}"
+    return f"{v:.4f}" if abs(v) < 1e5 else f"{v:.4e}"  # a diverging loss in a few characters
 
 
 def summary_table(model) -> Table:

@@ -44,7 +44,8 @@ class L2(Regularizer):
         self.strength = strength
 
     def penalty(self, w):
-        return self.strength * float((w * w).sum())
+        # in float64: float32 squares overflow from |w| ≈ 1.8e19 (weights 1e30 gave an inf loss)
+        return self.strength * float(array_module(w).square(w, dtype="float64").sum())
 
     def add_gradient(self, w, grad) -> None:
         # grad += 2λw without a float64 up-cast: a Python float keeps the array's dtype
@@ -63,7 +64,7 @@ class L1(Regularizer):
         self.strength = strength
 
     def penalty(self, w):
-        return self.strength * float(abs(w).sum())
+        return self.strength * float(abs(w).sum(dtype="float64"))
 
     def add_gradient(self, w, grad) -> None:
         grad += self.strength * array_module(w).sign(w)

@@ -159,7 +159,7 @@ class Trainer:
                         correct += batch_correct
                     for cb in callbacks:
                         cb.on_batch_end(epoch, b + 1)
-                train_loss = float(loss_sum) / used
+                train_loss = float(loss_sum) / used + self._penalty()  # the loss reported, as checked
                 healthy = guard.healthy(train_loss)
                 if callbacks or val is not None or not healthy:  # others see the model: plain mode
                     fast = self._fast_mode(False)
@@ -167,7 +167,7 @@ class Trainer:
                     raise guard.diagnose(epoch, self._epoch_batches(xd, yd, order_d, bs, used), callbacks)
                 self.epoch = epoch
                 m = self._evaluate_device(*val) if val is not None else _NO_VALIDATION
-                row = {"epoch": epoch, "train_loss": train_loss + self._penalty(),
+                row = {"epoch": epoch, "train_loss": train_loss,
                        "train_accuracy": float(correct) / used if self.classification else None,
                        "val_loss": m["loss"], "val_accuracy": m["accuracy"],
                        "learning_rate": float(self.optimizer.learning_rate),

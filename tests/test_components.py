@@ -4,7 +4,9 @@ import pytest
 
 from dlrun import registry
 from dlrun.layers.base import Parameter
+from dlrun.errors import NonFiniteError
 from dlrun.model import Sequential
+from dlrun.trainer import Trainer
 from numgrad import check_layer, numeric_grad
 
 
@@ -105,6 +107,21 @@ def test_regularizers(name, pen, grad):
     reg.add_gradient(w, g)
     assert g.dtype == np.float32
     np.testing.assert_allclose(g, 1 + grad(w), rtol=1e-6)
+    # float32 weights whose squares (or sum) overflow float32 still have a finite penalty: it
+    # is accumulated in float64 (weights of 1e30 reported an inf loss that the guard let pass)
+    big = np.full(1000, 3e35, dtype=np.float32)
+    assert reg.penalty(big) == pytest.approx(pen(big.astype(np.float64)), rel=1e-6) and np.isfinite(reg.penalty(big))
+
+
+def test_an_epoch_whose_reported_loss_is_not_finite_stops_training():
+    """The guard checks the loss as reported (data loss plus penalty), not the data loss alone."""
+    model = Sequential([registry.layers.build({"type": "Linear", "units": 2})], (2,), seed=0, dtype=np.float64)
+    model.layers[0].weight.data[...] = 1e160  # finite, but the L2 penalty overflows float64
+    trainer = Trainer(model, registry.losses.build("MSE"), registry.optimizers.build({"type": "SGD", "learning_rate": 1e-300}),
+                      registry.regularizers.build({"type": "L2", "strength": 1.0}), batch_size=None)
+    x = np.zeros((4, 2))
+    with pytest.raises(NonFiniteError, match="epoch 1"), np.errstate(over="ignore"):
+        trainer.fit(x, np.zeros((4, 2)), epochs=2)
 
 
 def _param(w, g):
