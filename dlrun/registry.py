@@ -39,9 +39,16 @@ class Option:
         return describe(self.hint)
 
 
+def _doc(obj) -> str:
+    """The docstring as a terminal shows it: Sphinx roles (``:func:`f```) become plain names and
+    double backquotes single ones."""
+    doc = inspect.getdoc(obj) or ""
+    return re.sub(r":\w+:`~?([^`]+)`", r"`\1`", doc).replace("``", "`")
+
+
 def _doc_args(obj) -> dict[str, str]:
     """Parse a Google-style ``Args:`` section into {name: text}."""
-    doc = inspect.getdoc(obj) or ""
+    doc = _doc(obj)
     out: dict[str, str] = {}
     m = re.search(r"^Args:\s*$(.*?)(?:^\S|\Z)", doc, re.M | re.S)
     if not m:
@@ -135,8 +142,12 @@ class Registry:
         return self._origin.get(name, "builtin")
 
     def summary(self, name: str) -> str:
-        doc = inspect.getdoc(self.get(name)) or ""
-        return doc.strip().splitlines()[0] if doc.strip() else ""
+        """The docstring's first paragraph, on one line."""
+        return " ".join(self.description(name).split("\n\n")[0].split())
+
+    def description(self, name: str) -> str:
+        """The docstring up to its ``Args:`` section, as a terminal shows it (see _doc)."""
+        return _doc(self.get(name)).split("\nArgs:")[0].strip()
 
     def options(self, name: str) -> list[Option]:
         """The component's options: name, type hint, default, docs."""

@@ -123,6 +123,28 @@ def test_list_and_show(cli):
     assert r.code == 0 and "units" in r.out and "a positive integer" in r.out and "(required)" in r.out
 
 
+def test_show_at_80_columns_keeps_option_names_whole_and_writes_defaults_as_yaml(cli):
+    r = cli("show", "Linear", env={"COLUMNS": "80"})
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+            for line in r.out.splitlines() if line.startswith("│") and line.split("│")[1].strip()}
+    assert {"weight_initializer", "weight_regularizer", "bias_regularizer"} <= set(rows)  # were cut with …
+    assert rows["use_bias"][1] == "true" and rows["weight_regularizer"][1] == "null"  # not True / None
+    assert rows["weight_initializer"][1] == "xavier_uniform"  # not 'xavier_uniform'
+    assert "initial_accumulator_value" in cli("show", "AdaGrad", env={"COLUMNS": "80"}).out
+
+
+def test_docs_in_list_and_show_read_as_plain_text(cli):
+    from dlrun import registry
+
+    for reg in registry.REGISTRIES.values():
+        for name in reg.names():
+            text = reg.description(name) + " ".join(o.doc for o in reg.options(name))
+            assert "``" not in text and ":func:" not in text and ":class:" not in text, name
+    # the summary is the docstring's whole first paragraph (Softmax's ended at 'over the last axis;')
+    assert registry.layers.summary("Softmax").endswith("∂L/∂x = y ⊙ (dy - Σ_j dy_j y_j).")
+    assert "(`choose_layout`)" in cli("show", "Conv2D").out
+
+
 @pytest.mark.slow
 def test_spiral_config_reaches_97_percent(tmp_path, cli):
     r = cli("train", CONFIGS / "spiral.yaml", "--runs-dir", tmp_path)

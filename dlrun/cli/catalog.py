@@ -8,6 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import registry
+from ..config import dump_yaml
 from ..errors import UsageError
 from ..options import did_you_mean
 from ..plugins import load_plugins
@@ -45,11 +46,8 @@ def show_cmd(
 ) -> None:
     """Show a component's documentation and options (types, defaults, docs)."""
     load_plugins(plugin)
-    reg, obj = registry.find(name)
-    import inspect
-
-    doc = inspect.getdoc(obj) or ""
-    body = doc.split("\nArgs:")[0].strip()
+    reg, _ = registry.find(name)
+    body = reg.description(name)
     out.print(f"[bold]{name}[/] ({reg.kind}, {reg.origin(name)})")
     if body:
         out.print(body, markup=False)
@@ -59,7 +57,8 @@ def show_cmd(
         return
     t = Table(title="options", title_justify="left")
     for c in ("option", "type", "default", "description"):
-        t.add_column(c)
+        t.add_column(c, no_wrap=c == "option")  # the names are the config keys: never cut
     for o in opts:
-        t.add_row(o.name, escape(o.type_name), escape("(required)" if o.required else repr(o.default)), escape(o.doc))
+        default = "(required)" if o.required else dump_yaml(o.default).removesuffix("\n...\n").strip()
+        t.add_row(o.name, escape(o.type_name), escape(default), escape(o.doc))
     out.print(t)
