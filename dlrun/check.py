@@ -94,6 +94,7 @@ def check_config(config: Config, checkpoint_path: str | Path | None = None) -> C
     model, loss, b = trainer.model, trainer.loss, trainer.backend
     ckpt = None
     if checkpoint_path is not None:
+        checkpoint_path = checkpoint.resolve(checkpoint_path)  # a run directory too, as predict takes
         arrays, _, meta = checkpoint.load(checkpoint_path)
         if isinstance(meta.get("input_shape"), list):
             ds.check_input_shape(tuple(meta["input_shape"]), f"the model in {checkpoint_path}")

@@ -99,7 +99,7 @@ def describe(hint) -> str:
 
     reg = registry_for_type(hint)
     if reg is not None:
-        return f"{'an' if reg.kind[0] in 'aeiou' else 'a'} {reg.kind} name or spec"
+        return f"{reg.article} {reg.kind} name or spec"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
             FilePath: "a file path", Path: "a file path", Any: "any value"}.get(hint, getattr(hint, "__name__", str(hint)))
 

@@ -129,7 +129,7 @@ class Registry:
         """The component called ``name``, or a RegistryError with did-you-mean and valid names."""
         load_builtins()
         if not isinstance(name, str):
-            raise ConfigError(f"expected a {self.kind} name, got {name!r}", where)
+            raise ConfigError(f"expected {self.article} {self.kind} name, got {name!r}", where)
         if name not in self._entries:
             valid = ", ".join(self.names())
             raise ConfigError(
@@ -137,6 +137,11 @@ class Registry:
                 where,
             )
         return self._entries[name]
+
+    @property
+    def article(self) -> str:
+        """'an' before 'initializer' and 'optimizer', else 'a'."""
+        return "an" if self.kind[0] in "aeiou" else "a"
 
     def origin(self, name: str) -> str:
         return self._origin.get(name, "builtin")
@@ -168,13 +173,13 @@ class Registry:
         if isinstance(spec, dict):
             if "type" not in spec:
                 raise ConfigError(
-                    f"expected a {self.kind} name or a mapping with a 'type' key, got a mapping with keys "
+                    f"expected {self.article} {self.kind} name or a mapping with a 'type' key, got a mapping with keys "
                     f"{', '.join(map(str, spec)) or '(none)'}{self._type_hint(spec)}",
                     where,
                 )
             opts = {k: v for k, v in spec.items() if k != "type"}
             return spec["type"], opts
-        raise ConfigError(f"expected a {self.kind} name or a mapping with a 'type' key, got {spec!r}", where)
+        raise ConfigError(f"expected {self.article} {self.kind} name or a mapping with a 'type' key, got {spec!r}", where)
 
     def _type_hint(self, spec: dict) -> str:
         """How to write a mapping that lacks 'type': ``{Linear: {units: 3}}`` or ``{name: spiral}``."""

@@ -229,9 +229,18 @@ def test_checkpoint_case(tmp_path, case, make, extra, code, fragments):
 
 
 def test_good_checkpoint_fits(tmp_path):
-    r = run_cli("check", f"{C}/valid.yaml", "--checkpoint", _good_checkpoint(tmp_path))
+    ckpt = _good_checkpoint(tmp_path)
+    r = run_cli("check", f"{C}/valid.yaml", "--checkpoint", ckpt)
     assert r.code == 0, r.err
     assert "fits the model" in r.out
+    r = run_cli("check", f"{C}/valid.yaml", "--checkpoint", ckpt.parent.parent)  # a run directory, as predict takes
+    assert r.code == 0, r.err
+    assert "checkpoints/best.npz fits the model" in r.out
+
+
+def test_component_kinds_take_the_right_article(tmp_path):
+    r = run_cli("check", f"{C}/valid.yaml", "--set", "optimizer=[1]")
+    assert r.code == 2 and "expected an optimizer name or a mapping" in r.err, r.err
 
 
 def test_files_of_the_wrong_kind_are_named_for_what_they_are(tmp_path):

@@ -106,6 +106,7 @@ def test_all_summary_keeps_one_line_per_check_at_80_columns_and_lists_problems_b
     assert rows["HalfReQU"][-1] == "FAIL" and rows["HalfReQU"][-2].endswith("s")
     assert any(row[4:-2] == ["ok", "with", "kinks"] for row in rows.values())  # float32 puts some in that band
     assert "  HalfReQU: FAIL x" in lines
+    assert r.err.count("warning: float32 check") == 1  # said once for the whole run, as for one check
     assert any(line.startswith("  Raises: ERROR ") for line in lines)
 
 

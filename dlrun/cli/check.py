@@ -29,7 +29,8 @@ def check_cmd(
     set_: list[str] = typer.Option([], "--set", help=SET_HELP, metavar="KEY=VALUE"),
     plugin: list[str] = PLUGIN,
     device: Optional[str] = typer.Option(None, "--device", help="cpu or gpu (overrides the config)."),
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Also check that this checkpoint fits the model."),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", metavar="RUN_DIR|CHECKPOINT",
+                                              help="Also check that this checkpoint (or run directory's best) fits the model."),
 ) -> None:
     """Validate a config, build the model and run one batch forward and backward; train nothing, write nothing."""
     load_plugins(plugin)

@@ -193,6 +193,8 @@ def gradcheck_cmd(
             out.print(summary_table(reports))
             for line in problem_lines(reports):
                 out.print(line)
+            for w in dict.fromkeys(w for r in reports for w in r.warnings):  # each once (float32, device)
+                err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
             bad = [r.layer for r in reports if r.verdict != PASS]
             kinds = ", ".join(f"{len(r.names())} {r.plural}" for r in (registry.layers, registry.losses,
                                                                            registry.regularizers))
