@@ -39,15 +39,18 @@ class Source:
     flags: dict[str, str] = field(default_factory=dict)
 
     def locate(self, path: str) -> Location:
-        for flagged, flag in self.flags.items():  # a key created by --set a.b=1 locates "a" too
-            if path and flagged.startswith((path + ".", path + "[")) and path not in self.lines:
-                return Location(flag, None, path)
         probe = path
         while True:
             if probe in self.flags:
                 return Location(self.flags[probe], None, path)
             if probe in self.lines:
                 return Location(self.file, self.lines[probe], path)
+            # a mapping that --set a.b=1 created (no file line) is located by that flag, and so is
+            # a default filled into it (a.monitor): not the file's line of the enclosing section
+            created = next((flag for flagged, flag in self.flags.items()
+                            if probe and flagged.startswith((probe + ".", probe + "["))), None)
+            if created is not None:
+                return Location(created, None, path)
             if not probe:
                 return Location(self.file, None, path)
             parent = re.sub(r"(\.[^.\[\]]+|\[\d+\])$", "", probe)

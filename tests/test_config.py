@@ -79,6 +79,11 @@ def test_set_overrides_are_typed_and_validated(tmp_path):
         load_config(p, ["train.epochs"])
     with pytest.raises(ConfigError, match=r"model\[7\]: index 7 is out of range"):
         load_config(p, ["model[7].units=3"])
+    # a section that --set created is located by that --set, also for a key filled in by default
+    cfg = load_config(p, ["train.early_stopping.patience=3"])
+    assert str(cfg.locate("train.early_stopping.monitor")) == \
+        "--set train.early_stopping.patience=3: train.early_stopping.monitor"
+    assert str(cfg.locate("train.epochs")).startswith(str(p))  # keys from the file keep their line
 
 
 def test_seed_and_device_flags_override(tmp_path):
