@@ -149,6 +149,8 @@ class Layer:
 
         Give either an ``initializer`` (called as ``initializer(shape, fan_in, fan_out, rng)``)
         or a fixed host ``value``. Returns the Parameter, also stored in ``self.params[name]``.
+        Without ``fan_in``/``fan_out``, a weight of shape (out, in, *kernel) has PyTorch's fans:
+        fan_in = in·prod(kernel), fan_out = out·prod(kernel) (a vector: its length for both).
         """
         shape = tuple(int(s) for s in shape)
         if value is None:
@@ -156,7 +158,7 @@ class Layer:
                 raise ValueError(f"parameter {name!r} needs an initializer or a value")
             rng = self._init_rng if self._init_rng is not None else np.random.default_rng(0)
             fi = fan_in if fan_in is not None else (int(np.prod(shape[1:])) if len(shape) > 1 else shape[0])
-            fo = fan_out if fan_out is not None else shape[0]
+            fo = fan_out if fan_out is not None else shape[0] * int(np.prod(shape[2:]))
             value = initializer(shape, fi, fo, rng)
         host = np.asarray(value, dtype=self.dtype)
         if host.shape != shape:
