@@ -86,6 +86,23 @@ def test_bce_is_stable_for_huge_logits_in_float32():
     np.testing.assert_allclose(d[:, 0], [0.25, -0.25, 0.0, 0.0], atol=1e-7)
 
 
+def test_bce_gradient_keeps_its_relative_accuracy_on_both_sides_in_float32():
+    """σ(z) − y for y = 1 and large z: σ(z) rounds to 1 in float32 from z ≈ 17, so the old
+    gradient was 0 there while its mirror image (y = 0, z < 0) was exact."""
+    l = loss("BinaryCrossEntropy")
+    z = np.array([20.0, -20.0, 17.0, -17.0, 0.3, -5.0], dtype=np.float32)
+    y = np.array([1, 0, 1, 0, 0, 1])
+    l.forward(z, y)
+    d = l.backward()
+    assert d.dtype == np.float32
+    z64 = z.astype(np.float64)
+    exact = np.where(y == 1, -1 / (1 + np.exp(z64)), 1 / (1 + np.exp(-z64))) / len(z)  # σ(z) − y
+    np.testing.assert_allclose(d, exact, rtol=1e-6)
+    soft = np.array([0.25, 0.75])  # targets in [0, 1] too
+    l.forward(np.array([1.5, -0.5]), soft)
+    np.testing.assert_allclose(l.backward(), (1 / (1 + np.exp(-np.array([1.5, -0.5]))) - soft) / 2, rtol=1e-14)
+
+
 def test_bce_predict_probabilities_and_shape_checks():
     l = loss("BinaryCrossEntropy")
     z = np.array([[-2.0], [0.5], [3.0]])

@@ -43,8 +43,15 @@ class BinaryCrossEntropy(Loss):
         return (xp.maximum(zf, 0) - zf * yf + xp.log1p(xp.exp(-xp.abs(zf)))).mean()
 
     def backward(self):
-        d = _sigmoid(self._z)
-        d -= self._y
+        # σ(z) − y as (1 − y)·σ(z) − y·σ(−z): for y = 1 and large z, σ(z) − 1 cancels to 0 in
+        # float32 (from z ≈ 17) while −σ(−z) keeps its value; both from one exp(−|z|)
+        xp, z, y = array_module(self._z), self._z, self._y
+        e = xp.exp(-xp.abs(z))
+        inv = 1 / (1 + e)
+        e *= inv  # σ(−|z|)
+        pos = z >= 0
+        d = (1 - y) * xp.where(pos, inv, e)
+        d -= y * xp.where(pos, e, inv)
         d /= d.shape[0]
         return d.reshape(self._shape)
 
