@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import inspect
-import re
-import typing
-from dataclasses import dataclass
 from typing import Any, Callable
 
+from . import docstrings
+from .docstrings import signature
 from .errors import ConfigError, DlrunError, Location, UsageError, collect
-from .options import OptionError, check_value, describe, did_you_mean
+from .options import OptionError, check_value, did_you_mean
 
 Locate = Callable[[str], Location]
 _TYPE_ALIASES = {"name", "kind", "class", "layer", "cls"}  # keys users write where 'type' belongs
@@ -22,56 +20,6 @@ _TYPE_ALIASES = {"name", "kind", "class", "layer", "cls"}  # keys users write wh
 
 class RegistryError(UsageError):
     """A registration or lookup problem (duplicate name, unknown name)."""
-
-
-@dataclass(frozen=True)
-class Option:
-    """One option of a component, as `dlrun show` prints it."""
-
-    name: str
-    hint: Any
-    default: Any
-    required: bool
-    doc: str
-
-    @property
-    def type_name(self) -> str:
-        return describe(self.hint)
-
-
-def _doc(obj) -> str:
-    """The docstring as a terminal shows it: Sphinx roles (``:func:`f```) become plain names and
-    double backquotes single ones."""
-    doc = inspect.getdoc(obj) or ""
-    return re.sub(r":\w+:`~?([^`]+)`", r"`\1`", doc).replace("``", "`")
-
-
-def _doc_args(obj) -> dict[str, str]:
-    """Parse a Google-style ``Args:`` section into {name: text}."""
-    doc = _doc(obj)
-    out: dict[str, str] = {}
-    m = re.search(r"^Args:\s*$(.*?)(?:^\S|\Z)", doc, re.M | re.S)
-    if not m:
-        return out
-    current = None
-    for line in m.group(1).splitlines():
-        hit = re.match(r"^\s{2,8}(\w+)(?:\s*\([^)]*\))?:\s*(.*)$", line)
-        if hit:
-            current = hit.group(1)
-            out[current] = hit.group(2).strip()
-        elif current and line.strip():
-            out[current] += " " + line.strip()
-    return out
-
-
-def signature(obj) -> inspect.Signature:
-    """The options' signature: ``__init__`` without ``self`` for classes, else the function's."""
-    if inspect.isclass(obj):
-        if obj.__init__ is object.__init__:
-            return inspect.Signature()
-        sig = inspect.signature(obj.__init__)
-        return sig.replace(parameters=list(sig.parameters.values())[1:])
-    return inspect.signature(obj)
 
 
 def _default_locate(path: str) -> Location:
@@ -148,23 +96,15 @@ class Registry:
 
     def summary(self, name: str) -> str:
         """The docstring's first paragraph, on one line."""
-        return " ".join(self.description(name).split("\n\n")[0].split())
+        return docstrings.summary(self.get(name))
 
     def description(self, name: str) -> str:
-        """The docstring up to its ``Args:`` section, as a terminal shows it (see _doc)."""
-        return _doc(self.get(name)).split("\nArgs:")[0].strip()
+        """The docstring up to its ``Args:`` section, as a terminal shows it."""
+        return docstrings.description(self.get(name))
 
-    def options(self, name: str) -> list[Option]:
+    def options(self, name: str) -> list[docstrings.Option]:
         """The component's options: name, type hint, default, docs."""
-        obj = self.get(name)
-        target = obj.__init__ if inspect.isclass(obj) else obj
-        hints = typing.get_type_hints(target, include_extras=True)
-        docs = _doc_args(obj)
-        out = []
-        for p in signature(obj).parameters.values():
-            required = p.default is inspect.Parameter.empty
-            out.append(Option(p.name, hints.get(p.name, Any), None if required else p.default, required, docs.get(p.name, "")))
-        return out
+        return docstrings.options(self.get(name))
 
     def parse_spec(self, spec, where: Location | None = None) -> tuple[str, dict]:
         """Split ``'ReLU'`` or ``{type: Linear, units: 3}`` into (name, options)."""
