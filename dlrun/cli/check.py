@@ -28,7 +28,7 @@ def check_cmd(
     config: Path = typer.Argument(..., help="YAML config file."),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP, metavar="KEY=VALUE"),
     plugin: list[str] = PLUGIN,
-    device: Optional[str] = typer.Option(None, "--device", help="cpu or gpu (overrides the config)."),
+    device: Optional[str] = typer.Option(None, "--device", metavar="cpu|gpu", help="cpu or gpu (overrides the config)."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", metavar="RUN_DIR|CHECKPOINT",
                                               help="Also check that this checkpoint (or run directory's best) fits the model."),
 ) -> None:

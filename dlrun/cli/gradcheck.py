@@ -167,7 +167,7 @@ def gradcheck_cmd(
     nondet_tol: Optional[float] = typer.Option(None, "--nondet-tol", help="Allowed difference between two backward "
                                                "passes after one forward, relative to the largest gradient entry "
                                                "(default 0 on cpu: identical; 1e-12 on gpu)."),
-    device: str = typer.Option("cpu", "--device", help="cpu, or gpu: run the checked code on CuPy (the "
+    device: str = typer.Option("cpu", "--device", metavar="cpu|gpu", help="cpu, or gpu: run the checked code on CuPy (the "
                                "comparison stays on the host in float64)."),
     dims: Optional[str] = typer.Option(None, "--dims", metavar="N=7,D=3,...",
                                        help="Check one shape configuration with these sizes instead of the two defaults."),

@@ -15,7 +15,7 @@ from . import err
 TARGET = typer.Argument(..., metavar="RUN_DIR|CHECKPOINT",
                         help="A run directory (its checkpoints/best.npz, else last.npz) or a .npz checkpoint.")
 BATCH_SIZE = typer.Option(None, "--batch-size", min=1, help="Samples per forward pass.")
-DEVICE = typer.Option(None, "--device", help="cpu or gpu (default: the device the run used).")
+DEVICE = typer.Option(None, "--device", metavar="cpu|gpu", help="cpu or gpu (default: the device the run used).")
 
 
 def open_trained(target: Path, device: Optional[str]) -> inference.Restored:

@@ -24,7 +24,7 @@ def time_cmd(
     config: Path = typer.Argument(..., help="YAML config file."),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP, metavar="KEY=VALUE"),
     batches: int = typer.Option(20, "--batches", help="Timed training steps (after 2 untimed warm-up steps)."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu or gpu (overrides the config)."),
+    device: Optional[str] = typer.Option(None, "--device", metavar="cpu|gpu", help="cpu or gpu (overrides the config)."),
     plugin: list[str] = PLUGIN,
 ) -> None:
     """Time each layer's forward and backward pass, the loss and the optimizer step (median per batch)."""

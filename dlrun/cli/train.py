@@ -22,7 +22,7 @@ SET_HELP = "Override a config key by its dotted path, e.g. train.epochs=5 or mod
 def train_cmd(
     config: Optional[Path] = typer.Argument(None, help="YAML config file (omit with --resume)."),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP, metavar="KEY=VALUE"),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu or gpu (overrides the config)."),
+    device: Optional[str] = typer.Option(None, "--device", metavar="cpu|gpu", help="cpu or gpu (overrides the config)."),
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Folder for run directories."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Random seed (overrides the config)."),
     plugin: list[str] = PLUGIN,
