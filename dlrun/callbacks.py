@@ -52,17 +52,19 @@ class GradientClipping(Callback):
 
 
 class LearningRateScheduler(Callback):
-    """Sets ``optimizer.learning_rate = schedule.value(epoch)`` before each epoch.
+    """Sets ``optimizer.learning_rate`` from the schedule before each epoch, or before every step.
 
     The schedule's base rate lr₀ is the optimizer's learning rate when training begins.
 
     Args:
         schedule: a :class:`~dlrun.schedules.Schedule`.
         epochs: the number of epochs the run trains (what cosine anneals over by default).
+        interval: "epoch" (``schedule.value(epoch)`` for the whole epoch) or "step"
+            (``schedule.at(u, 1/B)`` before each of the epoch's B steps, u the epochs done).
     """
 
-    def __init__(self, schedule: Schedule, epochs: int):
-        self.schedule, self.epochs = schedule, epochs
+    def __init__(self, schedule: Schedule, epochs: int, interval: str = "epoch"):
+        self.schedule, self.epochs, self.interval = schedule, epochs, interval
         self.base_lr = None
         self._restored = None
 
@@ -85,7 +87,13 @@ class LearningRateScheduler(Callback):
         self._restored = state["schedule"]
 
     def on_epoch_begin(self, epoch, batches):
-        self.optimizer.learning_rate = float(self.schedule.value(epoch))
+        self.batches = batches
+        rate = self.schedule.value(epoch) if self.interval == "epoch" else self.schedule.at(epoch - 1, 1 / batches)
+        self.optimizer.learning_rate = float(rate)
+
+    def on_batch_end(self, epoch, batch):
+        if self.interval == "step" and batch < self.batches:  # the rate of the next step
+            self.optimizer.learning_rate = float(self.schedule.at(epoch - 1 + batch / self.batches, 1 / self.batches))
 
     def on_epoch_end(self, epoch, metrics):
         self.schedule.observe(epoch, metrics)
@@ -190,7 +198,10 @@ def from_config(config, has_validation: bool, classification: bool) -> list[Call
         schedule = registry.schedules.build(t.schedule, "train.schedule", config.locate)
         if schedule.monitor is not None:
             check_monitor(schedule.monitor, "train.schedule", has_validation, classification, config.locate)
-        out.append(LearningRateScheduler(schedule, t.epochs))
+        if t.schedule_interval == "step" and not schedule.per_step():
+            raise ConfigError(f"schedule {schedule!r} defines a rate per epoch only (value), not per step (at); "
+                              f"set train.schedule_interval: epoch", config.locate("train.schedule_interval"))
+        out.append(LearningRateScheduler(schedule, t.epochs, t.schedule_interval))
     if t.early_stopping is not None:
         check_monitor(t.early_stopping.monitor, "train.early_stopping.monitor", has_validation, classification,
                       config.locate)

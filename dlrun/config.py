@@ -54,6 +54,8 @@ class TrainSettings:
         clip_norm: rescale all gradients together when their global L2 norm exceeds this.
         clip_value: clip every gradient entry to [-clip_value, clip_value].
         schedule: learning-rate schedule, e.g. {type: cosine} (see `dlrun list schedules`).
+        schedule_interval: epoch (the schedule sets the rate once per epoch) or step (before
+            every step, as Keras' LearningRateSchedule and Lightning's interval: step).
         early_stopping: stop when a metric stops improving (see EarlyStoppingSettings).
         checkpoint_every: write checkpoints/last.npz (and best.npz) every N epochs, and at the end.
         monitor: metric that picks checkpoints/best.npz (lowest loss, highest accuracy); null means
@@ -68,6 +70,7 @@ class TrainSettings:
     clip_norm: PositiveFloat | None = None
     clip_value: PositiveFloat | None = None
     schedule: Any = None  # a schedule spec, checked against registry.schedules in validate()
+    schedule_interval: Literal["epoch", "step"] = "epoch"
     early_stopping: EarlyStoppingSettings | None = None
     checkpoint_every: PositiveInt = 1
     monitor: Literal["val_loss", "val_accuracy", "train_loss", "train_accuracy"] | None = None

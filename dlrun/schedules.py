@@ -1,10 +1,13 @@
-"""Learning-rate schedules, configured as ``train.schedule`` and applied once per epoch.
+"""Learning-rate schedules, configured as ``train.schedule`` and applied once per epoch, or before
+every step with ``train.schedule_interval: step``.
 
-A schedule maps the (1-based) epoch number to the learning rate used for that whole epoch,
-relative to the optimizer's configured ``learning_rate`` (the base rate lr₀). The trainer
-callback :class:`dlrun.callbacks.LearningRateScheduler` sets it before each epoch; the rate
-actually used is written to metrics.csv (``learning_rate``). Epoch numbers are absolute, so a
-resumed run continues the schedule where it stopped (reduce_on_plateau restarts its counters).
+A schedule maps the training position to the learning rate, relative to the optimizer's
+configured ``learning_rate`` (the base rate lr₀). ``at(u, delta)`` is the rate of a step that
+starts after u epochs (fractional) and lasts delta epochs: per epoch, epoch e is u = e − 1,
+delta = 1 (``value(e)``); per step, step b (from 0) of B in epoch e is u = e − 1 + b/B,
+delta = 1/B. The trainer callback :class:`dlrun.callbacks.LearningRateScheduler` sets it; the
+rate of each epoch's last step is written to metrics.csv (``learning_rate``). Positions are
+absolute, so a resumed run continues the schedule where it stopped.
 """
 from __future__ import annotations
 
@@ -20,7 +23,9 @@ Factor = Annotated[float, Range(0, 1, min_inclusive=False, max_inclusive=False)]
 
 
 class Schedule:
-    """Base class: ``value(epoch)`` is the learning rate of 1-based ``epoch``."""
+    """Base class: ``at(u, delta)`` is the rate of a step starting after u epochs and lasting delta
+    epochs; ``value(epoch)`` the rate of the whole 1-based ``epoch``. A schedule defines ``at``
+    (then both work) or only ``value`` (then it runs per epoch only)."""
 
     monitor: str | None = None  # the metric a schedule reads in ``observe`` (checked before training)
 
@@ -28,8 +33,15 @@ class Schedule:
         """Called once before training with lr₀ and the number of epochs the schedule spans."""
         self.base_lr, self.epochs = float(base_lr), int(epochs)
 
+    def at(self, u: float, delta: float) -> float:
+        raise NotImplementedError(f"{type(self).__name__} defines no per-step rate (at)")
+
     def value(self, epoch: int) -> float:
-        raise NotImplementedError
+        return self.at(epoch - 1, 1.0)
+
+    def per_step(self) -> bool:
+        """Whether the schedule has a per-step form (defines ``at``)."""
+        return type(self).at is not Schedule.at
 
     def observe(self, epoch: int, metrics: dict) -> None:
         """Called after each epoch with its metrics row (only reduce_on_plateau uses it)."""
@@ -67,8 +79,8 @@ class StepDecay(Schedule):
     def __init__(self, step_size: PositiveInt = 10, gamma: PositiveFloat = 0.1):
         self.step_size, self.gamma = step_size, gamma
 
-    def value(self, epoch):
-        return self.base_lr * self.gamma ** ((epoch - 1) // self.step_size)
+    def at(self, u, delta):
+        return self.base_lr * self.gamma ** math.floor(u / self.step_size + 1e-9)  # at epoch starts
 
 
 @schedules.register("exponential")
@@ -82,8 +94,8 @@ class ExponentialDecay(Schedule):
     def __init__(self, gamma: PositiveFloat = 0.95):
         self.gamma = gamma
 
-    def value(self, epoch):
-        return self.base_lr * self.gamma ** (epoch - 1)
+    def at(self, u, delta):
+        return self.base_lr * self.gamma ** u
 
 
 @schedules.register("cosine")
@@ -101,9 +113,9 @@ class CosineDecay(Schedule):
     def __init__(self, min_lr: NonNegativeFloat = 0.0, period: PositiveInt | None = None):
         self.min_lr, self.period = min_lr, period
 
-    def value(self, epoch):
+    def at(self, u, delta):
         t = self.period or self.epochs
-        frac = min(epoch - 1, t) / t
+        frac = min(u, t) / t
         return self.min_lr + (self.base_lr - self.min_lr) * 0.5 * (1.0 + math.cos(math.pi * frac))
 
 
@@ -131,10 +143,18 @@ class LinearWarmup(Schedule):
         if self.then is not None:
             self.then.start(base_lr, max(epochs - self.warmup, 1))
 
-    def value(self, epoch):
-        if epoch <= self.warmup:
-            return self.base_lr * (self.start_factor + (1.0 - self.start_factor) * epoch / self.warmup)
-        return self.then.value(epoch - self.warmup) if self.then is not None else self.base_lr
+    def at(self, u, delta):
+        done = u + delta  # epochs done after this step: the line reaches lr₀ with the W-th epoch's last step
+        if done <= self.warmup + 1e-9:
+            return self.base_lr * (self.start_factor + (1.0 - self.start_factor) * done / self.warmup)
+        if self.then is None:
+            return self.base_lr
+        if self.then.per_step():
+            return self.then.at(u - self.warmup, delta)
+        return self.then.value(round(u) + 1 - self.warmup)  # a plugin schedule with value(epoch) only
+
+    def per_step(self):
+        return self.then is None or self.then.per_step()
 
     def observe(self, epoch, metrics):
         if self.then is not None and epoch > self.warmup:
@@ -176,8 +196,8 @@ class ReduceOnPlateau(Schedule):
         super().start(base_lr, epochs)
         self.lr, self.best, self.wait, self.cooling = self.base_lr, None, 0, 0
 
-    def value(self, epoch):
-        return self.lr
+    def at(self, u, delta):
+        return self.lr  # changes only between epochs (observe)
 
     def observe(self, epoch, metrics):
         current = metrics[self.monitor]

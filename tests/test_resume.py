@@ -298,3 +298,21 @@ train: {epochs: 2, batch_size: 8, validation_split: 0.25}
     assert r.code == 0, r.err
     r = run_cli("train", "--resume", run, "--set", "train.epochs=3", cwd=tmp_path / "elsewhere")
     assert r.code == 0, r.err
+
+
+def test_per_step_schedule_resumes_exactly_and_records_the_last_steps_rate(tmp_path):
+    text = (CONTROLLED.replace("PATIENCE", "50")
+            .replace(CONTROLLED[CONTROLLED.index("  schedule:"):CONTROLLED.index("  early_stopping:")],
+                     "  schedule: {type: warmup, epochs: 1, then: {type: cosine, period: 3}}\n"
+                     "  schedule_interval: step\n"))
+    straight = train(write(tmp_path / "s.yaml", text.replace("EPOCHS", "4")), tmp_path / "a")
+    part = train(write(tmp_path / "h.yaml", text.replace("EPOCHS", "2")), tmp_path / "b")
+    r = run_cli("train", "--resume", part, "--set", "train.epochs=4")
+    assert r.code == 0, r.err
+    rows = metrics_rows(straight)
+    assert metrics_rows(part) == rows
+    # 72 training samples at batch 16: 5 steps an epoch; a row holds the rate of its epoch's last
+    # step: lr₀ = 0.3 at the end of the warm-up, then cosine over 3 epochs = 15 steps, of which
+    # 4, 9 and 14 are done before the last step of epochs 2, 3 and 4
+    expect = [0.3] + [0.15 * (1 + np.cos(np.pi * k / 15)) for k in (4, 9, 14)]
+    assert [float(x["learning_rate"]) for x in rows] == pytest.approx(expect, rel=1e-12)

@@ -132,3 +132,67 @@ def test_schedule_shorthand_and_set_override(tmp_path):
     p = write(tmp_path / "c.yaml", CONFIG % "exponential")
     cfg = load_config(p, ["train.schedule.gamma=0.5"])
     assert cfg.train.schedule == {"type": "exponential", "gamma": 0.5}
+
+
+def per_step_rates(spec, base=0.1, epochs=3, batches=4):
+    """The rates LearningRateScheduler sets in step mode, driven as Trainer.fit drives callbacks."""
+    from dlrun.callbacks import LearningRateScheduler
+
+    opt = type("Opt", (), {"learning_rate": base})()
+    cb = LearningRateScheduler(registry.schedules.build(spec), epochs, "step")
+    cb.on_train_begin(type("T", (), {"optimizer": opt})())
+    rates = []
+    for e in range(1, epochs + 1):
+        cb.on_epoch_begin(e, batches)
+        for b in range(1, batches + 1):
+            rates.append(opt.learning_rate)  # the rate this step uses
+            cb.on_batch_end(e, b)
+    return rates
+
+
+def test_per_step_cosine_is_the_closed_form_in_steps():
+    # k = steps done before this one, K = all steps: lr = ½·lr₀·(1 + cos(πk/K)), as torch's CosineAnnealingLR per step
+    got = per_step_rates({"type": "cosine"}, epochs=3, batches=4)
+    assert got == pytest.approx([0.05 * (1 + math.cos(math.pi * k / 12)) for k in range(12)], rel=1e-12)
+
+
+def test_per_step_warmup_reaches_lr0_at_the_last_warmup_step_then_anneals():
+    got = per_step_rates({"type": "warmup", "epochs": 1, "then": {"type": "cosine"}}, epochs=3, batches=4)
+    assert got[:4] == pytest.approx([0.025, 0.05, 0.075, 0.1], rel=1e-12)  # k/(W·B), k from 1
+    # then cosine over the remaining 2 epochs = 8 steps, starting at lr₀
+    assert got[4:] == pytest.approx([0.05 * (1 + math.cos(math.pi * k / 8)) for k in range(8)], rel=1e-12)
+
+
+@pytest.mark.parametrize("spec", [{"type": "step", "step_size": 1, "gamma": 0.5}, {"type": "exponential", "gamma": 0.5},
+                                  "reduce_on_plateau"])
+def test_per_step_rates_agree_with_per_epoch_ones_at_each_epoch_start(spec):
+    got = per_step_rates(spec, epochs=3, batches=4)
+    assert got[::4] == pytest.approx(lrs(spec, epochs=3), rel=1e-12)
+    if spec != {"type": "exponential", "gamma": 0.5}:  # step decay and plateau change only between epochs
+        assert got == pytest.approx([r for r in lrs(spec, epochs=3) for _ in range(4)], rel=1e-12)
+    else:  # exponential decays within the epoch too: 0.5^(1/4) per step
+        assert got[1] / got[0] == pytest.approx(0.5 ** 0.25, rel=1e-12)
+
+
+def test_schedule_interval_is_checked(tmp_path):
+    from dlrun.callbacks import from_config
+    from dlrun.schedules import Schedule
+
+    base = "data: spiral\nmodel: [{type: Linear, units: 3}]\nloss: SoftmaxCrossEntropy\noptimizer: SGD\n"
+    with pytest.raises(ConfigError, match="schedule_interval: expected one of 'epoch', 'step', got 'batch'"):
+        load_config(write(tmp_path / "a.yaml", base + "train: {schedule: cosine, schedule_interval: batch}\n"))
+
+    @registry.schedules.register("halving_test")
+    class Halving(Schedule):
+        """lr = lr₀ / 2^(epoch − 1), per epoch only."""
+
+        def value(self, epoch):
+            return self.base_lr / 2 ** (epoch - 1)
+
+    try:
+        cfg = load_config(write(tmp_path / "b.yaml", base + "train: {schedule: halving_test, schedule_interval: step}\n"))
+        with pytest.raises(ConfigError, match="defines a rate per epoch only"):
+            from_config(cfg, has_validation=False, classification=True)
+        assert lrs("halving_test", n=3) == [0.1, 0.05, 0.025]  # per epoch it works
+    finally:
+        registry.schedules.unregister("halving_test")
