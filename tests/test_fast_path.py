@@ -46,6 +46,21 @@ def test_softmax_cross_entropy_matches_float64_closed_form(classes, pooled):
         np.testing.assert_allclose(d, (p - onehot) / 7, atol=1e-6)
 
 
+@pytest.mark.parametrize("label_dtype", [np.uint8, np.int16, np.int32])
+def test_softmax_cross_entropy_takes_narrow_integer_labels(label_dtype):
+    """Labels index the n·c flat scores: in their own dtype the offsets wrapped (uint8 raised
+    OverflowError at 300 classes). The trainer always passes int64; the API need not."""
+    rng = np.random.default_rng(1)
+    z = rng.standard_normal((20, 300))
+    y = rng.integers(0, 250, 20)
+    loss = registry.losses.build("SoftmaxCrossEntropy")
+    value = loss.forward(z, y.astype(label_dtype))
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    assert float(value) == pytest.approx(-np.log(p[np.arange(20), y]).mean(), rel=1e-12)
+    np.testing.assert_allclose(loss.backward(), (p - np.eye(300)[y]) / 20, atol=1e-15)
+
+
 def test_pooled_softmax_cross_entropy_follows_the_batch_shape():
     """Cached row offsets and buffers are per shape: a partial last batch, then fewer classes."""
     rng = np.random.default_rng(5)

@@ -29,6 +29,8 @@ class SoftmaxCrossEntropy(Loss):
 
     def forward(self, z, y):
         xp = array_module(z)
+        if y.dtype.itemsize < 8:  # labels index n·c flat scores: narrow ones (uint8) would wrap
+            y = y.astype(np.int64)
         if _EXP.on(xp) is not None:  # GPU
             return self._forward_fused(xp, z, y)
         n, c = z.shape
