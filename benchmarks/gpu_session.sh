@@ -25,7 +25,9 @@ except Exception as e:
 PY
 if has tests; then
   echo "== test suite (GPU tests included)"
-  $PY -m pytest -q -p no:cacheprovider -n 8 tests >"$OUT/tests.log" 2>&1
+  # pytest-xdist is in the dev extra; without it the suite runs serially rather than not at all
+  workers=$($PY -c "import xdist" 2>/dev/null && echo "-n 8")
+  $PY -m pytest -q -p no:cacheprovider $workers tests >"$OUT/tests.log" 2>&1
   grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
 fi
