@@ -64,6 +64,10 @@ class Sequential:
                 where = locate(f"model[{i}]") if locate else Location(path=f"model[{i}]")
                 raise ShapeError(f"{type(layer).__name__} cannot take input of shape {shape}: "
                                  f"{e or type(e).__name__}", where) from None
+            except DlrunError:
+                raise
+            except Exception as e:  # a bug in the layer's build (IndexError, KeyError, ...): name it
+                raise self._raised(e, "build") from e
             self.shapes.append(shape)
         self.output_shape = shape
         # forward runs layers[order[0]], layers[order[1]], ...; backward the reverse. Position k
@@ -167,6 +171,10 @@ class Sequential:
         position ``k`` of the execution order on ``a`` alone, with the first call's contract checks
         and a failure named as :meth:`forward` names it (``dlrun check`` goes layer by layer)."""
         layer, n, given = self._run[k], len(a), a.dtype
+        grads = [(name, p) for name, p in layer.params.items() if p.trainable] if call == "backward" else []
+        for _, p in grads:  # backward must write every element: NaN left over means += or no write
+            if p.grad is not None and p.grad.dtype.kind == "f":
+                p.grad.fill(np.nan)
         try:
             if call == "forward":
                 out = layer.forward(a, y) if self._labelled[k] else layer.forward(a)
@@ -176,6 +184,8 @@ class Sequential:
             raise
         except Exception as e:
             raise self._raised(e, call) from e
+        for name, p in grads:
+            self._expect_grad(self.order[k], name, p)
         if call == "forward":
             # the model's dtype, or the input's when the caller passed another float dtype
             self._expect(self.order[k], "forward", "its output", out, (n, *self.order_shapes[k]), {self.dtype, given})
@@ -185,14 +195,26 @@ class Sequential:
             self._expect(self.order[k], "backward", "dx", out, (n, *shape), {self.dtype, given} if k else None)
         return out
 
+    def _expect_grad(self, i: int, name: str, p) -> None:
+        """A trainable parameter's gradient after the layer's first backward: the parameter's shape,
+        dtype and device, and every element written (see checked_call)."""
+        g, layer = p.grad, self.layers[i]
+        self._expect(i, "backward", f"{name}.grad", g, tuple(p.data.shape), {p.data.dtype})
+        if g.dtype.kind == "f" and bool(self.backend.xp.isnan(g).any()):
+            raise LayerContractError(
+                f"model[{i}] {layer!r}: backward did not write every element of {name}.grad; it must set the "
+                f"whole gradient of this batch (p.grad[...] = ..., not p.grad += ...: nothing zeroes it between steps)")
+
     def _expect(self, i: int, call: str, what: str, a, shape: tuple, dtypes) -> None:
         here = a is not None and hasattr(a, "shape") and array_module(a) is self.backend.xp
         if here and tuple(a.shape) == shape and (dtypes is None or a.dtype in dtypes):
             return
         got = "None" if a is None else f"shape {tuple(getattr(a, 'shape', ()))} {getattr(a, 'dtype', type(a).__name__)}"
         where = "" if a is None or here else f" on {array_module(a).__name__}"
-        raise LayerContractError(f"model[{i}] {self.layers[i]!r}: {call} returned {what} as {got}{where}; expected "
-                                 f"shape {shape} {self.dtype} on {self.backend.name}")
+        want = self.dtype if dtypes is None or self.dtype in dtypes else next(iter(dtypes))
+        verb = "left" if what.endswith(".grad") else "returned"
+        raise LayerContractError(f"model[{i}] {self.layers[i]!r}: {call} {verb} {what} as {got}{where}; expected "
+                                 f"shape {shape} {want} on {self.backend.name}")
 
     def named_parameters(self):
         """``[("0.weight", Parameter), ...]``: qualified name = layer index and parameter name."""

@@ -51,6 +51,61 @@ def test_the_first_pass_names_a_layer_that_breaks_the_contract(how, message):
     assert str(e.value).startswith(message), str(e.value)
 
 
+class Scaled(Layer):
+    """y = x ⊙ w, w of shape (D,); its backward writes w.grad in one of several (mostly wrong) ways."""
+
+    def __init__(self, how: str = "write"):
+        self.how = how
+
+    def build(self, input_shape):
+        self.w = self.add_param("w", input_shape, value=np.ones(input_shape))
+        return input_shape
+
+    def forward(self, x, y=None):
+        self._x = x
+        return x * self.w.data
+
+    def backward(self, dy):
+        g = (dy * self._x).sum(axis=0)
+        if self.how == "write":
+            self.w.grad[...] = g
+        elif self.how == "accumulate":  # the seed NumPy library's style: the optimizer zeroes grads
+            self.w.grad += g
+        elif self.how == "partial":
+            self.w.grad[:-1] = g[:-1]
+        elif self.how == "wrong-shape":
+            self.w.grad = dy * self._x
+        return dy * self.w.data
+
+
+@pytest.mark.parametrize("how, message", [
+    ("accumulate", "model[1] Scaled(): backward did not write every element of w.grad; it must set the whole "
+                   "gradient of this batch (p.grad[...] = ..., not p.grad += ..."),
+    ("partial", "model[1] Scaled(): backward did not write every element of w.grad"),
+    ("none", "model[1] Scaled(): backward did not write every element of w.grad"),
+    ("wrong-shape", "model[1] Scaled(): backward left w.grad as shape (5, 4) float32; expected shape (4,) float32"),
+])
+def test_the_first_backward_checks_each_parameter_gradient_was_written_whole(how, message):
+    """A backward that adds into p.grad (never zeroed between steps) or skips it trained silently
+    wrong; a gradient of the wrong shape failed inside the optimizer, naming no layer."""
+    linear = registry.layers.build({"type": "Linear", "units": 4})
+    model = Sequential([linear, Scaled(how), registry.layers.build({"type": "Linear", "units": 2})], (3,), CPU,
+                       np.float32, seed=0)
+    model.forward(np.ones((5, 3), np.float32))
+    with pytest.raises(LayerContractError) as e:
+        model.backward(np.ones((5, 2), np.float32))
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_a_layer_that_writes_its_gradients_passes_the_gradient_check():
+    model = Sequential([Scaled("write"), registry.layers.build({"type": "Linear", "units": 2})], (3,), CPU,
+                       np.float32, seed=0)
+    x = np.arange(15, dtype=np.float32).reshape(5, 3)
+    model.forward(x)
+    model.backward(np.ones((5, 2), np.float32))
+    assert np.isfinite(model.layers[0].w.grad).all()
+
+
 def test_checks_run_once_and_correct_layers_pass():
     model = _model("none")
     x = np.ones((5, 3), np.float32)
