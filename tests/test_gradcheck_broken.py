@@ -171,7 +171,7 @@ class NoisyScale(Layer):
     stochastic = STOCHASTIC
 
     def forward(self, x):
-        self._m = (self.rng if USE_OWN else _RNG).uniform(0.5, 1.5, x.shape)
+        self._m = (self.rng if USE_OWN else _RNG).uniform(0.5, 1.5, x.shape).astype(x.dtype)
         return x * self._m
 
     def backward(self, dy):
@@ -289,3 +289,86 @@ def test_strict_allows_float64_rounding_of_large_outputs(cli, tmp_path):
     for scale in ("1", "1e3", "1e8"):  # 1e3 and up failed --strict on rounding of L alone
         r = cli("gradcheck", "BigCube", "--plugin", plugin, "--strict", "--set", f"scale={scale}")
         assert r.code == 0, (scale, r.out)
+
+
+NEON_STYLE = '''
+import numpy as np
+from dlrun.layers import InputSpec, Layer
+from dlrun.registry import layers
+
+
+@layers.register()
+class PlainStats(Layer):
+    """Batch normalisation whose running statistics are plain attributes (not in `state`)."""
+
+    has_phase = True
+    input_spec = InputSpec(shape=("D",))
+
+    def build(self, s):
+        self.gmean = np.zeros(s, self.dtype)
+        return s
+
+    def forward(self, x):
+        mu = x.mean(0) if self.training else self.gmean
+        if self.training:
+            self.gmean = 0.9 * self.gmean + 0.1 * mu
+        self._n = len(x) if self.training else None
+        return x - mu
+
+    def backward(self, dy):
+        return dy - dy.mean(0) if self._n else dy
+
+
+@layers.register()
+class PlainWeight(Layer):
+    """y = x Wᵀ with W a plain attribute (neon's ParameterLayer style): never trained."""
+
+    input_spec = InputSpec(shape=("D",))
+
+    def build(self, s):
+        self.W = np.full((4, s[0]), 0.5, self.dtype)
+        return (4,)
+
+    def forward(self, x):
+        return x @ self.W.T
+
+    def backward(self, dy):
+        return dy @ self.W
+
+
+@layers.register()
+class Promotes(Layer):
+    """z = x² where x > 0, its backward promoting float32 to float64 (int array times float32)."""
+
+    input_spec = InputSpec(shape=("D",))
+
+    def forward(self, x):
+        self._x = x
+        return x * x * (x > 0)
+
+    def backward(self, dy):
+        return 2 * (self._x > 0).astype(np.int64) * self._x * dy
+'''
+
+
+def test_what_training_would_lose_or_refuse_is_named_by_a_float64_check(cli, tmp_path):
+    """Three layers whose float64 gradients are right and that passed, yet train wrongly: running
+    statistics outside `state` (not checkpointed: the restored model predicted at chance), a weight
+    outside the parameters (never trained), a backward that returns float64 in float32 training."""
+    from conftest import write
+
+    plugin = write(tmp_path / "neon.py", NEON_STYLE)
+    r = cli("gradcheck", "PlainStats", "--plugin", plugin)
+    assert r.code == 1 and "RESULT PlainStats: FAIL (state)" in r.out, r.out
+    assert "gmean (an array of shape (3,): running statistics?) changed in one forward/backward but is not " \
+           "declared in `state`" in r.out
+    r = cli("gradcheck", "PlainWeight", "--plugin", plugin)
+    assert r.code == 0, r.out  # a constant may stay an attribute: a warning, not a FAIL
+    assert "PlainWeight keeps float arrays that are not parameters: W (4, 3)" in r.err
+    assert r.err.count("keeps float arrays") == 1  # once, though two shape configurations are checked
+    r = cli("gradcheck", "Promotes", "--plugin", plugin)
+    assert r.code == 1 and "RESULT Promotes: FAIL (float32)" in r.out, r.out
+    assert "in float32 ... it returns dx float64".replace("in float32 ...", "with float32 inputs and parameters "
+                                                          "(training's default)") in r.out
+    r = cli("gradcheck", "Promotes", "--plugin", plugin, "--dtype", "float32")
+    assert "x: not compared" in r.out and "x: happy" not in r.out  # no band for a tensor never compared

@@ -159,7 +159,7 @@ class Jittery(Layer):
     def backward(self, dy):
         import numpy
 
-        return 2.0 * dy * (1 + 1e-14 * numpy.random.default_rng().random(dy.shape))
+        return 2.0 * dy * (1 + 1e-14 * numpy.random.default_rng().random(dy.shape)).astype(dy.dtype)
 
 
 @layers.register()

@@ -14,6 +14,7 @@
 * second-point: a tensor that passes at point 1 also passes at point 2 on the same instance
   (stale caches, accumulating buffers);
 * wiring: perturbing each trainable parameter changes the output;
+* float32 (float64 checks): a float32 forward/backward returns float32 output, dx and gradients;
 * adds-gradient (regularizers): ``add_gradient`` adds its increment to the gradient it is given.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 from .report import FAIL, NA, PASS, AuxResult
 
 NAMES = ("output-shape", "output-finite", "output-aliasing", "grad-structure", "zero-upstream", "reentrant",
-         "inputs-unchanged", "state", "second-point", "wiring", "adds-gradient")
+         "inputs-unchanged", "state", "second-point", "wiring", "float32", "adds-gradient")
 
 
 class AuxLog:

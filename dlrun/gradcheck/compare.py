@@ -101,3 +101,23 @@ def relative_rule(run: TensorRun, rel: float, gap: float, noise: float, atol: fl
 
 
 RELATIVE_FAIL = 1e-2  # cs231n's "wrong" band; correct float64 layers reach 5e-9
+
+
+ROUNDING_NOTE = ("its failures are within float32 rounding of the finite differences (4·2⁻²⁴·‖G ⊙ out‖₂ / eps): "
+                 "rerun with --dtype float64 to tell a bug from rounding")
+
+
+def rounding_noise(g64, out0, eps: float, u: float) -> float:
+    """4·u·‖G ⊙ out‖₂ / eps: how far rounding of L = Σ G ⊙ out (each output uncertain by about u of
+    its size) can move a central difference."""
+    return 4 * u * float(np.linalg.norm(g64.ravel() * np.asarray(out0, dtype=np.float64).ravel())) / eps
+
+
+def explain_rounding(runs, g64, out0, eps: float) -> None:
+    """float32: a FAIL whose worst gap is within what rounding of L alone can make of a difference
+    (≈ 4·u·‖G ⊙ out‖₂ / h, u = 2⁻²⁴) gets a note saying so; the verdict is unchanged."""
+    noise = rounding_noise(g64, out0, eps, 2.0 ** -24)
+    for r in runs:
+        w = r.worst
+        if r.failed and w is not None and abs(w.analytic - w.numeric) <= w.tol + noise:
+            r.notes.append(ROUNDING_NOTE)

@@ -62,6 +62,25 @@ def public_scalars(layer) -> dict:
             and not isinstance(v, bool)}
 
 
+def public_arrays(layer) -> dict:
+    """Host copies of undeclared public float arrays that are not parameters (running statistics
+    kept as plain attributes): a step that changes them is hidden state, not saved in checkpoints."""
+    skip = {"training", "rng", "backend", "xp", "dtype", "params", "spec", *layer.state}
+    owned = {id(a) for p in layer.params.values() for a in (p.data, p.grad) if a is not None}
+    return {k: np.array(to_host(v)) for k, v in vars(layer).items()
+            if not k.startswith("_") and k not in skip and hasattr(v, "shape") and hasattr(v, "dtype")
+            and getattr(v.dtype, "kind", "") == "f" and id(v) not in owned}
+
+
+def loose_arrays(name: str, layer) -> str | None:
+    """A warning naming the float arrays a built layer keeps outside its parameters and state
+    (neon-style ``self.W``): nothing trains, checks or saves them."""
+    loose = ", ".join(f"{k} {tuple(v.shape)}" for k, v in public_arrays(layer).items())
+    return (f"{name} keeps float arrays that are not parameters: {loose}. dlrun does not train, check or save "
+            f"them: create weights with self.add_param, and declare running statistics in `state` (constants "
+            f"can stay as they are)") if loose else None
+
+
 def _equal(a, b) -> bool:
     if hasattr(a, "shape") or hasattr(b, "shape"):
         try:

@@ -56,7 +56,8 @@ class TensorResult:
 
     @property
     def band(self) -> str:
-        return band(self.sym_rel)
+        # a tensor none of whose elements was compared (its backward failed first) has no band
+        return band(self.sym_rel) if self.checked else "not compared"
 
     @property
     def shape_text(self) -> str:

@@ -7,7 +7,10 @@ import numpy as np
 
 from .. import registry
 from . import aux, device as devices, inputs, kinks
-from .harness import ContractError, Harness, LayerRaised, public_scalars, restore_state, state_changes
+from .harness import (ContractError, Harness, LayerRaised, loose_arrays, public_arrays, public_scalars,
+                      restore_state, state_changes)
+from .compare import explain_rounding, rounding_noise
+from .dtypes import float32_problem
 from .jacobian import TooLarge, check_jacobians
 from .numeric import Probe, TensorRun, check_tensor
 from .report import LayerReport, TensorResult, merge
@@ -62,6 +65,7 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
                f"{list(np.argwhere(bad_out)[0]) if bad_out.any() else ''}", where)
     g = rng.standard_normal(out.shape).astype(out.dtype)
     h.backward(g.copy())  # (the harness moves it to the device)
+    arrays = public_arrays(layer)  # after one step at this point: a cache of it is the same after the next
     kept = _host(out)  # the rows reversed are other inputs of the same kind (labels follow them)
     h.forward(dev.put(point.x[::-1].copy()), None if point.y is None else dev.put(point.y[::-1].copy()))
     log.record("output-aliasing", np.array_equal(_host(out), kept, equal_nan=True),
@@ -90,6 +94,8 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     first = dict(grads, x=_host(dx) if differentiable else None)
     declared = state_changes(layer, h.frozen)
     hidden = aux.scalar_changes(before, public_scalars(layer))
+    hidden += [f"{k} (an array of shape {arrays[k].shape}: running statistics?) changed"
+               for k in aux.changed(arrays, public_arrays(layer))]
 
     problems = {}
     if differentiable:
@@ -145,7 +151,7 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
         extra = _class_rows(point.x, point.y, rng) if name == "x" and y is not None else ()
         runs.append(check_tensor(probe, arr, grad, name, role, run_mode, settings, rng, where, extra))
     if settings.dtype == "float32":
-        _explain_rounding(runs, g64, out0, settings)
+        explain_rounding(runs, g64, out0, settings.eps)
 
     unwired = []
     for n, p in trainable.items():
@@ -167,26 +173,6 @@ def _modified(layer, x0, y0, params0: dict, x, y, host) -> list[str]:
     """What forward/backward wrote into: the inputs, or a parameter outside the optimizer."""
     names = aux.changed({"x": x0, "y": y0}, {"x": host(x), "y": host(y)})
     return names + [f"parameter {n}" for n in aux.changed(params0, {n: host(layer.params[n].data) for n in params0})]
-
-
-ROUNDING_NOTE = ("its failures are within float32 rounding of the finite differences (4·2⁻²⁴·‖G ⊙ out‖₂ / eps): "
-                 "rerun with --dtype float64 to tell a bug from rounding")
-
-
-def rounding_noise(g64, out0, eps: float, u: float) -> float:
-    """4·u·‖G ⊙ out‖₂ / eps: how far rounding of L = Σ G ⊙ out (each output uncertain by about u of
-    its size) can move a central difference."""
-    return 4 * u * float(np.linalg.norm(g64.ravel() * np.asarray(out0, dtype=np.float64).ravel())) / eps
-
-
-def _explain_rounding(runs, g64, out0, settings) -> None:
-    """float32: a FAIL whose worst gap is within what rounding of L alone can make of a difference
-    (≈ 4·u·‖G ⊙ out‖₂ / h, u = 2⁻²⁴) gets a note saying so; the verdict is unchanged."""
-    noise = rounding_noise(g64, out0, settings.eps, 2.0 ** -24)
-    for r in runs:
-        w = r.worst
-        if r.failed and w is not None and abs(w.analytic - w.numeric) <= w.tol + noise:
-            r.notes.append(ROUNDING_NOTE)
 
 
 def _class_rows(x, y, rng):
@@ -232,11 +218,20 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
                 out_shape = tuple(layer.build(shape))
             except Exception as e:
                 raise LayerRaised("build", e, f"input shape {shape}") from e
+            note = loose_arrays(name, layer)
+            if note and note.split(":")[0] not in "".join(report.warnings):  # once, from the first shape
+                report.warnings.append(note)
             h = Harness(layer, settings.seed, dev)
             _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settings, rng, results, log, dodge)
         except (LayerRaised, ContractError, TooLarge) as e:
             report.error = str(e)
             break
+    if settings.dtype == "float64" and report.error is None:  # training runs in float32
+        dims = configs[0]
+        shape = tuple(input_shape) if dims is None else inputs.per_sample_shape(spec, dims)
+        problem = float32_problem(name, options or {}, spec, dims, shape, dims["N"] if dims else batch, dev,
+                                  settings.seed)
+        log.record("float32", problem is None, problem or "")
     report.tensors = list(results.values())
     report.aux = log.listing()
     dodge.annotate(report)
