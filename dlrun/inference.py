@@ -150,9 +150,10 @@ def predictions(restored: Restored, x: np.ndarray, proba: bool = False, batch_si
         raise UsageError(f"--proba needs a classification model; this one is trained with "
                          f"{type(restored.loss).__name__}, a {restored.loss.task} loss")
     loss = restored.loss
-    if proba and type(loss).probabilities is Loss.probabilities:
-        raise UsageError(f"--proba: {type(loss).__name__} scores classes by margins, not probabilities; drop "
-                         f"--proba, or train with SoftmaxCrossEntropy, BinaryCrossEntropy or NLL")
+    if proba and getattr(type(loss), "probabilities", Loss.probabilities) is Loss.probabilities:
+        raise UsageError(f"--proba: the loss {type(loss).__name__} defines no probabilities(z) (Hinge scores classes "
+                         f"by margins); drop --proba, train with SoftmaxCrossEntropy, BinaryCrossEntropy or NLL, "
+                         f"or give your loss a probabilities(z) method (docs/custom-layers.md)")
     z = predict(restored.model, x, batch_size or restored.config.train.batch_size)
     if restored.classification:
         cols, vals, fmts = ["prediction"], [np.asarray(loss.predict(z))[:, None].astype(np.float64)], ["%d"]

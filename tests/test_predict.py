@@ -123,7 +123,7 @@ train: {epochs: 2, batch_size: 10}
     run = train(cfg, tmp_path / "runs")
     np.save(tmp_path / "xin.npy", np.zeros((2, 2)))
     r = run_cli("predict", run, "--input", tmp_path / "xin.npy", "--proba")
-    assert r.code == 2 and "--proba: Hinge scores classes by margins" in r.err and "internal" not in r.err
+    assert r.code == 2 and "--proba: the loss Hinge defines no probabilities(z)" in r.err and "internal" not in r.err
     assert "Traceback" not in r.err
     r = run_cli("predict", run, "--input", tmp_path / "xin.npy")
     assert r.code == 0 and r.out.splitlines()[0] == "prediction"
