@@ -178,8 +178,11 @@ class Registry:
         except (OverflowError, MemoryError) as e:  # e.g. a generator asked for more samples than fit
             given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
             raise ConfigError(f"{name}: options too large ({given}): {e or type(e).__name__}", locate(path)) from None
+        # the spec as written, with numbers as the component received them (units: 8.0 arrives as 8)
+        given = {k: kwargs[k] if isinstance(v, (int, float)) and isinstance(kwargs.get(k), (int, float)) else v
+                 for k, v in self.parse_spec(spec)[1].items()}
         try:
-            instance.spec = {"type": name, **self.parse_spec(spec)[1]}
+            instance.spec = {"type": name, **given}
         except AttributeError:
             pass
         return instance

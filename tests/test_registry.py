@@ -90,3 +90,8 @@ def test_list_option_types_read_as_plurals():
     assert opts["pool_size"].type_name == "a positive integer or a list of 2 positive integers"
     with pytest.raises(ConfigError, match=r"expected an integer >= 0 or a list of 2 integers >= 0, got -1"):
         registry.layers.build({"type": "MaxPool2D", "padding": -1}, "model[1]")
+
+
+def test_repr_shows_options_as_the_component_received_them():
+    layer = registry.layers.build({"type": "Linear", "units": 8.0})  # YAML's 8.0 is a whole number
+    assert layer.units == 8 and repr(layer).startswith("Linear(units=8") and "8.0" not in repr(layer)
