@@ -172,9 +172,9 @@ class Sequential:
         and a failure named as :meth:`forward` names it (``dlrun check`` goes layer by layer)."""
         layer, n, given = self._run[k], len(a), a.dtype
         grads = [(name, p) for name, p in layer.params.items() if p.trainable] if call == "backward" else []
-        for _, p in grads:  # backward must write every element: NaN left over means += or no write
+        for _, p in grads:  # backward must write every element: the sentinel left over means += or no write
             if p.grad is not None and p.grad.dtype.kind == "f":
-                p.grad.fill(np.nan)
+                p.grad.fill(np.finfo(p.grad.dtype).max)
         try:
             if call == "forward":
                 out = layer.forward(a, y) if self._labelled[k] else layer.forward(a)
@@ -197,10 +197,12 @@ class Sequential:
 
     def _expect_grad(self, i: int, name: str, p) -> None:
         """A trainable parameter's gradient after the layer's first backward: the parameter's shape,
-        dtype and device, and every element written (see checked_call)."""
+        dtype and device, and every element written (checked_call fills it with the dtype's largest
+        value first)."""
         g, layer = p.grad, self.layers[i]
         self._expect(i, "backward", f"{name}.grad", g, tuple(p.data.shape), {p.data.dtype})
-        if g.dtype.kind == "f" and bool(self.backend.xp.isnan(g).any()):
+        # max + g rounds back to max for any ordinary g; NaN that flowed in from dy is not the sentinel
+        if g.dtype.kind == "f" and bool((g == np.finfo(g.dtype).max).any()):
             raise LayerContractError(
                 f"model[{i}] {layer!r}: backward did not write every element of {name}.grad; it must set the "
                 f"whole gradient of this batch (p.grad[...] = ..., not p.grad += ...: nothing zeroes it between steps)")
