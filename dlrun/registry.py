@@ -62,6 +62,11 @@ class Registry:
                         f"{self.kind} {key!r}: options must be explicit keyword parameters, "
                         f"not *{p.name}/**{p.name} (a typo in a config could not be caught)"
                     )
+                if p.annotation is p.empty:  # the hint is what checks (and converts) a config's value
+                    kind = type(p.default).__name__ if p.default not in (p.empty, None) else "int"
+                    default = "" if p.default is p.empty else f" = {p.default!r}"
+                    raise RegistryError(f"{self.kind} {key!r}: option {p.name!r} has no type hint, so a config "
+                                        f"value could not be checked; write it as {p.name}: {kind}{default}")
             self._entries[key] = obj
             self._origin[key] = where
             obj.registered_name = key

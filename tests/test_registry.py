@@ -39,6 +39,22 @@ def test_var_keyword_constructor_is_rejected():
                 pass
 
 
+def test_an_option_without_a_type_hint_is_rejected_with_the_fix():
+    """Unhinted, `times: 2.0` or `times: abc` reached the layer unchecked and failed in forward."""
+    r = Registry("thing", "things")
+    with pytest.raises(RegistryError, match="thing 'C': option 'times' has no type hint, so a config value could not "
+                                            "be checked; write it as times: int = 2"):
+        @r.register()
+        class C:
+            def __init__(self, times=2):
+                pass
+    with pytest.raises(RegistryError, match="write it as rate: float = 0.5"):
+        @r.register()
+        class D:
+            def __init__(self, rate=0.5):
+                pass
+
+
 def test_unknown_name_suggests_and_lists():
     with pytest.raises(ConfigError) as e:
         registry.layers.build("Linaer", "model[0]")
