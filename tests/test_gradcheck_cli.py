@@ -302,3 +302,10 @@ def test_a_tensor_with_nothing_compared_is_not_reported_as_a_pass():
     merge(results, TensorRun("b", "param", (4,), "float64", "exhaustive", checked=4, failed=True))
     merge(results, TensorRun("b", "param", (4,), "float64", "exhaustive", checked=0, skipped=4))
     assert results["b"].status == "FAIL"  # a failure is never overwritten
+
+
+def test_dims_with_barely_repeated_labels_warn_that_a_dropped_repeat_may_pass(cli):
+    r = cli("gradcheck", "LargeMarginFC", "--dims", "N=3,D=3,C=3")
+    assert r.code == 0 and "warning: few repeated labels: with N=3 rows for 3 classes only one label repeats" in r.err
+    r = cli("gradcheck", "LargeMarginFC")  # the default configurations include one with many repeats
+    assert r.code == 0 and "few repeated labels" not in r.err

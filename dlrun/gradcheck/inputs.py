@@ -82,6 +82,16 @@ def labels(n: int, classes: int, rng) -> np.ndarray:
     return rng.permutation(y).astype(np.int64)
 
 
+def repeat_note(layer, spec, dims: dict | None, out_shape: tuple, n: int) -> str | None:
+    """A warning when a labelled layer is checked on so few rows that only one label repeats: a
+    backward that drops repeated labels (``w_grad[y] += v`` keeps one of each) can then pass."""
+    if not layer.needs_labels or n > label_count(spec, dims, out_shape) + 1:
+        return None
+    return (f"few repeated labels: with N={n} rows for {label_count(spec, dims, out_shape)} classes only one label "
+            f"repeats, so a backward that drops repeated labels may pass; also check with more rows (the "
+            f"default --dims)")
+
+
 def draw_x(spec, batch_shape: tuple, high, dtype, rng) -> np.ndarray:
     """Values of the declared kind: float N(0,1), positive U[0.5,2], prob rows, index ints."""
     kind = spec.kind

@@ -206,6 +206,7 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
     rng = np.random.default_rng(settings.seed)
     dodge = kinks.Dodge(settings.kink_margin)
     t0 = time.perf_counter()
+    few: list = []  # per configuration: a note when its labels barely repeat
     for dims in configs:
         layer = inputs.build_layer(name, inputs.layer_options(spec, dims, options or {}), name)
         n = dims["N"] if dims else batch
@@ -221,11 +222,14 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
             note = loose_arrays(name, layer)
             if note and note.split(":")[0] not in "".join(report.warnings):  # once, from the first shape
                 report.warnings.append(note)
+            few.append(inputs.repeat_note(layer, spec, dims, out_shape, n))
             h = Harness(layer, settings.seed, dev)
             _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settings, rng, results, log, dodge)
         except (LayerRaised, ContractError, TooLarge) as e:
             report.error = str(e)
             break
+    if few and all(few):  # no configuration repeats labels enough (the defaults have one that does)
+        report.warnings.append(few[0])
     if settings.dtype == "float64" and report.error is None:  # training runs in float32
         dims = configs[0]
         shape = tuple(input_shape) if dims is None else inputs.per_sample_shape(spec, dims)
