@@ -54,10 +54,11 @@ def regression_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, floa
     it is predicted exactly, else 0 (scikit-learn's ``r2_score``)."""
     t = np.asarray(y_true, dtype=np.float64).reshape(len(y_pred), -1)
     d = np.asarray(y_pred, dtype=np.float64).reshape(t.shape) - t
-    ss_res = np.square(d).sum(axis=0)
+    sq = np.square(d)
+    ss_res = sq.sum(axis=0)
     ss_tot = np.square(t - t.mean(axis=0)).sum(axis=0)
     r2 = np.where(ss_tot > 0, 1.0 - _ratio(ss_res, ss_tot), np.where(ss_res == 0, 1.0, 0.0))
-    mse = float(np.square(d).mean())
+    mse = float(sq.mean())
     return {"mse": mse, "rmse": float(np.sqrt(mse)), "mae": float(np.abs(d).mean()), "r2": float(r2.mean())}
 
 

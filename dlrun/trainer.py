@@ -159,14 +159,15 @@ class Trainer:
                         correct += batch_correct
                     for cb in callbacks:
                         cb.on_batch_end(epoch, b + 1)
-                train_loss = float(loss_sum) / used + self._penalty()  # the loss reported, as checked
+                penalty = self._penalty()  # once per epoch: the validation loss adds the same weights' penalty
+                train_loss = float(loss_sum) / used + penalty  # the loss reported, as checked
                 healthy = guard.healthy(train_loss)
                 if callbacks or val is not None or not healthy:  # others see the model: plain mode
                     fast = self._fast_mode(False)
                 if not healthy:  # replay the epoch to name the first non-finite value
                     raise guard.diagnose(epoch, self._epoch_batches(xd, yd, order_d, bs, used), callbacks)
                 self.epoch = epoch
-                m = self._evaluate_device(*val) if val is not None else _NO_VALIDATION
+                m = self._evaluate_device(*val, penalty=penalty) if val is not None else _NO_VALIDATION
                 row = {"epoch": epoch, "train_loss": train_loss,
                        "train_accuracy": float(correct) / used if self.classification else None,
                        "val_loss": m["loss"], "val_accuracy": m["accuracy"],
@@ -230,7 +231,7 @@ class Trainer:
         bs = n if batch_size is None else max(1, min(batch_size, n))
         return [(s, min(s + bs, n)) for s in range(0, n, bs)]
 
-    def _evaluate_device(self, xd, yd, batch_size: int | None = None) -> dict:
+    def _evaluate_device(self, xd, yd, batch_size: int | None = None, penalty: float | None = None) -> dict:
         self.model.eval()
         n = len(xd)
         loss_sum, correct = self.backend.zero(np.float64), self.backend.zero(np.int64)
@@ -240,7 +241,7 @@ class Trainer:
             if self.classification:
                 correct += batch_correct
         self.model.train()
-        return {"loss": float(loss_sum) / n + self._penalty(),
+        return {"loss": float(loss_sum) / n + (self._penalty() if penalty is None else penalty),
                 "accuracy": float(correct) / n if self.classification else None}
 
     def evaluate(self, x, y, batch_size: int | None = None) -> dict:
