@@ -91,6 +91,9 @@ class LearningRateScheduler(Callback):
         rate = self.schedule.value(epoch) if self.interval == "epoch" else self.schedule.at(epoch - 1, 1 / batches)
         self.optimizer.learning_rate = float(rate)
 
+    def on_epoch_resume(self, epoch, batches_done):
+        self.on_batch_end(epoch, batches_done)
+
     def on_batch_end(self, epoch, batch):
         if self.interval == "step" and batch < self.batches:  # the rate of the next step
             self.optimizer.learning_rate = float(self.schedule.at(epoch - 1 + batch / self.batches, 1 / self.batches))

@@ -59,15 +59,16 @@ class NonFiniteGuard:
             return opt.buffers()
         return [slots[s] for slots in opt.state.values() for s in opt.slots]  # a plugin without the base class
 
-    def mark(self, shuffle_state: dict | None = None) -> None:
-        """Copy everything a batch changes (called when an epoch starts).
+    def mark(self, shuffle_state: dict | None = None, position=None) -> None:
+        """Copy everything a batch changes (called when an epoch starts, or resumes).
 
-        ``shuffle_state`` is the shuffling generator's state before it drew this epoch's order.
+        ``shuffle_state`` is the shuffling generator's state before it drew this epoch's order;
+        ``position`` the :class:`~dlrun.position.EpochPosition` a resumed epoch continues from.
         The copies live on the model's device, are allocated once and refilled in place, so a
         mark costs one device-side copy per array and nothing else.
         """
         t = self.trainer
-        self.shuffle_state = shuffle_state
+        self.shuffle_state, self.position = shuffle_state, position
         if self._arena is not None:
             self._arena.adopt()
         optim = self._optim()
@@ -90,8 +91,9 @@ class NonFiniteGuard:
                     pass
         self.step, self.iterations, self.learning_rate = t.step, t.optimizer.iterations, t.optimizer.learning_rate
 
-    def restore(self, rewind_shuffle: bool = False) -> None:
-        """Put the state copied by :meth:`mark` back (and the shuffling generator, if asked)."""
+    def restore(self, rewind_shuffle: bool = False):
+        """Put the state copied by :meth:`mark` back (and the shuffling generator, if asked);
+        returns the position it stands at (None: the start of the epoch)."""
         t = self.trainer
         if rewind_shuffle and self.shuffle_state is not None:
             t.shuffle_rng.bit_generator.state = self.shuffle_state
@@ -105,6 +107,7 @@ class NonFiniteGuard:
             if id(layer) in self.rngs:
                 layer.rng = copy.deepcopy(self.rngs[id(layer)])
         t.step, t.optimizer.iterations, t.optimizer.learning_rate = self.step, self.iterations, self.learning_rate
+        return self.position
 
     def healthy(self, train_loss: float) -> bool:
         """True when the epoch's loss and every parameter are finite (one pass over the weights)."""
@@ -123,19 +126,21 @@ class NonFiniteGuard:
             total = float(sum(a.sum() for a in params)) if params else 0.0
         return math.isfinite(total) or all(nonfinite_kind(a) is None for a in params)
 
-    def diagnose(self, epoch: int, batches, callbacks=()) -> NonFiniteError:
-        """Replay the epoch from the snapshot, checking every step; return the error to raise."""
+    def diagnose(self, epoch: int, batches, callbacks=(), first: int = 0) -> NonFiniteError:
+        """Replay the epoch from the snapshot, checking every step; return the error to raise.
+        ``batches`` start after the epoch's first ``first`` (a resumed epoch's batches done)."""
         self.restore()
         where = None
         try:  # a layer may raise instead (an Embedding index out of range): the restore still runs
             with np.errstate(all="ignore"):
-                for b, (xb, yb) in enumerate(batches, start=1):
+                for b, (xb, yb) in enumerate(batches, start=first + 1):
                     where = self._replay_batch(xb, yb, callbacks)
                     if where:
                         break
         finally:
             self.restore()  # leave the last good state in the model (the end of the previous epoch)
-        kept = (f"the model holds the state after epoch {epoch - 1}" if epoch > 1
+        kept = (f"the model holds the state after batch {first} of epoch {epoch}" if first
+                else f"the model holds the state after epoch {epoch - 1}" if epoch > 1
                 else "no epoch finished, so there is no good state to keep")
         if where is None:
             return NonFiniteError(f"epoch {epoch}: the training loss or a weight became non-finite, but a replay "
@@ -192,6 +197,9 @@ class StopOnSignal(Callback):
 
     def on_epoch_begin(self, epoch, batches):
         self.epoch, self.batch, self.batches = epoch, 0, batches
+
+    def on_epoch_resume(self, epoch, batches_done):
+        self.batch = batches_done
 
     def on_batch_end(self, epoch, batch):
         self.batch = batch

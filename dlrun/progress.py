@@ -50,6 +50,10 @@ class RichProgress(Callback):
             self.progress.reset(self.task, total=batches, epoch=epoch, epochs=self.total,
                                 metrics=self.progress.tasks[0].fields.get("metrics", ""))
 
+    def on_epoch_resume(self, epoch, batches_done):
+        if self.progress:
+            self.progress.advance(self.task, batches_done)
+
     def on_batch_end(self, epoch, batch):
         if self.progress:
             self.progress.advance(self.task)

@@ -119,11 +119,6 @@ def prepare(config: Config):
     return ds, trainer
 
 
-def save_checkpoint(path: Path, trainer: Trainer, config: Config, extra: dict | None = None) -> Path:
-    """Write the trainer's full state (see :mod:`dlrun.snapshot`) to ``path``."""
-    return snapshot.write(path, trainer, config, extra)
-
-
 def _monitor(config: Config, ds: Dataset, trainer: Trainer) -> tuple[str, str]:
     has_val = ds.x_val is not None and len(ds.x_val) > 0
     return snapshot.resolve_monitor(config.train.monitor, has_val, trainer.classification, config.locate)
@@ -161,18 +156,15 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
             except Interrupted as e:
                 if e.immediate:
                     raise
-                # back to the end of the last finished epoch, so that --resume continues exactly
-                # as an uninterrupted run would (the partial epoch is run again)
-                trainer.rewind_epoch()
-                writer.flush()
-                save_checkpoint(ckpt, trainer, config, {"interrupted": stop.record()})
-                raise Interrupted(f"{e.message}\ncheckpoint of epoch {trainer.epoch} saved: {ckpt}\n"
+                # the state after the last finished batch (trainer.position says where in its
+                # epoch), so that --resume continues exactly as an uninterrupted run would
+                writer.flush({"interrupted": stop.record()})
+                raise Interrupted(f"{e.message}\ncheckpoint {'after' if trainer.position else 'of'} {_at(trainer)} saved: {ckpt}\n"
                                   f"resume with: dlrun train --resume {run_dir}", e.signum) from None
             except NonFiniteError as e:
-                if trainer.epoch > 0:  # the guard restored the state after the last good epoch
+                if trainer.epoch > 0 or trainer.position is not None:  # the guard restored the last good state
                     writer.flush()
-                    save_checkpoint(ckpt, trainer, config)
-                    e.message += f"\nthe last good checkpoint (epoch {trainer.epoch}) is {ckpt}"
+                    e.message += f"\nthe last good checkpoint ({_at(trainer)}) is {ckpt}"
                 raise
             seconds = time.perf_counter() - t0 + seconds_before
     except OSError as e:
@@ -191,6 +183,11 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
         raise TrainingError(f"cannot write {run_dir / 'summary.json'}: {e.strerror or e}; "
                             f"the checkpoint {ckpt} is complete") from None
     return RunResult(run_dir, summary, history, trainer)
+
+
+def _at(trainer: Trainer) -> str:
+    """Where the trainer's state stands: 'epoch 3', or 'batch 2 of 7 of epoch 4' inside an epoch."""
+    return str(trainer.position) if trainer.position is not None else f"epoch {trainer.epoch}"
 
 
 def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from: str | Path | None = None) -> RunResult:
@@ -264,11 +261,15 @@ def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, cal
         raise UsageError(f"{run_dir} has already trained {trainer.epoch} of {config.train.epochs} epochs; "
                          f"raise the total to continue, e.g. --set train.epochs={trainer.epoch + 10}")
     _monitor(config, ds, trainer)
+    if trainer.position is not None:  # stopped inside an epoch: it continues only as it started
+        trainer.position.check(len(ds.x), *trainer.epoch_batches(len(ds.x)), trainer.shuffle, str(ckpt.path))
     rundir.truncate_metrics(run_dir / "metrics.csv", trainer.epoch)
     rundir.write_config(run_dir, config)
     before = rundir.previous_seconds(run_dir)
     extra = {k: ckpt.meta[k] for k in ("init_from",) if k in ckpt.meta}
     extra["resumed_from_epoch"] = trainer.epoch
+    if trainer.position is not None:
+        extra["resumed_from_batch"] = trainer.position.batches_done  # of epoch resumed_from_epoch + 1
     train_controls = _controls(config, ds, trainer)
     controls.load_control_states(train_controls, ckpt.meta.get("controls"))
     _offer_best_weights(run_dir, train_controls)

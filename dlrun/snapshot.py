@@ -19,6 +19,7 @@ from .config import Config
 from .errors import CheckpointError
 from .callbacks import check_monitor, control_states
 from .plugins import source_hash
+from .position import EpochPosition
 from .trainer import Callback, Trainer
 
 
@@ -51,6 +52,7 @@ def capture(trainer: Trainer, config: Config, extra: dict | None = None) -> tupl
             "rng": {"shuffle": rng_state(trainer.shuffle_rng),
                     "layers": {str(i): rng_state(layer.rng) for i, layer in enumerate(model.layers)
                                if layer.rng is not None}},
+            "position": trainer.position.to_meta() if trainer.position is not None else None,
             "plugins": plugin_records(config),
             "controls": control_states(getattr(trainer, "controls", ())), **(extra or {})}
     return {k: np.array(v) for k, v in model.state_arrays().items()}, optim, meta
@@ -82,9 +84,11 @@ def restore(trainer: Trainer, ckpt: checkpoint.Checkpoint, seed: int) -> None:
     opt.load_state_dict({k: (v if k == "iterations" else b.asarray(v)) for k, v in ckpt.optimizer.items()})
     meta = ckpt.meta
     trainer.epoch, trainer.step = int(meta["epoch"]), int(meta["step"])
+    trainer.position = position = EpochPosition.from_meta(meta.get("position"), str(ckpt.path))
     rng = meta.get("rng") or {}
-    if rng.get("shuffle"):
-        trainer.shuffle_rng.bit_generator.state = rng["shuffle"]
+    shuffle = position.shuffle if position is not None else rng.get("shuffle")
+    if shuffle:  # mid-epoch: the state before the epoch's order was drawn, so it is drawn again
+        trainer.shuffle_rng.bit_generator.state = shuffle
     states = rng.get("layers") or {}
     layers = trainer.model.layers
     reseed = np.random.SeedSequence([seed, trainer.step]).spawn(len(layers))
@@ -148,9 +152,10 @@ class CheckpointWriter(Callback):
         if self._written_epoch != self.trainer.epoch or self._pending is not None:
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self, extra: dict | None = None) -> None:
+        """Write the pending best.npz, then last.npz (``extra`` adds to its metadata)."""
         if self._pending is not None:
             checkpoint.save(self.folder / "best.npz", *self._pending)
             self._pending = None
-        write(self.folder / "last.npz", self.trainer, self.config, {**self.extra, "best": self.best})
+        write(self.folder / "last.npz", self.trainer, self.config, {**self.extra, "best": self.best, **(extra or {})})
         self._written_epoch = self.trainer.epoch

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .backend import array_module
-from .errors import DataError
+from .errors import DataError, Interrupted
 from .model import Sequential
+from .position import EpochPosition
 
 
 _NO_VALIDATION = {"loss": None, "accuracy": None}
@@ -25,6 +26,10 @@ class Callback:
 
     def on_train_begin(self, trainer: "Trainer") -> None: ...
     def on_epoch_begin(self, epoch: int, batches: int) -> None: ...
+    def on_epoch_resume(self, epoch: int, batches_done: int) -> None:
+        """After ``on_epoch_begin``, when a resumed run continues ``epoch`` after its first
+        ``batches_done`` batches (see :mod:`dlrun.position`)."""
+
     def on_after_backward(self, trainer: "Trainer") -> None:
         """Gradients are written (regularization included); the optimizer steps next."""
 
@@ -68,6 +73,9 @@ class Trainer:
         self.shuffle_rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(3)[2])
         self.epoch = 0
         self.step = 0
+        # a point inside epoch ``epoch + 1`` that the state stands at (None: an epoch boundary):
+        # set by a resume from a mid-epoch checkpoint, and by fit when an interrupt stops it
+        self.position: EpochPosition | None = None
         params = model.named_parameters()
         if "arena" in inspect.signature(optimizer.setup).parameters:  # a plugin's setup may not take it
             optimizer.setup(params, arena=model.arena)
@@ -133,21 +141,32 @@ class Trainer:
         from .faults import NonFiniteGuard
 
         self._guard = guard = NonFiniteGuard(self)
+        start, self.position = self.position, None  # a mid-epoch resume continues its epoch
+        if start is not None:
+            start.check(n, bs, batches, self.shuffle, "--resume")
         fast = False
+        epoch = done = 0
         try:
             while self.epoch < epochs:
-                epoch = self.epoch + 1
+                epoch, done = self.epoch + 1, 0
+                first = start.batches_done if start is not None else 0
                 for cb in callbacks:
                     cb.on_epoch_begin(epoch, batches)
-                t0 = time.perf_counter()
+                    if first:
+                        cb.on_epoch_resume(epoch, first)
+                t0 = time.perf_counter() - (start.seconds if start is not None else 0.0)
                 if not fast:  # this loop consumes outputs at once: buffers, no input grad
                     fast = self._fast_mode(True)
                 shuffle_state = self.shuffle_rng.bit_generator.state if self.shuffle else None
                 order = self.shuffle_rng.permutation(n) if self.shuffle else None
                 order_d = self.backend.asarray(order) if order is not None else None
                 loss_sum, correct = self.backend.zero(np.float64), self.backend.zero(np.int64)  # fresh: += is in place on GPU
-                guard.mark(shuffle_state)
-                for b in range(batches):
+                if start is not None:
+                    loss_sum, correct = loss_sum + start.loss_sum, correct + start.correct
+                guard.mark(shuffle_state, start)
+                start = None
+                done = first
+                for b in range(first, batches):
                     if order_d is None:
                         xb, yb = in_order[b]
                     else:
@@ -157,15 +176,19 @@ class Trainer:
                     loss_sum += batch_loss
                     if classify:  # regression scores 0: adding it would still be a launch on GPU
                         correct += batch_correct
+                    done = b + 1
                     for cb in callbacks:
-                        cb.on_batch_end(epoch, b + 1)
+                        cb.on_batch_end(epoch, done)
                 penalty = self._penalty()  # once per epoch: the validation loss adds the same weights' penalty
                 train_loss = float(loss_sum) / used + penalty  # the loss reported, as checked
                 healthy = guard.healthy(train_loss)
                 if callbacks or val is not None or not healthy:  # others see the model: plain mode
                     fast = self._fast_mode(False)
                 if not healthy:  # replay the epoch to name the first non-finite value
-                    raise guard.diagnose(epoch, self._epoch_batches(xd, yd, order_d, bs, used), callbacks)
+                    error = guard.diagnose(epoch, self._epoch_batches(xd, yd, order_d, bs, used, first), callbacks,
+                                           first)
+                    self.position = guard.position  # the state kept: where the epoch started or resumed
+                    raise error
                 self.epoch = epoch
                 m = self._evaluate_device(*val, penalty=penalty) if val is not None else _NO_VALIDATION
                 row = {"epoch": epoch, "train_loss": train_loss,
@@ -179,6 +202,11 @@ class Trainer:
                     stop = bool(cb.on_epoch_end(epoch, row)) or stop
                 if stop:
                     break
+        except Interrupted as e:
+            if not e.immediate and done and self.epoch < epoch:  # stopped between two batches of ``epoch``
+                self._stopped_at(EpochPosition(epoch, done, batches, n, bs, shuffle_state, float(loss_sum),
+                                               int(correct), time.perf_counter() - t0))
+            raise
         finally:
             if fast:
                 self._fast_mode(False)
@@ -215,15 +243,19 @@ class Trainer:
             return total, 0
         return total, self.loss.count_correct(out, y)
 
-    def rewind_epoch(self) -> None:
-        """Undo a partly run epoch (after an interrupt): back to the state its first batch saw."""
-        guard = getattr(self, "_guard", None)
-        if guard is not None and getattr(guard, "params", None) is not None:
-            guard.restore(rewind_shuffle=True)
+    def _stopped_at(self, position: EpochPosition) -> None:
+        """Record where an interrupt stopped the epoch (``self.position``), so that a checkpoint
+        continues from that batch. A state that is not finite is not kept: the epoch is undone,
+        back to where it started (or was resumed), which the non-finite guard copied."""
+        if self._guard.healthy(position.loss_sum):
+            self.position = position
+        else:
+            self.position = self._guard.restore(rewind_shuffle=True)
 
-    def _epoch_batches(self, xd, yd, order_d, bs: int, used: int):
-        """The batches of one epoch in the order ``fit`` drew them (for the non-finite replay)."""
-        for s in range(0, used, bs):
+    def _epoch_batches(self, xd, yd, order_d, bs: int, used: int, first: int = 0):
+        """The batches of one epoch from batch ``first`` on, in the order ``fit`` drew them (for
+        the non-finite replay)."""
+        for s in range(first * bs, used, bs):
             idx = slice(s, s + bs) if order_d is None else order_d[s:s + bs]
             yield xd[idx], yd[idx]
 

@@ -147,38 +147,6 @@ def test_init_from_refuses_mismatched_parameters(tmp_path):
     assert not (tmp_path / "runs2").exists() or not any((tmp_path / "runs2").iterdir())
 
 
-@pytest.mark.slow
-def test_interrupt_mid_epoch_then_resume_equals_straight_run(tmp_path):
-    """SIGINT in the middle of epoch 4 saves the state of epoch 3; resuming reproduces the
-    uninterrupted run bit for bit (shuffling, momentum and a stochastic layer included)."""
-    import os
-    import signal
-
-    from dlrun import run
-    from dlrun.config import load_config
-    from dlrun.errors import Interrupted
-    from dlrun.trainer import Callback
-
-    class InterruptAt(Callback):
-        def on_batch_end(self, epoch, batch):
-            if (epoch, batch) == (4, 2):
-                os.kill(os.getpid(), signal.SIGINT)
-
-    write(tmp_path / "noise_plugin.py", NOISE)
-    cfg = write(tmp_path / "cfg.yaml", NOISY.replace("EPOCHS", "6"))
-    straight = run.train(load_config(cfg), tmp_path / "a").run_dir
-    with pytest.raises(Interrupted) as e:
-        run.train(load_config(cfg), tmp_path / "b", callbacks=[InterruptAt()])
-    assert e.value.exit_code == 130 and "resume with: dlrun train --resume" in e.value.message
-    (half,) = (tmp_path / "b").iterdir()
-    meta = checkpoint.read(half / "checkpoints" / "last.npz").meta
-    assert meta["epoch"] == 3 and meta["interrupted"]["batches_done"] == 2
-    config, ckpt = run.resume_config(half)
-    run.resume(half, config, ckpt)
-    _assert_same_state(straight / "checkpoints" / "last.npz", half / "checkpoints" / "last.npz")
-    assert metrics_rows(straight) == metrics_rows(half)
-
-
 CONTROLLED = """\
 name: controlled
 seed: 4

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from .. import inference, metrics
+from ..position import describe
 from . import app, out
 from .restored import BATCH_SIZE, DEVICE, TARGET, open_trained
 
@@ -32,7 +33,7 @@ def evaluate_cmd(
     if as_json:
         print(json.dumps({"checkpoint": str(restored.path), "data": described, **result.as_dict()}, indent=2))
         return
-    out.print(f"checkpoint: {restored.path} (epoch {restored.meta.get('epoch')})", highlight=False)
+    out.print(f"checkpoint: {restored.path} ({describe(restored.meta)})", highlight=False)
     out.print(f"data: {described}, {result.samples} samples", highlight=False)
     acc = "" if result.accuracy is None else f"  accuracy {result.accuracy:.4f}"
     out.print(f"loss {result.loss:.6g}{acc}", highlight=False)

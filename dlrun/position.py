@@ -1,0 +1,77 @@
+"""Where inside an epoch a training run stopped, so that a resume can continue from that batch.
+
+An interrupted run (Ctrl-C, SIGTERM) saves the state after its last finished *batch*, not its
+last finished epoch. The checkpoint's ``epoch`` then counts the finished epochs, its weights,
+optimizer, layer state and layer generators are those after ``batches_done`` batches of the
+next one, and its ``position`` record says how to continue that epoch exactly: the shuffling
+generator's state before it drew the epoch's order (drawn again on resume, the same order), the
+loss and correct predictions summed over the batches done, and the seconds spent on them.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class EpochPosition:
+    """A point between two batches of ``epoch``; see the module docstring.
+
+    Args:
+        epoch: the epoch that is under way (1-based; the epochs before it are finished).
+        batches_done: its batches already trained on (at least 1, fewer than ``batches``).
+        batches: its batches in all.
+        samples: training samples per epoch, and batch_size the samples per batch, when it stopped.
+        shuffle: the shuffling generator's state before the epoch's order was drawn (None: no shuffling).
+        loss_sum: Σ batch loss × batch size over the batches done (float64).
+        correct: correct predictions over the batches done (0 for regression).
+        seconds: wall-clock seconds spent on the batches done.
+    """
+
+    epoch: int
+    batches_done: int
+    batches: int
+    samples: int
+    batch_size: int
+    shuffle: dict | None
+    loss_sum: float
+    correct: int
+    seconds: float
+
+    def to_meta(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return f"batch {self.batches_done} of {self.batches} of epoch {self.epoch}"
+
+    @classmethod
+    def from_meta(cls, meta: dict | None, where: str) -> "EpochPosition | None":
+        if meta is None:
+            return None
+        try:
+            return cls(**meta)
+        except TypeError:
+            raise CheckpointError(f"{where}: the checkpoint's position record is damaged ({sorted(meta)}); "
+                                  f"it cannot be resumed") from None
+
+    def check(self, samples: int, batch_size: int, batches: int, shuffle: bool, where: str) -> None:
+        """Raise a CheckpointError unless a run with these settings continues this epoch exactly."""
+        was = (self.samples, self.batch_size, self.batches, self.shuffle is not None)
+        now = (samples, batch_size, batches, shuffle)
+        if was == now:
+            return
+        def say(s, bs, b, sh):
+            return f"{s} training samples in {b} batches of {bs}, {'shuffled' if sh else 'in order'}"
+        raise CheckpointError(f"{where}: the run stopped after batch {self.batches_done} of {self.batches} of epoch "
+                              f"{self.epoch} ({say(*was)}); the resumed config gives {say(*now)}, so that epoch "
+                              f"cannot be continued. Resume with the run's data, train.batch_size, "
+                              f"train.drop_last and train.shuffle")
+
+
+def describe(meta: dict) -> str:
+    """When a checkpoint was taken, from its metadata: 'epoch 3' or 'batch 2 of 7 of epoch 4'."""
+    position = meta.get("position")
+    if position:
+        return f"batch {position.get('batches_done')} of {position.get('batches')} of epoch {position.get('epoch')}"
+    return f"epoch {meta.get('epoch')}"

@@ -1,0 +1,166 @@
+"""Ctrl-C / SIGTERM keeps the state after the last finished batch, and --resume continues that
+epoch from the next batch: interrupted and resumed (once or twice) equals uninterrupted, bit for
+bit, with shuffling, a stochastic layer, momentum, clipping and a per-step schedule."""
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from checkpoint_helpers import metrics_rows, summary
+from conftest import run_cli, write
+from dlrun import checkpoint, registry, run
+from dlrun.config import load_config
+from dlrun.errors import Interrupted
+from dlrun.trainer import Callback
+from test_resume import NOISE, NOISY, _assert_same_state
+
+
+@pytest.fixture(autouse=True)
+def _forget_noise_plugin():
+    """Each test loads TestNoise from its own folder: the registry takes one origin per name."""
+    yield
+    registry.layers.unregister("TestNoise")
+
+
+class InterruptAt(Callback):
+    """Sends this process SIGINT at the end of batch ``batch`` of ``epoch`` (-1: the last batch),
+    after ``before(trainer)`` (to spoil the state, say)."""
+
+    def __init__(self, epoch, batch, before=None):
+        self.at, self.before = (epoch, batch), before
+
+    def on_train_begin(self, trainer):
+        self.trainer = trainer
+
+    def on_epoch_begin(self, epoch, batches):
+        self.batches = batches
+
+    def on_batch_end(self, epoch, batch):
+        if (epoch, batch if self.at[1] > 0 else batch - self.batches - 1) == self.at:
+            if self.before:
+                self.before(self.trainer)
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def _interrupted(cfg, runs, *stops):
+    """Train ``cfg`` and interrupt it at each of ``stops`` in turn, resuming in between; returns
+    the run directory and the checkpoint metadata saved at each stop."""
+    metas, resumed = [], None
+    for at in stops:
+        with pytest.raises(Interrupted) as e:
+            if resumed is None:
+                run.train(load_config(cfg), runs, callbacks=[at])
+            else:
+                run.resume(resumed, *run.resume_config(resumed), callbacks=[at])
+        assert e.value.exit_code == 130 and "resume with: dlrun train --resume" in e.value.message
+        (resumed,) = runs.iterdir()
+        metas.append(checkpoint.read(resumed / "checkpoints" / "last.npz").meta)
+    return resumed, metas
+
+
+def _same_run(straight, resumed):
+    _assert_same_state(straight / "checkpoints" / "last.npz", resumed / "checkpoints" / "last.npz")
+    _assert_same_state(straight / "checkpoints" / "best.npz", resumed / "checkpoints" / "best.npz")
+    assert metrics_rows(straight) == metrics_rows(resumed)
+    for k in ("train_loss", "val_loss", "final_train_loss", "best"):
+        assert summary(straight)[k] == summary(resumed)[k], k
+
+
+# NOISY with a per-step schedule, gradient clipping and drop_last (72 samples at batch 16: 4 steps)
+PER_STEP = NOISY.replace("train: {epochs: EPOCHS, batch_size: 16, shuffle: true, validation_split: 0.2}\n", """\
+train:
+  epochs: EPOCHS
+  batch_size: 16
+  validation_split: 0.2
+  drop_last: true
+  clip_norm: 0.5
+  schedule: {type: warmup, epochs: 1, then: {type: cosine, period: 5}}
+  schedule_interval: step
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", [NOISY, PER_STEP], ids=["plain", "per-step-schedule"])
+def test_interrupt_mid_epoch_keeps_the_batches_done_and_resumes_exactly(tmp_path, text):
+    assert text.count("EPOCHS") == 1
+    write(tmp_path / "noise_plugin.py", NOISE)
+    cfg = write(tmp_path / "cfg.yaml", text.replace("EPOCHS", "6"))
+    straight = run.train(load_config(cfg), tmp_path / "a").run_dir
+    resumed, (meta,) = _interrupted(cfg, tmp_path / "b", InterruptAt(4, 2))
+    assert meta["epoch"] == 3 and meta["interrupted"]["batches_done"] == 2
+    position = meta["position"]
+    assert (position["epoch"], position["batches_done"], position["batch_size"]) == (4, 2, 16)
+    assert meta["step"] == 3 * position["batches"] + 2  # the two batches are not trained again
+    assert len(metrics_rows(resumed)) == 3
+    run.resume(resumed, *run.resume_config(resumed))
+    assert summary(resumed)["resumed_from_epoch"] == 3 and summary(resumed)["resumed_from_batch"] == 2
+    _same_run(straight, resumed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch_size", [16, "null"], ids=["last-batch", "full-batch"])
+def test_interrupt_in_an_epochs_last_batch_keeps_that_epoch(tmp_path, batch_size):
+    """A signal during an epoch's last batch stops at the epoch's end. The checkpoint said epoch 4
+    but held epoch 3's weights (the finished epoch was undone), so the resumed run skipped an epoch;
+    with full-batch training (configs/spiral.yaml) that was every Ctrl-C."""
+    write(tmp_path / "noise_plugin.py", NOISE)
+    cfg = write(tmp_path / "cfg.yaml", NOISY.replace("EPOCHS", "6").replace("batch_size: 16", f"batch_size: {batch_size}"))
+    straight = run.train(load_config(cfg), tmp_path / "a").run_dir
+    resumed, (meta,) = _interrupted(cfg, tmp_path / "b", InterruptAt(4, -1))
+    assert meta["epoch"] == 4 and meta.get("position") is None and len(metrics_rows(resumed)) == 4
+    run.resume(resumed, *run.resume_config(resumed))
+    _same_run(straight, resumed)
+
+
+@pytest.mark.slow
+def test_interrupted_twice_in_one_epoch_and_once_more_resumes_exactly(tmp_path):
+    write(tmp_path / "noise_plugin.py", NOISE)
+    cfg = write(tmp_path / "cfg.yaml", PER_STEP.replace("EPOCHS", "6"))
+    straight = run.train(load_config(cfg), tmp_path / "a").run_dir
+    resumed, metas = _interrupted(cfg, tmp_path / "b", InterruptAt(3, 1), InterruptAt(3, 3), InterruptAt(5, 2))
+    assert [m["position"]["batches_done"] for m in metas] == [1, 3, 2]
+    assert [m["position"]["epoch"] for m in metas] == [3, 3, 5]
+    run.resume(resumed, *run.resume_config(resumed))
+    _same_run(straight, resumed)
+
+
+def _spoil(trainer):
+    trainer.model.layers[0].params["weight"].data[0, 0] = np.nan
+
+
+@pytest.mark.slow
+def test_a_non_finite_state_at_an_interrupt_is_not_kept(tmp_path):
+    """The state after the last batch is saved only when it is finite; otherwise the epoch is
+    undone and the checkpoint holds the state it started from."""
+    write(tmp_path / "noise_plugin.py", NOISE)
+    cfg = write(tmp_path / "cfg.yaml", NOISY.replace("EPOCHS", "6"))
+    straight = run.train(load_config(cfg), tmp_path / "a").run_dir
+    resumed, (meta,) = _interrupted(cfg, tmp_path / "b", InterruptAt(4, 2, before=_spoil))
+    assert meta["epoch"] == 3 and meta.get("position") is None
+    run.resume(resumed, *run.resume_config(resumed))
+    _same_run(straight, resumed)
+
+
+@pytest.mark.slow
+def test_resuming_inside_an_epoch_with_other_batches_is_refused_and_a_failure_keeps_the_position(tmp_path):
+    write(tmp_path / "noise_plugin.py", NOISE)
+    cfg = write(tmp_path / "cfg.yaml", NOISY.replace("EPOCHS", "6"))
+    resumed, (meta,) = _interrupted(cfg, tmp_path / "b", InterruptAt(2, 3))
+    saved = (resumed / "checkpoints" / "last.npz").read_bytes()
+    rows = (resumed / "metrics.csv").read_text()
+    r = run_cli("train", "--resume", resumed, "--set", "train.batch_size=8")
+    assert r.code == 2 and "Traceback" not in r.err, r.err
+    assert ("the run stopped after batch 3 of 5 of epoch 2 (72 training samples in 5 batches of 16, shuffled); "
+            "the resumed config gives 72 training samples in 9 batches of 8, shuffled") in r.err
+    assert (resumed / "metrics.csv").read_text() == rows  # nothing written
+    # a run resumed inside an epoch that then diverges keeps the state it was resumed from
+    r = run_cli("train", "--resume", resumed, "--set", "optimizer.learning_rate=1e30")
+    assert r.code == 1 and "the last good checkpoint (batch 3 of 5 of epoch 2) is" in r.err, r.err
+    after = checkpoint.read(resumed / "checkpoints" / "last.npz")
+    assert after.meta["position"] == meta["position"] and after.meta["step"] == meta["step"]
+    (tmp_path / "saved.npz").write_bytes(saved)
+    before = checkpoint.read(tmp_path / "saved.npz")
+    assert all(np.array_equal(before.model[k], after.model[k]) for k in before.model)
