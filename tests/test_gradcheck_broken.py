@@ -371,3 +371,46 @@ def test_what_training_would_lose_or_refuse_is_named_by_a_float64_check(cli, tmp
     assert "with float32 inputs and parameters (training's default) it returns dx float64" in r.out
     r = cli("gradcheck", "Promotes", "--plugin", plugin, "--dtype", "float32")
     assert "x: not compared" in r.out and "x: happy" not in r.out  # no band for a tensor never compared
+
+
+class _RebindingLinear:
+    """y = x Wᵀ whose forward replaces W's array (W.data = prepare(W.data)), as training's arena
+    allows: the check must perturb the array the layer reads next, not the one it replaced."""
+
+    def __init__(self, units: int = 4):
+        super().__init__()
+        self.units = units
+
+    def build(self, input_shape):
+        self.add_param("weight", (self.units, input_shape[-1]), "xavier_uniform")
+        return (self.units,)
+
+    def forward(self, x, y=None):
+        w = self.params["weight"]
+        w.data = self.prepare(w.data)
+        self.x = x
+        return x @ w.data.T
+
+    def backward(self, dy):
+        w = self.params["weight"]
+        w.grad = dy.T @ self.x  # rebinding the gradient too
+        return dy @ w.data
+
+
+def _rebinding(prepare):
+    from dlrun.layers import Layer
+
+    return type("Rebinding", (_RebindingLinear, Layer), {"prepare": staticmethod(prepare)})
+
+
+def test_a_layer_that_replaces_its_parameter_arrays_is_checked_on_the_arrays_it_reads():
+    """W.data = W.data.copy() passed training (the arena copies a replaced array back) but FAILed
+    gradcheck: the checker perturbed the old array, so the numeric gradient was 0. One that
+    changes the values it reassigns (a clip in forward) is named as reassigning them."""
+    with registered(_rebinding(lambda w: w.copy())) as name:
+        report = check_layer(name)
+    assert report.verdict == PASS, ([(t.name, t.worst) for t in report.tensors], report.aux)
+    with registered(_rebinding(lambda w: np.clip(w, -0.1, 0.1))) as name:
+        report = check_layer(name)
+    unchanged = next(a for a in report.aux if a.name == "inputs-unchanged")
+    assert unchanged.status == FAIL and "parameter weight (reassigned: weight.data = ...)" in unchanged.detail, unchanged

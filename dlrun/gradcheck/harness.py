@@ -104,12 +104,33 @@ class Harness:
         self.where = ""
         self.signed = kinks.has_signature(layer)
         self.distanced = kinks.declares(layer, "kink_distance", Layer)
+        # the arrays the check perturbs and reads: each parameter's own, as in training's arena
+        self._arrays = [(n, p, p.data, p.grad) for n, p in layer.params.items()]
+        self.rebound: set[str] = set()  # parameters whose data the layer replaced (p.data = ...)
 
     def call(self, name: str, fn, *args):
         try:
             return fn(*args)
         except Exception as e:  # the layer's own code: report which call and where
             raise LayerRaised(name, e, self.where) from e
+        finally:
+            self._adopt()
+
+    def _adopt(self) -> None:
+        """Copy a parameter array the layer replaced (``p.data = clip(p.data)``) back into the
+        parameter's own array and point it there again, as training's arena does before the
+        optimizer steps; so a perturbation still reaches what the next forward reads. An array
+        of another shape or dtype is left for the contract checks to report."""
+        for n, p, data, grad in self._arrays:
+            for attr, own in (("data", data), ("grad", grad)):
+                new = getattr(p, attr)
+                if new is own or own is None or new is None:
+                    continue
+                if getattr(new, "shape", None) == own.shape and getattr(new, "dtype", None) == own.dtype:
+                    own[...] = new
+                    setattr(p, attr, own)
+                    if attr == "data":
+                        self.rebound.add(n)
 
     def forward(self, x, y=None):
         layer = self.layer

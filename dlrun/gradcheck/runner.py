@@ -76,7 +76,7 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     out0 = _host(h.forward(x, y))
     # an undeclared coefficient that moved explains a difference: the state check names it
     if not aux.repeatable(kept, out0, settings.nondet_tol) and not aux.scalar_changes(start, public_scalars(layer)):
-        moved = _modified(layer, x0, y0, params0, x, y, _host)
+        moved = _modified(h, x0, y0, params0, x, y, _host)
         if moved:  # a bug found (FAIL), and the check cannot go on from a point that moved
             log.record("inputs-unchanged", False, f"{', '.join(moved)} modified in place by forward/backward", where)
             raise ContractError(f"two forwards at the same point give different outputs because forward/backward "
@@ -120,7 +120,7 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
                f"backward(0) gives a non-zero or non-finite gradient for {', '.join(nz)} (not multiplied by the "
                f"upstream gradient?)",
                where)
-    moved = _modified(layer, x0, y0, params0, x, y, _host) + aux.changed({"upstream gradient": g},
+    moved = _modified(h, x0, y0, params0, x, y, _host) + aux.changed({"upstream gradient": g},
                                                                        {"upstream gradient": _host(dy)})
     log.record("inputs-unchanged", not moved, f"{', '.join(moved)} modified in place by forward/backward", where)
     note = f"declared state {', '.join(declared)} changes in a step; frozen and restored during the check" if declared else ""
@@ -169,10 +169,12 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     return runs
 
 
-def _modified(layer, x0, y0, params0: dict, x, y, host) -> list[str]:
+def _modified(h: Harness, x0, y0, params0: dict, x, y, host) -> list[str]:
     """What forward/backward wrote into: the inputs, or a parameter outside the optimizer."""
     names = aux.changed({"x": x0, "y": y0}, {"x": host(x), "y": host(y)})
-    return names + [f"parameter {n}" for n in aux.changed(params0, {n: host(layer.params[n].data) for n in params0})]
+    params = aux.changed(params0, {n: host(h.layer.params[n].data) for n in params0})
+    return names + [f"parameter {n}" + (f" (reassigned: {n}.data = ...)" if n in h.rebound else "")
+                    for n in params]
 
 
 def _class_rows(x, y, rng):
