@@ -64,7 +64,10 @@ class Sequential:
                 where = locate(f"model[{i}]") if locate else Location(path=f"model[{i}]")
                 raise ShapeError(f"{type(layer).__name__} cannot take input of shape {shape}: "
                                  f"{e or type(e).__name__}", where) from None
-            except DlrunError:
+            except DlrunError as e:
+                if e.where is None:  # raised by code the layer called (add_param): say which layer
+                    e.where = locate(f"model[{i}]") if locate else Location(path=f"model[{i}]")
+                    e.message = f"{type(layer).__name__}: {e.message}"
                 raise
             except Exception as e:  # a bug in the layer's build (IndexError, KeyError, ...): name it
                 raise self._raised(e, "build") from e

@@ -103,3 +103,26 @@ def test_default_fans_of_a_plugin_kernel_follow_pytorch():
     assert seen["fans"] == (10, 10)
     w = layer.add_param("w", (64, 32, 3, 3), registry.initializers.build("xavier_normal")).data
     assert w.var() == pytest.approx(2 / (288 + 576), rel=0.05)
+
+
+def test_add_param_takes_an_initializer_name_or_spec_as_a_config_would():
+    """add_param("w", shape, "xavier_uniform") raised "'str' object is not callable" (Keras'
+    add_weight takes names); a misspelt name gets did-you-mean, a non-callable a clear error."""
+    from dlrun.backend import CPU
+    from dlrun.errors import ConfigError
+    from dlrun.layers import Layer
+
+    def layer():
+        a = Layer()
+        a.setup(CPU, np.float64, np.random.default_rng(3), CPU.rng(0))
+        return a
+
+    by_name = layer().add_param("w", (30, 20), "xavier_uniform").data
+    by_object = layer().add_param("w", (30, 20), registry.initializers.build("xavier_uniform")).data
+    assert np.array_equal(by_name, by_object) and by_name.any()
+    spec = layer().add_param("w", (30, 20), {"type": "normal", "std": 0.5}).data
+    assert spec.std() == pytest.approx(0.5, rel=0.2)
+    with pytest.raises(ConfigError, match=r"add_param\(.w.\): unknown initializer .xavier_unifrm. .*did you mean xavier_uniform"):
+        layer().add_param("w", (3, 2), "xavier_unifrm")
+    with pytest.raises(TypeError, match="initializer must be an initializer name such as 'xavier_uniform'"):
+        layer().add_param("w", (3, 2), 0.1)

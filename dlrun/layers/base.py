@@ -25,7 +25,7 @@ import numpy as np
 
 from ..backend import CPU, Backend
 from ..buffers import BufferPool
-from ..errors import ShapeError
+from ..errors import ConfigError, DlrunError, ShapeError
 
 
 @dataclass(eq=False)  # identity, not an elementwise comparison of arrays
@@ -147,8 +147,10 @@ class Layer:
                   regularize: bool = True, value=None) -> Parameter:
         """Create a parameter, drawn on the host with the seeded generator and moved once.
 
-        Give either an ``initializer`` (called as ``initializer(shape, fan_in, fan_out, rng)``)
-        or a fixed host ``value``. Returns the Parameter, also stored in ``self.params[name]``.
+        Give either an ``initializer`` or a fixed host ``value``. An initializer is a registered
+        name or spec (``"xavier_uniform"``, ``{"type": "normal", "std": 0.01}``) or any callable
+        ``initializer(shape, fan_in, fan_out, rng)``. Returns the Parameter, also stored in
+        ``self.params[name]``.
         Without ``fan_in``/``fan_out``, a weight of shape (out, in, *kernel) has PyTorch's fans:
         fan_in = in·prod(kernel), fan_out = out·prod(kernel) (a vector: its length for both).
         """
@@ -156,6 +158,15 @@ class Layer:
         if value is None:
             if initializer is None:
                 raise ValueError(f"parameter {name!r} needs an initializer or a value")
+            if isinstance(initializer, (str, dict)):  # a registry name or spec, as a config writes it
+                from ..registry import initializers
+                try:
+                    initializer = initializers.build(initializer, locate=lambda path: None)
+                except DlrunError as e:  # the model adds where the layer is
+                    raise ConfigError(f"add_param({name!r}): {e.message}") from None
+            elif not callable(initializer):
+                raise TypeError(f"parameter {name!r}: initializer must be an initializer name such as "
+                                f"'xavier_uniform', a spec mapping or a callable, got {initializer!r}")
             rng = self._init_rng if self._init_rng is not None else np.random.default_rng(0)
             fi = fan_in if fan_in is not None else (int(np.prod(shape[1:])) if len(shape) > 1 else shape[0])
             fo = fan_out if fan_out is not None else shape[0] * int(np.prod(shape[2:]))
