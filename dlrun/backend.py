@@ -56,7 +56,14 @@ class Backend:
     def scatter_add(self, a, indices, values) -> None:
         """``a[indices] += values`` that keeps repeated indices (np.add.at / cupyx.scatter_add)."""
         at = getattr(self.xp.add, "at", None)  # CuPy >= 13 has ufunc.at like numpy
-        if at is not None:
+        if self.xp is np and a.ndim == 2 and values.ndim == 2 and indices.ndim == 1 and a.flags.c_contiguous:
+            # rows of a matrix: numpy's add.at is ~4.5x faster on the flat array with one index per
+            # element than on rows (Embedding's backward: 4.6 ms -> 1.0 ms for 8192 rows of 64);
+            # each element still receives its terms in the same order, so the sums are identical
+            d = a.shape[1]
+            flat = (indices[:, None] * d + np.arange(d)).reshape(-1)
+            np.add.at(a.reshape(-1), flat, values.reshape(-1))
+        elif at is not None:
             at(a, indices, values)
         else:
             import cupyx

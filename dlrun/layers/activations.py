@@ -62,16 +62,22 @@ class LeakyReLU(_KinkAtZero, Layer):
         self.slope = slope
 
     def forward(self, x, y=None):
-        self._mask = x > 0
-        scale = self.xp.where(self._mask, x.dtype.type(1), x.dtype.type(self.slope))
-        self._scale = scale
-        return x * scale
+        # scale = 1 where x > 0, else slope, as (1 − m)·slope + m from the 0/1 mask m: exact (each
+        # term is 0 or the value), and on the CPU ~10x faster than where(), whose data-dependent
+        # branch costs 40x a multiply on a random mask
+        xp, buf = self.xp, self.buffer
+        m = xp.greater(x, 0, out=self.output_array("m", x.shape, x.dtype))
+        scale = xp.subtract(1, m, out=self.output_array("scale", x.shape, x.dtype))
+        scale *= x.dtype.type(self.slope)
+        scale += m
+        self._m, self._scale = m, scale
+        return xp.multiply(x, scale, out=buf("y", x.shape, x.dtype))
 
     def backward(self, dy):
-        return dy * self._scale
+        return self.xp.multiply(dy, self._scale, out=self.buffer("dx", dy.shape, dy.dtype))
 
     def branch_signature(self):
-        return self._mask
+        return self._m != 0
 
 
 @layers.register()
@@ -157,21 +163,28 @@ class ELU(_KinkAtZero, Layer):
         self.alpha = alpha
 
     def forward(self, x, y=None):
-        xp = self.xp
-        pos = x > 0
-        neg = xp.minimum(x, 0)  # exp of a non-positive number never overflows
-        slope = xp.exp(neg)
-        slope *= self.alpha  # alpha·exp(x): the gradient where x <= 0
+        # no where() (40x a multiply on the CPU): with m the 0/1 mask of x > 0, the output is
+        # max(x, 0) + alpha·expm1(min(x, 0)) (one term is 0) and the gradient max(m, (1 − m)·
+        # alpha·exp(min(x, 0))), 1 or alpha·exp(x) exactly
+        xp, dt = self.xp, x.dtype.type
+        m = xp.greater(x, 0, out=self.output_array("m", x.shape, x.dtype))
+        neg = xp.minimum(x, 0, out=self.output_array("neg", x.shape, x.dtype))  # exp(neg) never overflows
+        slope = xp.exp(neg, out=self.output_array("slope", x.shape, x.dtype))
+        slope *= dt(self.alpha)
+        slope *= xp.subtract(1, m, out=self.buffer("1-m", x.shape, x.dtype))
+        xp.maximum(slope, m, out=slope)
         xp.expm1(neg, out=neg)
-        neg *= self.alpha
-        self._mask, self._slope = pos, slope
-        return xp.where(pos, x, neg)
+        neg *= dt(self.alpha)
+        self._mask, self._slope = m, slope
+        y = xp.maximum(x, 0, out=self.buffer("y", x.shape, x.dtype))
+        y += neg
+        return y
 
     def backward(self, dy):
-        return dy * self.xp.where(self._mask, 1, self._slope).astype(dy.dtype, copy=False)
+        return self.xp.multiply(dy, self._slope, out=self.buffer("dx", dy.shape, dy.dtype))
 
     def branch_signature(self):
-        return self._mask
+        return self._mask != 0
 
 
 @layers.register()
@@ -193,7 +206,11 @@ class Softplus(Layer):
         xp = self.xp
         bx = x * self.beta if self.beta != 1.0 else x
         e = xp.exp(-xp.abs(bx))  # in (0, 1]
-        self._sig = xp.where(bx >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
+        # sigmoid(bx) = (bx >= 0 ? 1 : e)/(1 + e), the numerator max(step(bx), e) (see Sigmoid)
+        sig = xp.greater_equal(bx, 0, out=self.output_array("sig", x.shape, x.dtype))
+        xp.maximum(sig, e, out=sig)
+        sig /= 1 + e
+        self._sig = sig
         out = xp.log1p(e)
         if self.beta != 1.0:
             out *= 1.0 / self.beta
