@@ -274,3 +274,61 @@ def test_embedding_unchecked_training_lookup_defers_a_bad_index_to_the_epoch_che
     assert names[-1] == "dlrun_embedding" and out.shape == (3, 5, 4)
     dx = layer.backward(np.ones_like(out))
     assert dx.shape == (3, 5) and dx.dtype == np.float32 and not dx.any()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_where_free_activations_equal_the_where_forms_bit_for_bit(dtype):
+    """LeakyReLU, ELU and Softplus select branches arithmetically (np.where costs ~40x a multiply
+    on the CPU); outputs and gradients must equal the plain where() forms exactly, special values
+    included, in plain and fast (buffered) mode."""
+    from dlrun.backend import CPU
+    from dlrun.registry import layers
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal(500) * 4, [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -1e-30, -90, 90]])
+    x = x.astype(dtype).reshape(1, -1)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    one = dtype(1)
+
+    def leaky(s):
+        scale = np.where(x > 0, one, dtype(s))
+        return x * scale, dy * scale
+
+    def elu(a):
+        neg = np.minimum(x, 0)
+        return np.where(x > 0, x, dtype(a) * np.expm1(neg)), dy * np.where(x > 0, one, dtype(a) * np.exp(neg))
+
+    def softplus(b):
+        bx = x * b if b != 1.0 else x
+        e = np.exp(-np.abs(bx))
+        sig = np.where(bx >= 0, 1 / (1 + e), e / (1 + e))
+        return np.log1p(e) * (1.0 / b if b != 1.0 else 1.0) + np.maximum(x, 0), dy * sig
+
+    cases = [({"type": "LeakyReLU", "slope": s}, leaky(s)) for s in (0.0, 0.01, 1.0, 2.5)]
+    cases += [({"type": "ELU", "alpha": a}, elu(a)) for a in (0.0, 0.5, 1.0, 2.0)]
+    cases += [({"type": "Softplus", "beta": b}, softplus(b)) for b in (1.0, 3.0)]
+    with np.errstate(all="ignore"):
+        for spec, (want_y, want_dx) in cases:
+            layer = layers.build(spec)
+            layer.setup(CPU, dtype, np.random.default_rng(0))
+            layer.build((x.shape[1],))
+            for fast in (False, True):
+                layer.buffers.enabled = fast
+                y = layer.forward(x.copy())
+                dx = layer.backward(dy.copy())
+                assert y.dtype == dx.dtype == dtype, spec
+                assert np.array_equal(y, want_y, equal_nan=True), (spec, fast)
+                assert np.array_equal(dx, want_dx, equal_nan=True), (spec, fast)
+
+
+def test_row_scatter_add_equals_add_at_on_rows():
+    from dlrun.backend import CPU
+
+    rng = np.random.default_rng(1)
+    idx = rng.integers(0, 7, 300)  # many repeats
+    v = rng.standard_normal((300, 5)).astype(np.float32)
+    want = np.zeros((7, 5), np.float32)
+    np.add.at(want, idx, v)
+    got = np.zeros((7, 5), np.float32)
+    CPU.scatter_add(got, idx, v)
+    assert np.array_equal(got, want)
