@@ -332,3 +332,25 @@ def test_row_scatter_add_equals_add_at_on_rows():
     got = np.zeros((7, 5), np.float32)
     CPU.scatter_add(got, idx, v)
     assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelu_tanh_in_buffers_equals_the_formula_bit_for_bit(dtype):
+    from dlrun.backend import CPU
+
+    rng = np.random.default_rng(2)
+    x = np.concatenate([rng.standard_normal(2000) * 4, [0.0, -0.0, 1e-30, -30.0, 30.0]]).astype(dtype).reshape(1, -1)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    c = 0.7978845608028654
+    t = np.tanh(c * (x + 0.044715 * (x * x * x)))
+    want_y = 0.5 * x * (1 + t)
+    want_dx = dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * (c * (1 + (3 * 0.044715) * (x * x))))
+    layer = layers.build({"type": "GELU", "approximate": "tanh"})
+    layer.setup(CPU, dtype, np.random.default_rng(0))
+    layer.build((x.shape[1],))
+    for fast in (False, True, True):  # the second fast call reuses the buffers
+        layer.buffers.enabled = fast
+        y = layer.forward(x.copy())
+        assert np.array_equal(y, want_y) and y.dtype == dtype
+        dx = layer.backward(dy.copy())
+        assert np.array_equal(dx, want_dx) and dx.dtype == dtype
