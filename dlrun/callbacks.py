@@ -9,11 +9,12 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 
 from . import registry
 from .backend import array_module
-from .errors import ConfigError
+from .errors import ConfigError, ContractError
 from .schedules import Schedule, improved, resolve_mode
 from .trainer import Callback
 
@@ -89,14 +90,24 @@ class LearningRateScheduler(Callback):
     def on_epoch_begin(self, epoch, batches):
         self.batches = batches
         rate = self.schedule.value(epoch) if self.interval == "epoch" else self.schedule.at(epoch - 1, 1 / batches)
-        self.optimizer.learning_rate = float(rate)
+        self._set(rate, epoch)
 
     def on_epoch_resume(self, epoch, batches_done):
         self.on_batch_end(epoch, batches_done)
 
     def on_batch_end(self, epoch, batch):
         if self.interval == "step" and batch < self.batches:  # the rate of the next step
-            self.optimizer.learning_rate = float(self.schedule.at(epoch - 1 + batch / self.batches, 1 / self.batches))
+            self._set(self.schedule.at(epoch - 1 + batch / self.batches, 1 / self.batches), epoch, batch + 1)
+
+    def _set(self, rate, epoch: int, step: int = 1) -> None:
+        """Give the optimizer ``rate``: a finite number >= 0 (a plugin schedule's negative rate
+        would climb the loss, silently), else a ContractError naming the schedule."""
+        r = float(rate)
+        if not 0.0 <= r < math.inf:
+            at = f"step {step} of epoch {epoch}" if self.interval == "step" else f"epoch {epoch}"
+            raise ContractError(f"the schedule {self.schedule!r} gave the learning rate {r!r} for {at}; a rate "
+                                f"must be a finite number >= 0")
+        self.optimizer.learning_rate = r
 
     def on_epoch_end(self, epoch, metrics):
         self.schedule.observe(epoch, metrics)
@@ -105,7 +116,7 @@ class LearningRateScheduler(Callback):
 class EarlyStopping(Callback):
     """Stop when ``monitor`` has not improved by more than min_delta for ``patience`` epochs.
 
-    Options as :class:`dlrun.config.EarlyStoppingSettings`. After the run, ``best_epoch``,
+    Options as :class:`dlrun.settings.EarlyStoppingSettings`. After the run, ``best_epoch``,
     ``best`` and ``stopped_epoch`` (None when training ran to the end) tell what happened.
     """
 

@@ -2,7 +2,9 @@
 
 The config is validated, the data loaded and split, the model built, one batch drawn and run
 forward, through the loss and backward, layer by layer. Each layer's output and gradients are
-checked for the shape its ``build`` promised and for NaN/inf, and its memory is measured.
+checked for the shape its ``build`` promised and for NaN/inf, and its memory is measured. Then
+one training step runs as the trainer's first does, checking the loss, regularizers, schedule
+and optimizer (:func:`dlrun.contract.first_step`).
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint, run
+from . import checkpoint, contract, run
 from .config import Config
 from .errors import LayerContractError, Location, NonFiniteError
 from .faults import nonfinite_kind
@@ -139,6 +141,13 @@ def check_config(config: Config, checkpoint_path: str | Path | None = None) -> C
             if (kind := nonfinite_kind(dy)) is not None:
                 raise NonFiniteError(f"model[{i}] {layer!r} produced {kind} in backward (dx) on the first batch",
                                      1, 1, f"model[{i}]")
+        # then one whole training step as the trainer's first: the loss's returns, the regularizers,
+        # the schedule's first rate and the optimizer's step are checked as training checks them
+        controls = run.train_controls_for(config, ds, trainer)
+        for c in controls:
+            c.on_train_begin(trainer)
+            c.on_epoch_begin(1, trainer.epoch_batches(n)[1])
+        contract.first_step(trainer, xb, yb, controls)
     rows = []
     for i, (layer, act) in enumerate(zip(model.layers, activations)):
         ps = list(layer.params.values())

@@ -16,64 +16,8 @@ from typing import Any, Literal
 from . import registry
 from .config_yaml import Source, _join, apply_override, dump_yaml, parse_value, parse_yaml  # noqa: F401  (re-exported)
 from .errors import ConfigError, DlrunError, Location, collect
-from .options import (FilePath, Fraction, NonNegativeFloat, NonNegativeInt, OptionError, PositiveFloat, PositiveInt,
-                      check_value, did_you_mean)
-
-
-@dataclass
-class EarlyStoppingSettings:
-    """The ``train.early_stopping:`` section: stop when ``monitor`` stops improving.
-
-    Args:
-        monitor: the metric to watch: val_loss, val_accuracy, train_loss or train_accuracy.
-        patience: epochs without improvement after which training stops.
-        min_delta: the smallest change that counts as an improvement.
-        mode: min (losses), max (accuracies) or auto (max for *_accuracy, else min).
-        restore_best_weights: when training ends, put back the weights of the best epoch
-            (default: keep the last epoch's weights).
-    """
-
-    monitor: Literal["val_loss", "val_accuracy", "train_loss", "train_accuracy"] = "val_loss"
-    patience: NonNegativeInt = 5
-    min_delta: NonNegativeFloat = 0.0
-    mode: Literal["auto", "min", "max"] = "auto"
-    restore_best_weights: bool = False
-
-
-@dataclass
-class TrainSettings:
-    """The ``train:`` section.
-
-    Args:
-        epochs: passes over the training data.
-        batch_size: samples per step; null means the whole training set (full batch).
-        shuffle: reshuffle the training data every epoch (seeded by the run seed).
-        drop_last: skip each epoch's last batch when it is smaller than batch_size (PyTorch's
-            DataLoader option; with shuffling, different samples are left out each epoch).
-        validation_split: fraction of the data held out for validation (stratified for labels).
-        clip_norm: rescale all gradients together when their global L2 norm exceeds this.
-        clip_value: clip every gradient entry to [-clip_value, clip_value].
-        schedule: learning-rate schedule, e.g. {type: cosine} (see `dlrun list schedules`).
-        schedule_interval: epoch (the schedule sets the rate once per epoch) or step (before
-            every step, as Keras' LearningRateSchedule and Lightning's interval: step).
-        early_stopping: stop when a metric stops improving (see EarlyStoppingSettings).
-        checkpoint_every: write checkpoints/last.npz (and best.npz) every N epochs, and at the end.
-        monitor: metric that picks checkpoints/best.npz (lowest loss, highest accuracy); null means
-            val_loss with a validation split, else train_loss.
-    """
-
-    epochs: PositiveInt = 10
-    batch_size: PositiveInt | None = 32
-    shuffle: bool = True
-    drop_last: bool = False
-    validation_split: Fraction = 0.0
-    clip_norm: PositiveFloat | None = None
-    clip_value: PositiveFloat | None = None
-    schedule: Any = None  # a schedule spec, checked against registry.schedules in validate()
-    schedule_interval: Literal["epoch", "step"] = "epoch"
-    early_stopping: EarlyStoppingSettings | None = None
-    checkpoint_every: PositiveInt = 1
-    monitor: Literal["val_loss", "val_accuracy", "train_loss", "train_accuracy"] | None = None
+from .options import FilePath, NonNegativeInt, OptionError, check_value, did_you_mean
+from .settings import EarlyStoppingSettings, TrainSettings  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -199,6 +143,7 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
     if base_dir is not None:
         plugins = [str((base_dir / p).resolve()) if not Path(p).is_absolute() else str(p) for p in plugins]
         raw["plugins"] = plugins
+    plugin_failed = None
     if plugins:
         from .plugins import load_plugins
 
@@ -207,6 +152,7 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
         except DlrunError as e:
             e.where = e.where or locate("plugins")
             errors.append(e)
+            plugin_failed = e
 
     if base_dir is not None and isinstance(raw.get("data"), dict) and isinstance(raw["data"].get("path"), str):
         p = Path(raw["data"]["path"])
@@ -243,6 +189,12 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
             registry.schedules.build(train.schedule, "train.schedule", locate)
         except DlrunError as e:
             errors.append(e)
+    if plugin_failed is not None:  # names it would have defined are unknown: one error, not ten
+        unknown = [e for e in errors if getattr(e, "unknown_name", None)]
+        if unknown:
+            errors = [e for e in errors if e not in unknown]
+            names = ", ".join(dict.fromkeys(e.unknown_name for e in unknown))
+            plugin_failed.message += f" (so these names were not checked: {names})"
     collect(errors)
     return Config(raw, source, name, seed, device, dtype, plugins, data, model, loss, optimizer, regularizer, train)
 

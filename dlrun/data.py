@@ -30,6 +30,12 @@ class Dataset:
     rows: np.ndarray | None = None  # for a CSV file: the file line of each sample in x
     rows_val: np.ndarray | None = None  # ... and of each sample in x_val
 
+    def __post_init__(self):  # a (plugin's) data generator that pairs samples and labels wrongly
+        for x, y, part in ((self.x, self.y, ""), (self.x_val, self.y_val, "validation ")):
+            if (x is None) != (y is None) or (x is not None and len(x) != len(y)):
+                raise DataError(f"data {self.name!r}: {0 if x is None else len(x)} {part}samples but "
+                                f"{0 if y is None else len(y)} labels; each sample needs one label (or target row)")
+
     def where(self, i: int, val: bool = False) -> str:
         """'file:line' for a CSV, else 'NAME: sample i' (1-based) for sample ``i`` of x (or x_val)."""
         rows = self.rows_val if val else self.rows

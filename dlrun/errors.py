@@ -60,7 +60,12 @@ class PluginError(UsageError):
     """A plugin file could not be loaded."""
 
 
-class LayerContractError(UsageError):
+class ContractError(UsageError):
+    """A component (a plugin's loss, optimizer, schedule, ...) returned something its contract
+    rules out: checked on its first call, or on every value where that costs nothing."""
+
+
+class LayerContractError(ContractError):
     """A layer's forward or backward returned an array of another shape, dtype or device than
     the model declared (checked on a model's first forward and backward)."""
 
@@ -97,6 +102,11 @@ class TrainingError(DlrunError):
 class LayerError(TrainingError):
     """A layer's forward or backward raised (usually a plugin's own code): the message names the
     layer, the call and the file:line in the layer's source. Exit code 1."""
+
+
+class PluginRaised(TrainingError):
+    """A plugin's own code raised (a loss, optimizer, schedule, regularizer, data generator, ...):
+    the message names the component, the method and the file:line in the plugin. Exit code 1."""
 
 
 class NonFiniteError(TrainingError):

@@ -19,7 +19,7 @@ from .data import Dataset, expect_npy, check_range, read_csv
 from .losses import Loss
 from .errors import CheckpointError, DataError, DlrunError, PluginError, UsageError
 from .model import Sequential
-from .plugins import source_hash
+from .plugins import relocate
 from .run import build_model, check_labels, load_data
 from .trainer import Trainer, predict
 
@@ -46,21 +46,6 @@ class Restored:
                        batch_size or cfg.train.batch_size, False, cfg.seed or 0)
 
 
-def check_plugins(meta: dict, path: Path) -> list[str]:
-    """Raise when a recorded plugin file is missing; return warnings for changed sources."""
-    warnings = []
-    for rec in meta.get("plugins") or []:
-        p = Path(rec["path"])
-        defines = ", ".join(rec.get("defines") or []) or "components"
-        if not p.is_file():
-            raise PluginError(f"{path}: the model needs plugin {p} (it defines {defines}), but that file is missing; "
-                              f"put it back at that path")
-        if rec.get("sha256") and source_hash(p) != rec["sha256"]:
-            warnings.append(f"plugin {p} changed since {path.name} was written (sha256 {rec['sha256'][:12]}… → "
-                            f"{source_hash(p)[:12]}…); the model runs with the current code")
-    return warnings
-
-
 def open_model(target: str | Path, device: str | None = None) -> Restored:
     """Rebuild the model a checkpoint (or a run directory's best/last checkpoint) holds."""
     path = checkpoint.resolve(target)
@@ -68,9 +53,9 @@ def open_model(target: str | Path, device: str | None = None) -> Restored:
     meta = ckpt.meta
     if "config" not in meta or "input_shape" not in meta:
         raise CheckpointError(f"{path}: the checkpoint records no config or input shape; it cannot be rebuilt")
-    warnings = check_plugins(meta, path)
+    recorded, warnings = relocate(meta["config"], meta.get("plugins"), path)
     try:
-        config = config_from_dict(meta["config"], device=device, origin=f"{path} (recorded config)")
+        config = config_from_dict(recorded, device=device, origin=f"{path} (recorded config)")
     except PluginError:
         raise
     except DlrunError as e:

@@ -1,16 +1,14 @@
 """Sequential: a model built from a list of layers, with eager shape inference."""
 from __future__ import annotations
 
-import inspect
-import os
-import traceback
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import contract
 from .arena import ParamArena
-from .backend import CPU, Backend, array_module
-from .errors import DlrunError, LayerContractError, LayerError, Location, ShapeError
+from .backend import CPU, Backend
+from .errors import DlrunError, LayerContractError, Location, ShapeError
 from .layers.activations import ReLU
 from .layers.base import Layer
 from .layers.maxpool2d import MaxPool2D
@@ -54,7 +52,7 @@ class Sequential:
         for i, layer in enumerate(self.layers):
             layer.setup(backend, self.dtype, init_rng, backend.rng(run_seqs[i]))
             try:
-                shape = tuple(layer.build(shape))
+                shape = contract.output_shape(layer, layer.build(shape), shape)
             except ShapeError as e:
                 where = locate(f"model[{i}]") if locate else Location(path=f"model[{i}]")
                 name = type(layer).__name__
@@ -62,6 +60,10 @@ class Sequential:
                 raise ShapeError(msg, where) from None
             except (ValueError, TypeError, OverflowError, MemoryError) as e:
                 where = locate(f"model[{i}]") if locate else Location(path=f"model[{i}]")
+                named = contract.blame_other(e, layer)
+                if named is not None:  # a plugin initializer (or other helper) raised, not the layer
+                    named.where = where
+                    raise named from None
                 raise ShapeError(f"{type(layer).__name__} cannot take input of shape {shape}: "
                                  f"{e or type(e).__name__}", where) from None
             except DlrunError as e:
@@ -135,23 +137,8 @@ class Sequential:
             raise self._raised(e, "backward") from e
 
     def _raised(self, e: Exception, call: str) -> Exception:
-        """A LayerError naming the layer whose ``call`` raised ``e`` and the line of its source
-        file the exception came from; ``e`` itself when no layer's frame is in the traceback.
-        Found from the traceback, so the loops above carry no bookkeeping."""
-        tb = e.__traceback__
-        while tb is not None and not any(tb.tb_frame.f_locals.get("self") is layer for layer in self.layers):
-            tb = tb.tb_next
-        if tb is None:
-            return e
-        layer = tb.tb_frame.f_locals["self"]
-        i = next(i for i, other in enumerate(self.layers) if other is layer)
-        try:
-            source = os.path.realpath(inspect.getsourcefile(type(layer)) or "")
-        except TypeError:
-            source = ""
-        lines = [f for f in traceback.extract_tb(e.__traceback__) if os.path.realpath(f.filename) == source]
-        at = f" ({os.path.basename(source)}:{lines[-1].lineno})" if lines else ""
-        return LayerError(f"model[{i}] {layer!r}: {call} raised {type(e).__name__}: {e}{at}")
+        """A LayerError naming the layer whose ``call`` raised ``e`` (see contract.layer_raised)."""
+        return contract.layer_raised(self.layers, e, call)
 
     # The first forward and the first backward check what each layer returns against the shapes
     # build declared and the model's dtype and device, so a layer (a plugin) that breaks the
@@ -211,15 +198,21 @@ class Sequential:
                 f"whole gradient of this batch (p.grad[...] = ..., not p.grad += ...: nothing zeroes it between steps)")
 
     def _expect(self, i: int, call: str, what: str, a, shape: tuple, dtypes) -> None:
-        here = a is not None and hasattr(a, "shape") and array_module(a) is self.backend.xp
-        if here and tuple(a.shape) == shape and (dtypes is None or a.dtype in dtypes):
-            return
-        got = "None" if a is None else f"shape {tuple(getattr(a, 'shape', ()))} {getattr(a, 'dtype', type(a).__name__)}"
-        where = "" if a is None or here else f" on {array_module(a).__name__}"
-        want = self.dtype if dtypes is None or self.dtype in dtypes else next(iter(dtypes))
-        verb = "left" if what.endswith(".grad") else "returned"
-        raise LayerContractError(f"model[{i}] {self.layers[i]!r}: {call} {verb} {what} as {got}{where}; expected "
-                                 f"shape {shape} {want} on {self.backend.name}")
+        problem = contract.mismatch(a, shape, dtypes, self.backend, self.dtype)
+        if problem:
+            verb = "left" if what.endswith(".grad") else "returned"
+            raise LayerContractError(f"model[{i}] {self.layers[i]!r}: {call} {verb} {what} as {problem}")
+
+    def predict(self, x, batch_size: int | None = None) -> np.ndarray:
+        """Raw outputs for host array ``x``, computed in evaluation mode, in batches (all at once
+        without ``batch_size``); a host array."""
+        self.eval()
+        b, n = self.backend, len(x)
+        bs = max(batch_size or n, 1)
+        outs = [b.to_host(self.forward(b.asarray(np.ascontiguousarray(x[s:s + bs]), dtype=self.dtype)))
+                for s in range(0, n, bs)]
+        self.train()
+        return np.concatenate(outs) if outs else np.empty((0,) + self.output_shape, dtype=self.dtype)
 
     def named_parameters(self):
         """``[("0.weight", Parameter), ...]``: qualified name = layer index and parameter name."""

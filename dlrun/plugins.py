@@ -8,13 +8,14 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import inspect
+import os
 import sys
 import traceback
 from importlib.metadata import entry_points
 from pathlib import Path
 
 from . import registry
-from .errors import DlrunError, PluginError
+from .errors import DlrunError, PluginError, PluginRaised
 
 _loaded: dict[str, str] = {}  # resolved path -> module name
 _entry_points_loaded = False
@@ -97,6 +98,8 @@ def check_contract(origin: str) -> None:
                     missing = [m for m in ("forward", "backward") if getattr(obj, m) is getattr(Layer, m)]
                     if missing:
                         problem = f"it does not implement {' and '.join(missing)}"
+                    else:
+                        problem = _labels_problem(obj)
             elif inspect.isclass(obj) and reg.base is not None and not issubclass(obj, reg.base):
                 problem = f"it is not a subclass of {reg.base.__module__}.{reg.base.__name__}"
             if problem:
@@ -106,6 +109,107 @@ def check_contract(origin: str) -> None:
                 except (OSError, TypeError):
                     pass
                 raise e
+
+
+def blame(e: BaseException) -> PluginRaised | None:
+    """The error to report for an exception that a loaded plugin file's code raised: the
+    innermost traceback frame inside one names the file and line, and its ``self`` the
+    registered component (``the optimizer 'MySGD'``). None when no plugin code is in the
+    traceback (a bug in dlrun itself). Found from the traceback, so no call carries bookkeeping."""
+    hit = _innermost(e)
+    if hit is None:
+        return None
+    frame = hit.tb_frame
+    owner = frame.f_locals.get("self")
+    what = _component(owner) if owner is not None else None
+    call = frame.f_code.co_name
+    where = f"{os.path.basename(frame.f_code.co_filename)}:{hit.tb_lineno}"
+    head = f"{what}: {call} raised" if what else f"plugin code ({call}) raised"
+    return PluginRaised(f"{head} {type(e).__name__}: {e} ({where})")
+
+
+def _innermost(e: BaseException):
+    """The innermost traceback entry of ``e`` whose code is in a loaded plugin file, or None."""
+    files = {os.path.realpath(k) for k in _loaded}
+    hit, tb = None, e.__traceback__
+    while tb is not None:
+        if os.path.realpath(tb.tb_frame.f_code.co_filename) in files:
+            hit = tb
+        tb = tb.tb_next
+    return hit
+
+
+def raising_owner(e: BaseException):
+    """The ``self`` of the innermost plugin frame that ``e`` passed through (None: none, or a
+    plain function): says whose code raised, a layer's own or a helper's it called."""
+    hit = _innermost(e)
+    return None if hit is None else hit.tb_frame.f_locals.get("self", _FUNCTION)
+
+
+_FUNCTION = object()  # a plugin frame without ``self``: a function, not any component
+
+
+def _component(obj) -> str | None:
+    """'the optimizer 'MySGD'' for an instance of a registered class, else its class name."""
+    for reg in registry.REGISTRIES.values():
+        for name, entry in reg._entries.items():
+            if entry is type(obj):
+                return f"the {reg.kind} {name!r}"
+    return type(obj).__name__
+
+
+def _labels_problem(cls) -> str | None:
+    """The model calls forward(x, y) when ``needs_labels`` is True and forward(x) otherwise:
+    a forward whose signature does not take that call is refused when the plugin loads."""
+    try:
+        params = list(inspect.signature(cls.forward).parameters.values())[1:]  # after self
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    if cls.needs_labels and len(positional) < 2:
+        return "needs_labels = True, so the model calls forward(x, y), but forward takes no labels: write forward(self, x, y)"
+    if not cls.needs_labels and len(required) > 1:
+        return (f"forward requires {required[1].name!r}, but the model calls forward(x) alone unless the class sets "
+                f"needs_labels = True: set it, or give {required[1].name} a default (y=None)")
+    return None
+
+
+def relocate(config: dict, records: list[dict], path) -> tuple[dict, list[str]]:
+    """The recorded ``config`` with each recorded plugin file that is gone replaced by the file
+    now defining its components (one given with ``--plugin``), and warnings for plugins that
+    moved or changed since checkpoint ``path`` was written. A plugin that is gone and not
+    replaced is a PluginError saying how to point to it."""
+    warnings, moved = [], {}
+    for rec in records or []:
+        old = Path(rec["path"])
+        names = rec.get("defines") or []
+        current = old
+        if not old.is_file():
+            origins = {_origin_of(n) for n in names}
+            if not names or len(origins) != 1 or None in origins:
+                raise PluginError(f"{path}: the model needs plugin {old} (it defines {', '.join(names) or 'components'}), "
+                                  f"but that file is missing; put it back, or name its new place with --plugin FILE.py")
+            current = Path(origins.pop())
+            moved[str(old)] = str(current)
+            warnings.append(f"plugin {old} is gone; using {current}, which defines {', '.join(names)}")
+        if rec.get("sha256") and source_hash(current) != rec["sha256"]:
+            warnings.append(f"plugin {current} changed since {Path(path).name} was written (sha256 "
+                            f"{rec['sha256'][:12]}… → {source_hash(current)[:12]}…); the model runs with the current code")
+    if moved:
+        config = {**config, "plugins": [moved.get(str(Path(q)), q) for q in config.get("plugins") or []]}
+    return config, warnings
+
+
+def _origin_of(name: str) -> str | None:
+    """The plugin file that registered component ``name`` (of any kind), or None."""
+    for reg in registry.REGISTRIES.values():
+        where = reg._origin.get(name)
+        if where is not None and Path(where).is_file():
+            return str(Path(where).resolve())
+    return None
 
 
 def load_plugins(paths) -> None:

@@ -85,10 +85,12 @@ class Registry:
             raise ConfigError(f"expected {self.article} {self.kind} name, got {name!r}", where)
         if name not in self._entries:
             valid = ", ".join(self.names())
-            raise ConfigError(
+            e = ConfigError(
                 f"unknown {self.kind} {name!r}{did_you_mean(name, self._entries)}; valid {self.plural}: {valid}",
                 where,
             )
+            e.unknown_name = name  # a config whose plugin failed to load drops these (see config.py)
+            raise e
         return self._entries[name]
 
     @property

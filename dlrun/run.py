@@ -18,10 +18,11 @@ from . import callbacks as controls, checkpoint, rundir, snapshot
 from .backend import get_backend
 from .config import Config, config_from_dict, parse_yaml
 from .data import Dataset, check_indices, check_range, split
-from .errors import CheckpointError, DataError, DlrunError, Interrupted, NonFiniteError, TrainingError, UsageError
+from .errors import CheckpointError, ContractError, DataError, DlrunError, Interrupted, NonFiniteError, TrainingError, UsageError
 from .faults import StopOnSignal, catch_signals
 from .losses import Loss
 from .model import Sequential
+from .plugins import relocate
 from .trainer import History, Trainer
 
 
@@ -38,6 +39,9 @@ def load_data(config: Config) -> Dataset:
     """Generate or read the data and split off validation data (seeded, stratified)."""
     try:
         ds = config.build("data")
+        if not isinstance(ds, Dataset):  # a plugin generator's return
+            raise ContractError(f"the data generator {config.data!r} returned {type(ds).__name__}; expected a "
+                                f"dlrun.data.Dataset(x, y)", config.locate("data"))
         if ds.x_val is None and config.train.validation_split > 0:
             x, y, xv, yv = split(ds.x, ds.y, config.train.validation_split, config.seed)
     except DataError as e:  # errors without a file line get the config line that caused them
@@ -115,7 +119,7 @@ def prepare(config: Config):
     trainer = Trainer(model, loss, config.build("optimizer"), config.build("regularizer"),
                       config.train.batch_size, config.train.shuffle, config.seed, config.train.drop_last)
     _monitor(config, ds, trainer)  # settings that depend on the data: dlrun check and time see them too
-    _controls(config, ds, trainer)
+    train_controls_for(config, ds, trainer)
     return ds, trainer
 
 
@@ -124,7 +128,7 @@ def _monitor(config: Config, ds: Dataset, trainer: Trainer) -> tuple[str, str]:
     return snapshot.resolve_monitor(config.train.monitor, has_val, trainer.classification, config.locate)
 
 
-def _controls(config: Config, ds: Dataset, trainer: Trainer) -> list:
+def train_controls_for(config: Config, ds: Dataset, trainer: Trainer) -> list:
     """Clipping, schedule and early stopping from ``train:`` (raises before any file is written)."""
     has_val = ds.x_val is not None and len(ds.x_val) > 0
     return controls.from_config(config, has_val, trainer.classification)
@@ -202,7 +206,7 @@ def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from
         ckpt = checkpoint.read(checkpoint.resolve(init_from))
         snapshot.load_weights(trainer.model, ckpt)
         extra["init_from"] = os.path.abspath(ckpt.path)
-    train_controls = _controls(config, ds, trainer)  # (prepare has checked them and the monitor)
+    train_controls = train_controls_for(config, ds, trainer)  # (prepare has checked them and the monitor)
     run_dir = rundir.new_run_dir(runs_dir, config.name)
     try:
         rundir.write_config(run_dir, config)
@@ -239,7 +243,8 @@ def resume_config(run_dir: str | Path, overrides=(), device: str | None = None) 
     ckpt = checkpoint.read(path)
     if "config" not in ckpt.meta:
         raise CheckpointError(f"{path}: the checkpoint records no config; it cannot be resumed")
-    return config_from_dict(ckpt.meta["config"], overrides=list(overrides), device=device, origin=str(path)), ckpt
+    recorded, _ = relocate(ckpt.meta["config"], ckpt.meta.get("plugins"), path)  # a moved plugin given with --plugin
+    return config_from_dict(recorded, overrides=list(overrides), device=device, origin=str(path)), ckpt
 
 
 def config_edited(run_dir: str | Path, ckpt: checkpoint.Checkpoint) -> bool:
@@ -270,7 +275,7 @@ def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, cal
     extra["resumed_from_epoch"] = trainer.epoch
     if trainer.position is not None:
         extra["resumed_from_batch"] = trainer.position.batches_done  # of epoch resumed_from_epoch + 1
-    train_controls = _controls(config, ds, trainer)
+    train_controls = train_controls_for(config, ds, trainer)
     controls.load_control_states(train_controls, ckpt.meta.get("controls"))
     _offer_best_weights(run_dir, train_controls)
     return _fit(config, ds, trainer, run_dir, callbacks, extra, train_controls, ckpt.meta.get("best"), before)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import contract
 from .backend import array_module
 from .errors import DataError, Interrupted
 from .model import Sequential
@@ -76,6 +77,7 @@ class Trainer:
         # a point inside epoch ``epoch + 1`` that the state stands at (None: an epoch boundary):
         # set by a resume from a mid-epoch checkpoint, and by fit when an interrupt stops it
         self.position: EpochPosition | None = None
+        self._unchecked = True  # the first train_step checks what the loss and optimizer return
         params = model.named_parameters()
         if "arena" in inspect.signature(optimizer.setup).parameters:  # a plugin's setup may not take it
             optimizer.setup(params, arena=model.arena)
@@ -223,7 +225,9 @@ class Trainer:
     def train_step(self, xb, yb, callbacks=()):
         """One optimisation step on a device batch; returns ``(batch loss × batch size, number of
         correct predictions)`` as device scalars (see :meth:`_score`): nothing is read back to
-        the host, so on GPU the step never waits for it."""
+        the host, so on GPU the step never waits for it. The first is checked (contract.first_step)."""
+        if self._unchecked:
+            return contract.first_step(self, xb, yb, callbacks)
         out = self.model.forward(xb, yb)
         score = self._score(out, yb)
         self.model.backward(self.loss.backward())
@@ -286,14 +290,5 @@ class Trainer:
 
 
 def predict(model: Sequential, x, batch_size: int | None = None) -> np.ndarray:
-    """Raw outputs of ``model`` for host array ``x``, computed in evaluation mode, in batches."""
-    model.eval()
-    b = model.backend
-    n = len(x)
-    bs = n if not batch_size else batch_size
-    outs = []
-    for s in range(0, n, max(bs, 1)):
-        xb = b.asarray(np.ascontiguousarray(x[s:s + bs]), dtype=model.dtype)
-        outs.append(b.to_host(model.forward(xb)))
-    model.train()
-    return np.concatenate(outs) if outs else np.empty((0,) + model.output_shape, dtype=model.dtype)
+    """Raw outputs of ``model`` for host array ``x`` (see :meth:`Sequential.predict`)."""
+    return model.predict(x, batch_size)

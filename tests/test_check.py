@@ -40,7 +40,7 @@ def test_cli_check_prints_table_and_writes_nothing(tmp_path):
     r = run_cli("check", VALID, "--set", "train.batch_size=5", cwd=tmp_path)
     assert r.code == 0, r.err
     assert "batch N=5" in r.out and "Linear(units=4)" in r.out and "(N, 4)" in r.out
-    assert "nothing trained, nothing written" in r.out
+    assert "backward, one optimizer step: OK (nothing saved, nothing written)" in r.out
     assert set(tmp_path.iterdir()) == before
 
 

@@ -146,7 +146,7 @@ def test_debug_shows_traceback_as_a_global_option():
 def test_valid_config_passes_check():
     r = run_cli("check", f"{C}/valid.yaml")
     assert r.code == 0, r.err
-    assert "nothing trained, nothing written" in r.out
+    assert "backward, one optimizer step: OK (nothing saved, nothing written)" in r.out
 
 
 # -- checkpoints: made from a real run, then broken --------------------------------------------

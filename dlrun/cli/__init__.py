@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import ConfigErrors, DlrunError, Interrupted
+from ..plugins import blame
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Train, gradient-check and use neural networks defined in YAML.")
@@ -85,9 +86,12 @@ def main(argv: list[str] | None = None) -> None:
                   "given (batch size, units, --dims)", soft_wrap=True, markup=True)
         sys.exit(2)
     except Exception as e:  # a bug in dlrun or in a plugin: one line unless --debug
+        named = blame(e)  # a plugin's own code: name the component and its file:line
         if debug_enabled():
             traceback.print_exc()
-        else:
+        if named is not None:
+            sys.exit(fail(named))
+        if not debug_enabled():
             err.print(f"[bold red]error:[/] internal error: {type(e).__name__}: {escape(str(e))} "
                       "(run with --debug for the traceback)",
                       soft_wrap=True, markup=True)

@@ -60,4 +60,4 @@ def check_cmd(
     out.print(f"data {r.data!r}: {r.train_samples} training and {r.val_samples} validation samples")
     if r.checkpoint:
         out.print(f"checkpoint {r.checkpoint} fits the model")
-    out.print(f"one batch forward, loss {r.loss:.4f}, backward: OK (nothing trained, nothing written)")
+    out.print(f"one batch forward, loss {r.loss:.4f}, backward, one optimizer step: OK (nothing saved, nothing written)")

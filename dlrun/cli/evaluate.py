@@ -12,6 +12,7 @@ from rich.table import Table
 from .. import inference, metrics
 from ..position import describe
 from . import app, out
+from .catalog import PLUGIN
 from .restored import BATCH_SIZE, DEVICE, TARGET, open_trained
 
 
@@ -25,9 +26,10 @@ def evaluate_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
     batch_size: Optional[int] = BATCH_SIZE,
     device: Optional[str] = DEVICE,
+    plugin: list[str] = PLUGIN,
 ) -> None:
     """Evaluate a trained model on its run's validation data or on given data."""
-    restored = open_trained(target, device)
+    restored = open_trained(target, device, plugin)
     x, y, described = inference.evaluation_data(restored, data)
     result = metrics.evaluate(restored.trainer(batch_size), x, y, batch_size)
     if as_json:

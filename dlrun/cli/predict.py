@@ -10,6 +10,7 @@ import typer
 from .. import inference
 from ..errors import UsageError
 from . import app, err
+from .catalog import PLUGIN
 from .restored import BATCH_SIZE, DEVICE, TARGET, open_trained
 
 
@@ -21,9 +22,10 @@ def predict_cmd(
     proba: bool = typer.Option(False, "--proba", help="Add one probability column per class (proba_0, proba_1, ...)."),
     batch_size: Optional[int] = BATCH_SIZE,
     device: Optional[str] = DEVICE,
+    plugin: list[str] = PLUGIN,
 ) -> None:
     """Write a CSV with a header and one row per input: `prediction` (class index or value)."""
-    restored = open_trained(target, device)
+    restored = open_trained(target, device, plugin)
     x = inference.read_features(input, restored.model.input_shape, restored.model.dtype)
     table = inference.predictions(restored, x, proba, batch_size)
     if output is None:

@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from .. import inference
 from ..errors import UsageError
+from ..plugins import load_plugins
 from . import err
 
 TARGET = typer.Argument(..., metavar="RUN_DIR|CHECKPOINT",
@@ -18,10 +19,12 @@ BATCH_SIZE = typer.Option(None, "--batch-size", min=1, help="Samples per forward
 DEVICE = typer.Option(None, "--device", metavar="cpu|gpu", help="cpu or gpu (default: the device the run used).")
 
 
-def open_trained(target: Path, device: Optional[str]) -> inference.Restored:
-    """The model and metadata of a run directory or checkpoint, on ``device``."""
+def open_trained(target: Path, device: Optional[str], plugins=()) -> inference.Restored:
+    """The model and metadata of a run directory or checkpoint, on ``device``; ``plugins``
+    (--plugin) are loaded first, so a plugin file that moved can be named at its new place."""
     if device is not None and device not in ("cpu", "gpu"):
         raise UsageError(f"--device: expected cpu or gpu, got {device!r}")
+    load_plugins(plugins)
     restored = inference.open_model(target, device)
     for w in restored.warnings:
         err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)

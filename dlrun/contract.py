@@ -1,0 +1,138 @@
+"""What a component's code must return, checked on its first call (the layer contract of
+``layers/base.py``, and what losses, regularizers and optimizers promise the trainer), and how a
+failure is named: the component, the call and the file:line of its source.
+
+Sequential checks each layer's first forward and backward; the trainer checks its first step.
+Later calls skip the checks, so the per-batch path pays nothing for them.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import traceback
+
+
+from .backend import array_module
+from .errors import ContractError, LayerError, ShapeError
+
+
+def output_shape(layer, out, given) -> tuple[int, ...]:
+    """What ``build`` returned, checked: a tuple of sizes >= 1 (ShapeError otherwise, which the
+    caller locates), so a layer that cannot take its input is named, not the layer after it."""
+    name = type(layer).__name__
+    if not isinstance(out, (tuple, list)):
+        raise ShapeError(f"{name}: build returned {out!r} ({type(out).__name__}); it must return the per-sample "
+                         f"output shape as a tuple, e.g. (units,)")
+    try:
+        shape = tuple(int(d) for d in out)
+    except (TypeError, ValueError):
+        raise ShapeError(f"{name}: build returned {tuple(out)!r}; every size must be an integer") from None
+    if any(d < 1 or d != s for d, s in zip(shape, out)):
+        raise ShapeError(f"{name}: build returned the output shape {shape} for input of shape {given}; every "
+                         f"size must be an integer >= 1 (is the input too small for the layer's options?)")
+    return shape
+
+
+def blame_other(e: BaseException, layer):
+    """A PluginRaised for ``e`` when plugin code other than ``layer``'s own raised it (a plugin
+    initializer that a built-in layer called), else None."""
+    from .plugins import blame, raising_owner
+
+    return blame(e) if raising_owner(e) not in (None, layer) else None
+
+
+def layer_raised(layers, e: Exception, call: str) -> Exception:
+    """A LayerError naming the layer whose ``call`` raised ``e`` and the line of its source file
+    the exception came from; ``e`` itself when no layer's frame is in the traceback. Found from
+    the traceback, so the calling loops carry no bookkeeping."""
+    tb = e.__traceback__
+    while tb is not None and not any(tb.tb_frame.f_locals.get("self") is layer for layer in layers):
+        tb = tb.tb_next
+    if tb is None:
+        return e
+    layer = tb.tb_frame.f_locals["self"]
+    i = next(i for i, other in enumerate(layers) if other is layer)
+    try:
+        source = os.path.realpath(inspect.getsourcefile(type(layer)) or "")
+    except TypeError:
+        source = ""
+    lines = [f for f in traceback.extract_tb(e.__traceback__) if os.path.realpath(f.filename) == source]
+    at = f" ({os.path.basename(source)}:{lines[-1].lineno})" if lines else ""
+    return LayerError(f"model[{i}] {layer!r}: {call} raised {type(e).__name__}: {e}{at}")
+
+
+def mismatch(a, shape: tuple, dtypes, backend, model_dtype) -> str | None:
+    """None when ``a`` is an array of ``shape`` with a dtype in ``dtypes`` (None: any) on the
+    backend's device; else 'shape (..) dtype [on numpy]; expected shape (..) dtype on cpu'."""
+    here = a is not None and hasattr(a, "shape") and array_module(a) is backend.xp
+    if here and tuple(a.shape) == tuple(shape) and (dtypes is None or a.dtype in dtypes):
+        return None
+    got = "None" if a is None else f"shape {tuple(getattr(a, 'shape', ()))} {getattr(a, 'dtype', type(a).__name__)}"
+    where = "" if a is None or here else f" on {array_module(a).__name__}"
+    want = model_dtype if dtypes is None or model_dtype in dtypes else next(iter(dtypes))
+    return f"{got}{where}; expected shape {tuple(shape)} {want} on {backend.name}"
+
+
+# -- the trainer's first step: the loss, the regularizers and the optimizer ------------------------
+
+_OPTIMIZER_OWN = {"learning_rate", "params", "state", "iterations", "spec"}
+
+
+def first_step(t, xb, yb, callbacks):
+    """:meth:`Trainer.train_step`'s first call: the same step, checking what the loss, the
+    regularizers and the optimizer return (the layers are checked by the model's first calls).
+    A plugin that breaks its contract is named here instead of by a numpy error an epoch later."""
+    loss, opt = t.loss, t.optimizer
+    out = t.model.forward(xb, yb)
+    value = loss.forward(out, yb)
+    if getattr(value, "shape", ()) != () or not hasattr(value, "__float__"):
+        shape = getattr(value, "shape", None)
+        got = f"shape {tuple(shape)} {value.dtype}" if shape is not None else repr(value)
+        raise ContractError(f"the loss {loss!r}: forward returned {got}; expected a scalar, the mean loss over "
+                            f"the batch (a missing .mean()?)")
+    score = (value * len(yb), loss.count_correct(out, yb) if t.classification else 0)
+    dy = loss.backward()
+    problem = mismatch(dy, out.shape, {out.dtype}, t.backend, t.model.dtype)
+    if problem:
+        raise ContractError(f"the loss {loss!r}: backward returned dL/dz as {problem} (the shape and dtype of "
+                            f"the model's output)")
+    t.model.backward(dy)
+    for p, reg in t._regularized:
+        penalty = reg.penalty(p.data)
+        if getattr(penalty, "shape", ()) != () or not hasattr(penalty, "__float__"):
+            raise ContractError(f"the regularizer {reg!r}: penalty returned {penalty!r:.60}; expected a scalar "
+                                f"(the sum over the tensor)")
+        reg.add_gradient(p.data, p.grad)
+    for cb in callbacks:
+        cb.on_after_backward(t)
+    before = _public(opt)
+    opt.step()
+    changed = [k for k, v in _public(opt).items() if k not in _OPTIMIZER_OWN and before.get(k, _NEW) != v]
+    if changed:
+        raise ContractError(f"the optimizer {opt!r} changed self.{changed[0]} in its first step; checkpoints "
+                            f"do not save it, so --resume would not continue the run exactly. Keep per-parameter "
+                            f"buffers in slots (slots = ('velocity',), then state['velocity'] in _update), count "
+                            f"steps with self.iterations, and name scratch attributes with a leading underscore")
+    t.step += 1
+    t._unchecked = False
+    return score
+
+
+_NEW = object()
+
+
+def _public(obj) -> dict:
+    """A comparable summary of an object's public attributes: numbers by value, containers by
+    length and arrays by their bytes (the optimizer's own state is excluded by the caller)."""
+    out = {}
+    for k, v in vars(obj).items():
+        if k.startswith("_"):
+            continue
+        if hasattr(v, "shape") and hasattr(v, "dtype"):
+            out[k] = (tuple(v.shape), str(v.dtype), array_module(v).asnumpy(v).tobytes()
+                      if hasattr(array_module(v), "asnumpy") else v.tobytes())
+        elif isinstance(v, (dict, list, set, tuple)):
+            out[k] = (type(v).__name__, len(v))
+        elif isinstance(v, (int, float, complex, str, bool)) or v is None:
+            out[k] = v
+    return out

@@ -1,0 +1,64 @@
+"""The ``train:`` section's schema: typed fields with defaults, checked by :mod:`dlrun.config`
+(which owns reading and validating configs) and documented by their docstrings."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .options import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+
+
+@dataclass
+class EarlyStoppingSettings:
+    """The ``train.early_stopping:`` section: stop when ``monitor`` stops improving.
+
+    Args:
+        monitor: the metric to watch: val_loss, val_accuracy, train_loss or train_accuracy.
+        patience: epochs without improvement after which training stops.
+        min_delta: the smallest change that counts as an improvement.
+        mode: min (losses), max (accuracies) or auto (max for *_accuracy, else min).
+        restore_best_weights: when training ends, put back the weights of the best epoch
+            (default: keep the last epoch's weights).
+    """
+
+    monitor: Literal["val_loss", "val_accuracy", "train_loss", "train_accuracy"] = "val_loss"
+    patience: NonNegativeInt = 5
+    min_delta: NonNegativeFloat = 0.0
+    mode: Literal["auto", "min", "max"] = "auto"
+    restore_best_weights: bool = False
+
+
+@dataclass
+class TrainSettings:
+    """The ``train:`` section.
+
+    Args:
+        epochs: passes over the training data.
+        batch_size: samples per step; null means the whole training set (full batch).
+        shuffle: reshuffle the training data every epoch (seeded by the run seed).
+        drop_last: skip each epoch's last batch when it is smaller than batch_size (PyTorch's
+            DataLoader option; with shuffling, different samples are left out each epoch).
+        validation_split: fraction of the data held out for validation (stratified for labels).
+        clip_norm: rescale all gradients together when their global L2 norm exceeds this.
+        clip_value: clip every gradient entry to [-clip_value, clip_value].
+        schedule: learning-rate schedule, e.g. {type: cosine} (see `dlrun list schedules`).
+        schedule_interval: epoch (the schedule sets the rate once per epoch) or step (before
+            every step, as Keras' LearningRateSchedule and Lightning's interval: step).
+        early_stopping: stop when a metric stops improving (see EarlyStoppingSettings).
+        checkpoint_every: write checkpoints/last.npz (and best.npz) every N epochs, and at the end.
+        monitor: metric that picks checkpoints/best.npz (lowest loss, highest accuracy); null means
+            val_loss with a validation split, else train_loss.
+    """
+
+    epochs: PositiveInt = 10
+    batch_size: PositiveInt | None = 32
+    shuffle: bool = True
+    drop_last: bool = False
+    validation_split: Fraction = 0.0
+    clip_norm: PositiveFloat | None = None
+    clip_value: PositiveFloat | None = None
+    schedule: Any = None  # a schedule spec, checked against registry.schedules in validate()
+    schedule_interval: Literal["epoch", "step"] = "epoch"
+    early_stopping: EarlyStoppingSettings | None = None
+    checkpoint_every: PositiveInt = 1
+    monitor: Literal["val_loss", "val_accuracy", "train_loss", "train_accuracy"] | None = None
