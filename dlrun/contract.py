@@ -52,13 +52,17 @@ def layer_raised(layers, e: Exception, call: str) -> Exception:
         return e
     layer = tb.tb_frame.f_locals["self"]
     i = next(i for i, other in enumerate(layers) if other is layer)
+    return LayerError(f"model[{i}] {layer!r}: {call} raised {type(e).__name__}: {e}{source_line(layer, e)}")
+
+
+def source_line(component, error: BaseException) -> str:
+    """' (file.py:LINE)' of the innermost traceback frame in ``component``'s source file, or ''."""
     try:
-        source = os.path.realpath(inspect.getsourcefile(type(layer)) or "")
+        source = os.path.realpath(inspect.getsourcefile(type(component)) or "")
     except TypeError:
-        source = ""
-    lines = [f for f in traceback.extract_tb(e.__traceback__) if os.path.realpath(f.filename) == source]
-    at = f" ({os.path.basename(source)}:{lines[-1].lineno})" if lines else ""
-    return LayerError(f"model[{i}] {layer!r}: {call} raised {type(e).__name__}: {e}{at}")
+        return ""
+    lines = [f for f in traceback.extract_tb(error.__traceback__) if os.path.realpath(f.filename) == source]
+    return f" ({os.path.basename(source)}:{lines[-1].lineno})" if lines else ""
 
 
 def mismatch(a, shape: tuple, dtypes, backend, model_dtype) -> str | None:

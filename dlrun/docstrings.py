@@ -29,8 +29,10 @@ class Option:
 
 def plain_doc(obj) -> str:
     """The docstring as a terminal shows it: Sphinx roles (``:func:`f```) become plain names and
-    double backquotes single ones."""
-    doc = inspect.getdoc(obj) or ""
+    double backquotes single ones. Only the object's own docstring: a plugin class without one
+    must not show its base class's ("Base class for losses.")."""
+    own = obj.__doc__ if isinstance(obj.__doc__, str) else None
+    doc = inspect.cleandoc(own) if own else ""
     return re.sub(r":\w+:`~?([^`]+)`", r"`\1`", doc).replace("``", "`")
 
 

@@ -80,7 +80,9 @@ def check_labels(ds: Dataset, model: Sequential, loss) -> None:
                                if ds.y.dtype.kind in "iu" else ""))
         return
     if ds.y.dtype.kind not in "iu":
-        raise DataError(f"data {ds.name!r}: a classification loss needs integer labels, got {ds.y.dtype} targets")
+        raise DataError(f"data {ds.name!r}: a classification loss needs integer labels, got {ds.y.dtype} targets"
+                        f" (use a regression loss such as MSE; a loss of your own for regression sets "
+                        f"task = \"regression\")")
     out = model.output_shape[-1] if model.output_shape else 1
     classes = ds.num_classes or 0
     check = getattr(loss, "check_outputs", None)  # plugin losses need not subclass Loss

@@ -7,11 +7,14 @@ Times are medians over the timed batches, after untimed warm-up batches.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
 
-from . import run
+import numpy as np
+
+from . import contract, run
 from .config import Config
 from .errors import UsageError
 
@@ -40,6 +43,7 @@ class TimingReport:
     batch_size: int
     device: str
     order: tuple[int, ...] = ()   # the model's execution order (Sequential.order): the rows' order
+    finite: bool = True           # False when the loss became NaN or inf during the timed steps
 
     @property
     def parts_total(self) -> float:
@@ -62,11 +66,13 @@ def time_config(config: Config, batches: int = 20, warmup: int = 2) -> TimingRep
     sync = backend.synchronize
     clock = time.perf_counter
     trainer._fast_mode(True)
-    # one untimed step through the model first: a layer that breaks the contract (shape, dtype,
-    # device) or raises is named as training names it, before anything is timed
-    loss.forward(model.forward(x[:bs], y[:bs]), y[:bs])
-    model.backward(loss.backward())
+    # one untimed step first, training's checked first step: a layer, loss, regularizer or
+    # optimizer that breaks its contract or raises is named as training names it
+    with np.errstate(all="ignore"):
+        contract.first_step(trainer, x[:bs], y[:bs], ())
     starts = [(b * bs) % max(n - bs + 1, 1) for b in range(warmup + batches)]
+    losses = []
+    saved = np.seterr(all="ignore")  # a diverging config is still timed; the report says it diverged
     try:
         for b, s in enumerate(starts):
             keep = b >= warmup
@@ -80,7 +86,7 @@ def time_config(config: Config, batches: int = 20, warmup: int = 2) -> TimingRep
                 sync()
                 keep and fwd[i].append(clock() - t0)
             t0 = clock()
-            loss.forward(h, yb)
+            losses.append(loss.forward(h, yb))
             sync()
             keep and loss_f.append(clock() - t0)
             t0 = clock()
@@ -102,8 +108,10 @@ def time_config(config: Config, batches: int = 20, warmup: int = 2) -> TimingRep
                 step_t.append(clock() - t_step)
     finally:
         trainer._fast_mode(False)
+        np.seterr(**saved)
     med = statistics.median
     rows = [PartTiming(f"{model.order[k]} {type(layer).__name__}", shape, med(fwd[k]), med(bwd[k]) if bwd[k] else None)
             for k, (layer, shape) in enumerate(zip(layers, model.order_shapes))]
+    finite = all(math.isfinite(float(v)) for v in losses)  # read once, after the timing
     return TimingReport(rows, PartTiming(f"loss {type(loss).__name__}", None, med(loss_f), med(loss_b)), med(opt_t),
-                        med(step_t), batches, bs, backend.name, model.order)
+                        med(step_t), batches, bs, backend.name, model.order, finite)

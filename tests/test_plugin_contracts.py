@@ -347,3 +347,64 @@ def test_a_moved_plugin_is_named_with_plugin_on_predict_evaluate_and_resume(tmp_
     assert r.code == 0, r.err
     r = run_cli("predict", f"{run}/checkpoints/last.npz", "--input", tmp_path / "x.csv")  # it records the new place
     assert r.code == 0 and "is gone" not in r.err, r.err
+
+
+def test_rough_edges_a_newcomer_met(tmp_path):
+    regression = _config(tmp_path, data="{type: sine}", model="[{type: Linear, units: 1}]", loss="Undocumented")
+    write(tmp_path / "plug.py", PLUGIN + '''
+
+@losses.register()
+class Undocumented(Loss):
+    def forward(self, z, y):
+        return 0.0
+
+    def backward(self):
+        return None
+''')
+    plug = tmp_path / "plug.py"
+    r = run_cli("gradcheck", "Typo", "--plugin", plug)  # an optimizer has no backward to check
+    assert r.code == 2 and "'Typo' is an optimizer, which has no backward pass to check" in r.err, r.err
+    r = run_cli("gradcheck", "Shrink", "--plugin", plug, "--set", "k=4", "--dims", "N=3,D=2")  # an empty output
+    assert r.code == 2, r.out + r.err
+    assert "Shrink: build returned the output shape (-1,)" in r.out and "choose --dims" in r.out, r.out
+    r = run_cli("show", "Undocumented", "--plugin", plug)  # not the base class's "Base class for losses."
+    assert r.code == 0 and "Base class" not in r.out, r.out
+    r = run_cli("check", regression)
+    assert r.code == 2 and 'a loss of your own for regression sets task = "regression"' in r.err, r.err
+    r = run_cli("time", regression, "--set", "loss=MSE", "--set", "optimizer.learning_rate=1.0e+30", "--batches", "3")
+    assert r.code == 0 and "RuntimeWarning" not in r.err, r.err
+    assert "the loss became NaN or inf during these steps" in r.out, r.out
+
+
+def test_gradcheck_of_a_config_checks_its_regularizer_and_names_the_line_a_layer_raised_at(tmp_path):
+    cfg = _config(tmp_path, regularizer="RowPenalty")  # a penalty that is not a scalar
+    r = run_cli("gradcheck", cfg)
+    assert r.code in (1, 2) and "regularizer RowPenalty" in r.out, r.out + r.err
+    write(tmp_path / "raiser.py", '''\
+import numpy as np
+from dlrun.layers import Layer
+from dlrun.registry import layers
+
+
+@layers.register()
+class BadBack(Layer):
+    """y = x."""
+
+    def forward(self, x, y=None):
+        return x
+
+    def backward(self, dy):
+        return dy + np.ones(dy.shape[1] + 1)
+''')
+    r = run_cli("gradcheck", "BadBack", "--plugin", tmp_path / "raiser.py")
+    assert r.code == 2 and "backward raised ValueError" in r.out and "(raiser.py:14)" in r.out, r.out
+
+
+def test_gradcheck_of_a_loss_runs_it_once_in_float32(tmp_path):
+    """A loss whose backward returns float64 (np.eye(C)[y]) passed gradcheck; training refuses it."""
+    write(tmp_path / "plug.py", PLUGIN)
+    r = run_cli("gradcheck", "Float64Grad", "--plugin", tmp_path / "plug.py")
+    assert r.code == 1, r.out + r.err
+    assert re.search(r"aux float32 +FAIL +with float32 scores .* backward returns dz as float64", r.out), r.out
+    r = run_cli("gradcheck", "SoftmaxCrossEntropy")
+    assert r.code == 0 and re.search(r"aux float32 +PASS", r.out), r.out

@@ -210,6 +210,11 @@ def gradcheck_cmd(
     elif target in registry.regularizers and target not in registry.layers:
         report = check_regularizer(target, parse_sets(target, set_), settings)
     elif target not in registry.layers:
+        other = next((r for r in registry.REGISTRIES.values() if target in r), None)
+        if other is not None:  # an optimizer, schedule, initializer or data generator: no backward to check
+            raise UsageError(f"{target!r} is {other.article} {other.kind}, which has no backward pass to check; "
+                             f"gradcheck checks layers, losses and regularizers (dlrun check CONFIG runs every "
+                             f"component of a config once)")
         kinds = {r.plural: r.names() for r in (registry.layers, registry.losses, registry.regularizers)}
         names = [n for group in kinds.values() for n in group]
         raise UsageError(f"unknown layer, loss or regularizer {target!r}{did_you_mean(target, names)}; "

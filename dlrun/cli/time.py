@@ -58,5 +58,8 @@ def time_cmd(
     if swapped:
         notes.append(f"rows in execution order: {', '.join(swapped)} (a ReLU just before a MaxPool2D runs on "
                      "the smaller pooled map, with the same result: docs/performance.md)")
+    if not r.finite:
+        notes.append("the loss became NaN or inf during these steps (the rate or the data?): NaN arithmetic can be "
+                     "slower or faster than the real one")
     t.caption = "\n".join(notes) or None
     out.print(t)

@@ -12,6 +12,8 @@ import numbers
 import numpy as np
 
 from ..backend import to_host
+from ..contract import output_shape, source_line
+from ..errors import ShapeError
 from ..layers.base import Layer
 from . import kinks
 
@@ -19,14 +21,27 @@ from . import kinks
 class LayerRaised(Exception):
     """The layer's own code raised; ``call`` says which (build, forward, backward, ...)."""
 
-    def __init__(self, call: str, error: BaseException, where: str = ""):
+    def __init__(self, call: str, error: BaseException, where: str = "", layer=None):
         self.call, self.error, self.where = call, error, where
         ctx = f" ({where})" if where else ""
-        super().__init__(f"{call} raised {type(error).__name__}: {error}{ctx}")
+        at = source_line(layer, error) if layer is not None else ""
+        super().__init__(f"{call} raised {type(error).__name__}: {error}{at}{ctx}")
 
 
 class ContractError(Exception):
     """The layer broke the contract in a way that stops the check (a missing state attribute)."""
+
+
+def build(layer, shape: tuple, where: str) -> tuple[int, ...]:
+    """Build ``layer`` for per-sample ``shape``; its output shape, whose sizes must be >= 1."""
+    try:
+        out = layer.build(shape)
+    except Exception as e:
+        raise LayerRaised("build", e, f"input shape {shape}", layer) from e
+    try:
+        return output_shape(layer, out, shape)
+    except ShapeError as e:  # --dims too small for the layer's options: nothing to check
+        raise ContractError(f"{e.message} ({where}); choose --dims that leave every output size >= 1") from None
 
 
 def snapshot_state(layer) -> dict:
@@ -112,7 +127,7 @@ class Harness:
         try:
             return fn(*args)
         except Exception as e:  # the layer's own code: report which call and where
-            raise LayerRaised(name, e, self.where) from e
+            raise LayerRaised(name, e, self.where, self.layer) from e
         finally:
             self._adopt()
 

@@ -21,7 +21,7 @@ from .. import registry
 from ..backend import to_host
 from . import aux, device as devices, inputs, kinks
 from .numeric import Probe, TensorRun, check_tensor
-from .report import LayerReport, TensorResult, merge
+from .report import FAIL, PASS, LayerReport, TensorResult, merge
 from .runner import choose_mode, new_report
 from .settings import Settings
 
@@ -70,9 +70,30 @@ def check_loss(name: str, options: dict | None = None, settings: Settings | None
     configs = settings.dim_configs()
     if getattr(loss, "task", "") == "regression" and settings.dims is None:
         configs.append({**configs[0], "C": 1})  # a single output, the shape of most regression data
-    return scalar_report(name, settings, configs, lambda d: f"N={d['N']} C={d['C']}",
-                         lambda dims, where, log, dodge, final: _check_point(loss, dims, settings, rng, where, log,
-                                                                             dev, dodge, final))
+    report = scalar_report(name, settings, configs, lambda d: f"N={d['N']} C={d['C']}",
+                           lambda dims, where, log, dodge, final: _check_point(loss, dims, settings, rng, where, log,
+                                                                               dev, dodge, final))
+    if settings.dtype == "float64" and report.error is None:  # training runs in float32: see dtypes.py
+        problem = _float32_problem(loss, configs[0], settings, dev)
+        entry = next(a for a in report.aux if a.name == "float32")
+        entry.status, entry.detail = (PASS, "") if problem is None else (FAIL, problem)
+    return report
+
+
+def _float32_problem(loss, dims: dict, settings: Settings, dev) -> str | None:
+    """What the loss returns in float64 for float32 scores (dz; the trainer refuses it), or None."""
+    z0, y0 = targets(loss, dims["N"], dims["C"], settings, np.random.default_rng(settings.seed))
+    z = dev.put(z0.astype(np.float32))
+    y = dev.put(y0.astype(np.float32) if y0.dtype.kind == "f" else y0)
+    try:
+        user_call("forward", loss.forward, z, y)
+        dz = user_call("backward", loss.backward)
+    except LossRaised as e:
+        return f"in float32 the loss raised: {e}"
+    if getattr(dz, "dtype", np.float32) == np.float32:
+        return None
+    return (f"with float32 scores (training's default) backward returns dz as {dz.dtype}: dlrun train refuses "
+            f"that; keep the dtype (np.eye(C)[y] and Python-int arithmetic on bool arrays give float64)")
 
 
 def scalar_report(name: str, settings: Settings, configs: list, where_of, check_point, extra=None) -> LayerReport:

@@ -19,6 +19,7 @@ from ..model import Sequential
 from . import device as devices, kinks
 from .harness import restore_state, snapshot_state
 from .losscheck import check_loss
+from .regcheck import check_regularizer
 from .numeric import Probe, check_tensor
 from .report import LayerReport, TensorResult, merge
 from .runner import check_layer, choose_mode, new_report
@@ -64,7 +65,8 @@ def check_config(path, overrides=(), settings: Settings | None = None, batch: in
     cfg = load_config(path, overrides)
     report = new_report(str(path), settings, ("dtype", "eps", "atol", "rtol", "seed", "mode"))
     if cfg.regularizer is not None:
-        report.warnings.append("the run-wide regularizer is left out: this checks the data loss alone")
+        report.warnings.append("the run-wide regularizer is left out of the model check (the data loss alone); "
+                               "it is checked on its own below")
     t0 = time.perf_counter()
     rng = np.random.default_rng(settings.seed)
     dev = devices.open_device(settings.device)  # --device, not the config's device key
@@ -94,6 +96,11 @@ def check_config(path, overrides=(), settings: Settings | None = None, batch: in
     child = check_loss(name, options, settings)  # on its own, so a loss bug is named as one
     child.layer = f"loss {name}"
     report.children.append(child)
+    if cfg.regularizer is not None:  # its gradient against its penalty, as `dlrun gradcheck L2` does
+        name, options = registry.regularizers.parse_spec(cfg.regularizer)
+        child = check_regularizer(name, options, settings)
+        child.layer = f"regularizer {name}"
+        report.children.append(child)
     report.seconds = time.perf_counter() - t0
     return report
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import registry
 from . import aux, device as devices, inputs, kinks
-from .harness import (ContractError, Harness, LayerRaised, loose_arrays, public_arrays, public_scalars,
+from .harness import (ContractError, Harness, LayerRaised, build, loose_arrays, public_arrays, public_scalars,
                       restore_state, state_changes)
 from .compare import explain_rounding, rounding_noise
 from .dtypes import float32_problem
@@ -217,10 +217,7 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
             shape = tuple(input_shape) if dims is None else inputs.per_sample_shape(spec, dims)
             layer.setup(dev.backend, settings.np_dtype, np.random.default_rng(settings.seed),
                         dev.backend.rng(settings.seed))
-            try:
-                out_shape = tuple(layer.build(shape))
-            except Exception as e:
-                raise LayerRaised("build", e, f"input shape {shape}") from e
+            out_shape = build(layer, shape, where_dims)
             note = loose_arrays(name, layer)
             if note and note.split(":")[0] not in "".join(report.warnings):  # once, from the first shape
                 report.warnings.append(note)
