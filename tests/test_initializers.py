@@ -126,3 +126,26 @@ def test_add_param_takes_an_initializer_name_or_spec_as_a_config_would():
         layer().add_param("w", (3, 2), "xavier_unifrm")
     with pytest.raises(TypeError, match="initializer must be an initializer name such as 'xavier_uniform'"):
         layer().add_param("w", (3, 2), 0.1)
+
+
+def test_an_initializer_returning_the_wrong_shape_is_named(tmp_path):
+    from conftest import run_cli, write
+
+    write(tmp_path / "initt.py", '''\
+import numpy as np
+from dlrun.registry import initializers
+
+
+@initializers.register("transposed")
+class Transposed(initializers.base):
+    """Returns the transposed shape."""
+
+    def __call__(self, shape, fan_in, fan_out, rng):
+        return np.zeros(shape[::-1])
+''')
+    cfg = write(tmp_path / "c.yaml", "plugins: [initt.py]\ndata: {type: spiral}\nmodel: [{type: Linear, units: 8, "
+                                     "weight_initializer: transposed}]\nloss: SoftmaxCrossEntropy\noptimizer: SGD\n")
+    r = run_cli("check", cfg)
+    assert r.code == 2, r.err
+    assert ("c.yaml:3: model[0]: Linear: add_param('weight'): the initializer transposed returned an array that has "
+            "shape (2, 8), expected (8, 2)") in r.err

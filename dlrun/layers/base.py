@@ -155,7 +155,8 @@ class Layer:
         fan_in = in·prod(kernel), fan_out = out·prod(kernel) (a vector: its length for both).
         """
         shape = tuple(int(s) for s in shape)
-        if value is None:
+        drawn = value is None
+        if drawn:
             if initializer is None:
                 raise ValueError(f"parameter {name!r} needs an initializer or a value")
             if isinstance(initializer, (str, dict)):  # a registry name or spec, as a config writes it
@@ -173,7 +174,8 @@ class Layer:
             value = initializer(shape, fi, fo, rng)
         host = np.asarray(value, dtype=self.dtype)
         if host.shape != shape:
-            raise ValueError(f"parameter {name!r}: value has shape {host.shape}, expected {shape}")
+            made = f"the initializer {initializer!r} returned an array that" if drawn else "value"
+            raise ConfigError(f"add_param({name!r}): {made} has shape {host.shape}, expected {shape}")
         data = self.backend.asarray(np.ascontiguousarray(host))
         grad = self.xp.zeros_like(data) if trainable else None
         p = Parameter(data, grad, trainable, regularizer, regularize and trainable)
