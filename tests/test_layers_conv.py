@@ -216,6 +216,28 @@ def test_avgpool_matches_reference_and_gradients(opts):
     assert check_gradients(layer, x) == x.size
 
 
+@pytest.mark.parametrize("kind", ["MaxPool2D", "AvgPool2D"])
+@pytest.mark.parametrize("opts", POOL_CASES)
+def test_pool_with_reused_buffers_matches_the_reference(kind, opts):
+    """Fast mode keeps the padded copy between calls and rewrites only its interior: every call,
+    including a smaller last batch and inputs larger than the previous call's, must still see
+    the -inf (max) or zero (average) border, and backward must use its own forward."""
+    pooled, plain = layers.build({"type": kind, **opts}), layers.build({"type": kind, **opts})
+    make(pooled, (2, 7, 5))
+    make(plain, (2, 7, 5))
+    pooled.buffers.enabled = True
+    reduce, fill = (np.max, -np.inf) if kind == "MaxPool2D" else (np.mean, 0.0)
+    rng = np.random.default_rng(11)
+    for n, scale in ((3, 1.0), (3, -50.0), (2, 1.0)):  # all-negative inputs would expose a 0 border
+        x = scale * np.abs(rng.standard_normal((n, 2, 7, 5)))
+        y = pooled.forward(x)
+        ref, _ = reference_pool(x, pooled.pool_size, pooled.stride, pooled.padding, reduce, fill)
+        np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-14)
+        np.testing.assert_array_equal(y, plain.forward(x))
+        dy = rng.standard_normal(y.shape)
+        np.testing.assert_array_equal(pooled.backward(dy), plain.backward(dy))
+
+
 def test_pool_padding_over_half_the_window_is_rejected():
     with pytest.raises(ConfigError, match="at most half"):
         layers.build({"type": "MaxPool2D", "pool_size": 2, "padding": 2})

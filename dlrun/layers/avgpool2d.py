@@ -29,7 +29,7 @@ class AvgPool2D(Pool2D):
 
     def forward(self, x, y=None):
         win = self.win
-        xpad = pad_input(self.xp, x, win)
+        xpad = pad_input(self.xp, x, win, buffers=self.buffers)
         self._xshape = xpad.shape
         offsets = win.offsets()
         out = xpad[(slice(None), slice(None)) + win.offset_slices(*offsets[0])].copy()

@@ -109,7 +109,7 @@ class Conv2D(Layer):
         cols = self.buffers.group(("cols_with_ones", shape, x.dtype), lambda: _columns_with_ones(xp, shape, k, x.dtype))
         # cols[:, :k] is not contiguous, but its (K, P) blocks are: splitting K and P (in _columns)
         # is a view in numpy and CuPy alike, so im2col writes into the buffer itself
-        im2col(xp, pad_input(xp, x, self.win), self.win, self.one_gemm, cols[:k] if self.one_gemm else cols[:, :k])
+        im2col(xp, pad_input(xp, x, self.win, buffers=self.buffers), self.win, self.one_gemm, cols[:k] if self.one_gemm else cols[:, :k])
         self._cols = cols
         wb = self.weight.data.reshape(o, k)
         if self.bias is not None:

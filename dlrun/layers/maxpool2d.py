@@ -79,8 +79,10 @@ class MaxPool2D(Pool2D):
         if self.training and self.disjoint:
             grids = self._split_windows(xp, x)
         else:
-            fill = float("-inf") if x.dtype.kind == "f" else x.min()
-            xpad = pad_input(xp, x, win, fill)
+            if x.dtype.kind == "f":  # the -inf border of a reused padded copy is written once
+                xpad = pad_input(xp, x, win, float("-inf"), self.buffers)
+            else:
+                xpad = pad_input(xp, x, win, x.min())
             grids = [xpad[(slice(None), slice(None)) + win.offset_slices(i, j)] for i, j in win.offsets()]
         out = self.buffer("y", grids[0].shape, x.dtype)  # reused in fast mode: no page faults
         if len(grids) == 1:  # a 1x1 pool

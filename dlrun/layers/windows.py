@@ -94,14 +94,21 @@ def make_window(layer: str, in_hw, kernel, stride, dilation, padding) -> Window:
     return Window(tuple(kernel), tuple(stride), tuple(dilation), pad, (h, w), (ho, wo))
 
 
-def pad_input(xp, x, win: Window, fill: float = 0.0):
-    """``x`` (N, C, H, W) with the window's padding filled with ``fill`` (x itself if none)."""
+def pad_input(xp, x, win: Window, fill: float = 0.0, buffers=None):
+    """``x`` (N, C, H, W) with the window's padding filled with ``fill`` (x itself if none).
+
+    With a layer's ``buffers`` the padded array is reused while they are enabled (fast mode): its
+    border is filled once, when it is made, and each call rewrites only the interior."""
     if not win.has_padding:
         return x
     t, b, l, r = win.pad
     n, c = x.shape[:2]
     hp, wp = win.padded_hw
-    out = xp.full((n, c, hp, wp), fill, dtype=x.dtype)
+
+    def make():
+        return xp.full((n, c, hp, wp), fill, dtype=x.dtype)
+
+    out = make() if buffers is None else buffers.group(("padded", x.shape, x.dtype, fill, xp), make)
     out[:, :, t:t + x.shape[2], l:l + x.shape[3]] = x
     return out
 
