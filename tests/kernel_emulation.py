@@ -130,8 +130,8 @@ def _sce_nll(v):
 
 
 def _sce_grad(v):
-    onehot = ((v.i % int(v.c)).astype(v.y.dtype) == v.y).astype(v.p.dtype)
-    v.d[...] = (v.p / v.s - onehot) * v.scale
+    t = np.where((v.i % int(v.c)).astype(v.y.dtype) == v.y, v.on, v.off).astype(v.p.dtype)
+    v.d[...] = (v.p / v.s - t) * v.scale
 
 
 def _maxpool(v):

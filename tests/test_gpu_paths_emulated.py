@@ -87,14 +87,15 @@ def test_maxpool_gpu_path_marks_nan_windows_like_the_cpu(monkeypatch):
     np.testing.assert_array_equal(gpu[0][1], cpu[0][1])
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.3])
 @pytest.mark.parametrize("label_dtype", [np.int64, np.int32])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_softmax_cross_entropy_gpu_path_matches_the_cpu_path(dtype, label_dtype, monkeypatch):
+def test_softmax_cross_entropy_gpu_path_matches_the_cpu_path(dtype, label_dtype, smoothing, monkeypatch):
     rng = np.random.default_rng(0)
     z, y = rng.standard_normal((6, 4)).astype(dtype) * 3, rng.integers(0, 4, 6).astype(label_dtype)
 
     def run():
-        loss = registry.losses.build("SoftmaxCrossEntropy")
+        loss = registry.losses.build({"type": "SoftmaxCrossEntropy", "label_smoothing": smoothing})
         value = loss.forward(z, y)
         return value, loss.backward().copy(), loss.count_correct(z, y)
 

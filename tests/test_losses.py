@@ -41,10 +41,12 @@ CASES = {
     "Huber": (RNG.standard_normal((6, 2)) * 2, RNG.standard_normal((6, 2))),
     "Huber-delta": (RNG.standard_normal((6, 2)) * 2, RNG.standard_normal((6, 2))),
     "SoftmaxCrossEntropy": (Z, LABELS),
+    "SoftmaxCrossEntropy-smoothed": (Z, LABELS),
     "MSE": (RNG.standard_normal((6, 2)), RNG.standard_normal((6, 2))),
 }
 SPECS = {"BinaryCrossEntropy-flat": "BinaryCrossEntropy", "Hinge-margin": {"type": "Hinge", "margin": 2.5},
-         "Huber-delta": {"type": "Huber", "delta": 0.3}}
+         "Huber-delta": {"type": "Huber", "delta": 0.3},
+         "SoftmaxCrossEntropy-smoothed": {"type": "SoftmaxCrossEntropy", "label_smoothing": 0.2}}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -126,6 +128,39 @@ def test_nll_after_log_softmax_equals_softmax_cross_entropy():
     np.testing.assert_array_equal(nll.backward(), want)
     np.testing.assert_allclose(nll.probabilities(log_softmax(Z)), ce.probabilities(Z), rtol=1e-14)
     assert nll.predict(log_softmax(Z)).tolist() == Z.argmax(axis=1).tolist()
+
+
+@pytest.mark.parametrize("classes", [4, 40])  # the column-wise path (<= 16 classes) and the axis-1 path
+@pytest.mark.parametrize("eps", [0.0, 0.1, 1.0])
+@pytest.mark.parametrize("pooled", [False, True])
+def test_label_smoothing_is_cross_entropy_against_the_mixed_target(classes, eps, pooled):
+    """Oracle: -Σ_j t_j log softmax(z)_j with t = (1 − ε)·onehot(y) + ε/C written out in float64,
+    the definition of torch.nn.CrossEntropyLoss(label_smoothing=ε); gradient (p − t)/N. Twice,
+    so a reused buffer cannot hold the previous call's values."""
+    rng = np.random.default_rng(classes)
+    l = loss({"type": "SoftmaxCrossEntropy", "label_smoothing": eps})
+    l.buffers.enabled = pooled
+    for _ in range(2):
+        z = (rng.standard_normal((7, classes)) * 5).astype(np.float32)
+        y = rng.integers(0, classes, 7)
+        z64 = z.astype(np.float64)
+        t = (1 - eps) * np.eye(classes)[y] + eps / classes
+        value = l.forward(z, y)
+        d = l.backward()
+        assert value.dtype == np.float32 and d.dtype == np.float32
+        np.testing.assert_allclose(float(value), -(t * log_softmax(z64)).sum(axis=1).mean(), rtol=2e-6)
+        np.testing.assert_allclose(d, (np.exp(log_softmax(z64)) - t) / 7, atol=2e-7)
+        assert int(l.count_correct(z, y)) == int((z.argmax(axis=1) == y).sum())  # accuracy unchanged
+
+
+def test_label_smoothing_is_checked_and_shown():
+    assert repr(loss({"type": "SoftmaxCrossEntropy", "label_smoothing": 0.1})) == "SoftmaxCrossEntropy(label_smoothing=0.1)"
+    assert repr(loss("SoftmaxCrossEntropy")) == "SoftmaxCrossEntropy()"
+    from dlrun.errors import ConfigError
+    with pytest.raises(ConfigError, match="label_smoothing"):
+        loss({"type": "SoftmaxCrossEntropy", "label_smoothing": 1.5})
+    with pytest.raises(ConfigError, match="did you mean label_smoothing"):
+        loss({"type": "SoftmaxCrossEntropy", "label_smothing": 0.1})
 
 
 def test_hinge_closed_form_cs231n_example():

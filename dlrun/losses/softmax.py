@@ -1,31 +1,43 @@
 """Losses over class scores: softmax cross-entropy (fused; one kernel set on GPU) and NLL."""
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
 
 from ..backend import Kernel, array_module, out_args
+from ..options import Range
 from ..registry import losses
 from .base import Loss
 
 _FEW_CLASSES = 16  # up to this many columns, column-wise ufuncs beat an axis-1 reduction
 # GPU: p = exp(z − m); per-sample −log p_y = log Σ exp(z − m) − (z_y − m), z_y read from the raw
-# logits; and the gradient (p/s − onehot(y))/N
+# logits; and the gradient (p/s − t)/N, t = on where the column is y, else off (label smoothing)
 _EXP = Kernel("T z, T m", "T p", "p = exp(z - m);", "dlrun_sce_exp")
 _NLL = Kernel("T s, T m, Y y, raw T z, int32 c", "T out", "out = log(s) + m - z[i * c + y];", "dlrun_sce_nll")
-_GRAD = Kernel("T p, T s, Y y, int32 c, T scale", "T d",
-               "d = (p / s - ((Y)(i % c) == y ? (T)1 : (T)0)) * scale;", "dlrun_sce_grad")
+_GRAD = Kernel("T p, T s, Y y, int32 c, T scale, T on, T off", "T d",
+               "d = (p / s - ((Y)(i % c) == y ? on : off)) * scale;", "dlrun_sce_grad")
 
 
 @losses.register()
 class SoftmaxCrossEntropy(Loss):
-    """L = -(1/N) Σ_i log softmax(z_i)[y_i], fused and numerically stable; ∂L/∂z = (p - onehot(y))/N.
+    """L = -(1/N) Σ_i Σ_j t_ij log softmax(z_i)_j, fused and numerically stable; ∂L/∂z = (p - t)/N.
 
-    Takes raw scores (logits) of shape (N, C) and integer labels of shape (N,). The softmax is
-    computed with the row maximum subtracted, so large logits never overflow.
+    Takes raw scores (logits) of shape (N, C) and integer labels of shape (N,). The target t is
+    onehot(y), or with label smoothing ε the mixture (1 − ε)·onehot(y) + ε/C (as
+    torch.nn.CrossEntropyLoss(label_smoothing=ε) and Keras' CategoricalCrossentropy). The
+    softmax is computed with the row maximum subtracted, so large logits never overflow.
+
+    Args:
+        label_smoothing: ε in [0, 1], the share of each target spread evenly over all C classes
+            (0.1 is common); 0 is plain cross-entropy. Accuracy and predictions are unchanged.
     """
 
     task = "classification"
     _work = _scored = _pooled = None  # the CPU forward's arrays, the (z, y) they were computed for
+
+    def __init__(self, label_smoothing: Annotated[float, Range(0, 1)] = 0.0):
+        self.label_smoothing = float(label_smoothing)
 
     def forward(self, z, y):
         xp = array_module(z)
@@ -60,7 +72,14 @@ class SoftmaxCrossEntropy(Loss):
         # log-sum-exp form: -log p_y = log Σ exp(z - m) - (z_y - m); never log(0)
         np.log(s, out=s)
         s += m
-        s -= (w.z_flat if w.z_flat is not None else z.reshape(-1)).take(w.flat, out=w.zy)
+        zy = (w.z_flat if w.z_flat is not None else z.reshape(-1)).take(w.flat, out=w.zy)
+        eps = self.label_smoothing
+        if eps:  # -Σ_j t_j log p_j = lse - (1 - ε)·z_y - (ε/C)·Σ_j z_j
+            np.multiply(z.sum(axis=1, out=w.zsum), eps / c, out=w.zsum)
+            s -= w.zsum
+            s -= np.multiply(zy, 1.0 - eps, out=w.zsum)
+        else:
+            s -= zy
         self._scored = (z, y)
         return np.add.reduce(s) * (1.0 / n)  # ndarray.mean() and .sum() cost more Python for small arrays
 
@@ -86,6 +105,9 @@ class SoftmaxCrossEntropy(Loss):
         s = p.sum(axis=1)
         nll = _NLL.on(xp)(s, m.reshape(-1), y, z, c)
         self._p, self._s, self._y, self._work, self._scored = p, s, y, None, None
+        eps = self.label_smoothing
+        if eps:  # (1 − ε)·(lse − z_y) + ε·(lse − mean_j z_j), lse = log s + m
+            return (nll.sum() * (1.0 - eps) + (xp.log(s) + m.reshape(-1) - z.mean(axis=1)).sum() * eps) * (1.0 / n)
         return nll.sum() * (1.0 / n)
 
     def backward(self):
@@ -93,12 +115,17 @@ class SoftmaxCrossEntropy(Loss):
             xp = array_module(self._p)
             scale = 1.0 / self._p.shape[0]  # a Python float keeps float32 float32
             n, c = self._p.shape
+            off = self.label_smoothing / c
             return _GRAD.on(xp)(
-                self._p, self._s[:, None], self._y[:, None], c, scale,
+                self._p, self._s[:, None], self._y[:, None], c, scale, 1.0 - self.label_smoothing + off, off,
                 *out_args(self.buffers.get(xp, "d", self._p.shape, self._p.dtype)))
         w = self._work
         np.multiply(w.p, w.r_col, out=w.d)
-        w.d_flat[w.flat] -= 1.0 / len(w.d)  # d_flat is a view of d; a Python float keeps float32
+        n, c = w.d.shape
+        eps = self.label_smoothing
+        if eps:  # every target gets ε/C, the label's (1 − ε) on top
+            w.d -= eps / (c * n)
+        w.d_flat[w.flat] -= (1.0 - eps) / n  # d_flat is a view of d; a Python float keeps float32
         return w.d
 
     def probabilities(self, z):
@@ -106,6 +133,8 @@ class SoftmaxCrossEntropy(Loss):
         p = xp.exp(z - z.max(axis=1, keepdims=True))
         return p / p.sum(axis=1, keepdims=True)
 
+    def __repr__(self) -> str:
+        return f"SoftmaxCrossEntropy(label_smoothing={self.label_smoothing})" if self.label_smoothing else "SoftmaxCrossEntropy()"
 
 
 class _Work:
@@ -115,7 +144,7 @@ class _Work:
     flat view of d) are made here too."""
 
     def __init__(self, n: int, c: int, dtype, label_dtype):
-        self.m, self.s, self.r, self.zy = (np.empty(n, dtype) for _ in range(4))
+        self.m, self.s, self.r, self.zy, self.zsum = (np.empty(n, dtype) for _ in range(5))
         self.p, self.d = np.empty((n, c), dtype), np.empty((n, c), dtype)
         self.m_col, self.r_col = self.m[:, None], self.r[:, None]
         self.p_cols = [self.p[:, j] for j in range(c)]
