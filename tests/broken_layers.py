@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from dlrun.layers.base import InputSpec, Layer
+from dlrun.layers.embedding import Embedding
 from dlrun.layers.large_margin import LargeMarginFC
 from dlrun.layers.linear import Linear
 from dlrun.layers.lsoftmax import LSoftmax
@@ -287,6 +288,29 @@ class OneElementBug(Linear):
         return dx
 
 
+class ZeroesUsedRowsOnly(Embedding):
+    """Embedding whose backward zeroes only the rows of the indices in the batch: the other rows
+    keep the last step's gradient (passes a check whose every backward follows another one that
+    wrote the same rows; training refuses it)."""
+
+    def backward(self, dy):
+        g = self.weight.grad
+        g[np.unique(self._idx)] = 0
+        self.backend.scatter_add(g, self._idx.reshape(-1), dy.reshape(-1, self.output_dim))
+        return None
+
+
+class ValueSignature(ReQU):
+    """ReQU whose backward triples the gradient, with a branch signature that is the input itself:
+    every perturbation changes it, so every difference is skipped and nothing is compared."""
+
+    def backward(self, dy):
+        return 3.0 * super().backward(dy)
+
+    def branch_signature(self):
+        return self._xpos
+
+
 BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
     MissingFactor: ({"x"}, set()),
     TransposedWeightGrad: ({"weight", "grad-structure"}, {"x", "bias"}),
@@ -308,4 +332,6 @@ BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
     NaNBackward: ({"x"}, {"weight", "bias", "reentrant"}),
     WritesInput: ({"inputs-unchanged"}, set()),
     NormalizesWeightInPlace: ({"inputs-unchanged"}, set()),
+    ZeroesUsedRowsOnly: ({"weight", "grad-structure"}, {"reentrant", "zero-upstream"}),
+    ValueSignature: ({"kink-skips"}, set()),
 }

@@ -309,3 +309,51 @@ def test_dims_with_barely_repeated_labels_warn_that_a_dropped_repeat_may_pass(cl
     assert r.code == 0 and "warning: few repeated labels: with N=3 rows for 3 classes only one label repeats" in r.err
     r = cli("gradcheck", "LargeMarginFC")  # the default configurations include one with many repeats
     assert r.code == 0 and "few repeated labels" not in r.err
+
+
+LABELLED = '''
+import numpy as np
+from dlrun.layers import InputSpec, Layer
+from dlrun.options import PositiveInt
+from dlrun.registry import layers
+
+
+@layers.register()
+class CenterOffset(Layer):
+    """out_i = x_i − W[y_i], labels drawn from the `classes` option (the dim C)."""
+
+    needs_labels = True
+    input_spec = InputSpec(shape=("D",), labels="C", options={"classes": "C"})
+
+    def __init__(self, classes: PositiveInt = 3):
+        self.classes = classes
+
+    def build(self, input_shape):
+        self.weight = self.add_param("weight", (self.classes, input_shape[0]), "zeros")
+        return tuple(input_shape)
+
+    def forward(self, x, y=None):
+        self._y = y
+        return x - self.weight.data[y]
+
+    def backward(self, dy):
+        self.weight.grad.fill(0)
+        np.add.at(self.weight.grad, self._y, -dy)
+        return dy
+'''
+
+
+def test_config_check_of_a_layer_whose_labels_are_a_dim_bound_to_an_option(cli, tmp_path):
+    """Inside a model there are no --dims: the labels' dim C is read from the option bound to it
+    (was: 'internal error: ValueError: invalid literal for int()')."""
+    write(tmp_path / "offset.py", LABELLED)
+    cfg = write(tmp_path / "c.yaml", "plugins: [offset.py]\ndata: {type: spiral, classes: 3, points_per_class: 20}\n"
+                "model:\n  - {type: Linear, units: 4}\n  - {type: CenterOffset, classes: 3}\n  - {type: Linear, units: 3}\n"
+                "loss: SoftmaxCrossEntropy\noptimizer: SGD\n")
+    r = cli("gradcheck", str(cfg))
+    assert r.code == 0, r.out + r.err
+    assert "RESULT model[1] CenterOffset: PASS" in r.out
+    broken = LABELLED.replace("self.weight.grad.fill(0)", "self.weight.grad[np.unique(self._y)] = 0")
+    write(tmp_path / "offset.py", broken)
+    r = cli("gradcheck", "CenterOffset", "--plugin", str(tmp_path / "offset.py"))
+    assert r.code == 1 and "backward did not write every element of weight.grad" in r.out

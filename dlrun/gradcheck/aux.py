@@ -5,7 +5,9 @@
 * output-aliasing: a second forward, at other inputs, leaves the first one's output as it was
   (no output buffer reused across calls: a caller may keep outputs);
 * grad-structure: every float input and trainable parameter gets a gradient of its own shape
-  and dtype (a mismatch is a FAIL with a message, never a crash);
+  and dtype (a mismatch is a FAIL with a message, never a crash), and backward writes every
+  element of each parameter gradient (they are filled with the dtype's largest value first, as
+  in training's first step);
 * zero-upstream: backward(0) gives exact zeros (backward multiplies by the upstream gradient);
 * reentrant: backward twice after one forward gives identical results (no accumulation);
 * inputs-unchanged: forward and backward leave x, y and the upstream gradient as they were;
@@ -15,16 +17,19 @@
   (stale caches, accumulating buffers);
 * wiring: perturbing each trainable parameter changes the output;
 * float32 (float64 checks): a float32 forward/backward returns float32 output, dx and gradients;
-* adds-gradient (regularizers): ``add_gradient`` adds its increment to the gradient it is given.
+* adds-gradient (regularizers): ``add_gradient`` adds its increment to the gradient it is given;
+* kink-skips (shown only when it fails): a point still has more than 1% of its differences
+  skipped for crossing a kink after every redraw, so too little was compared to trust a PASS.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .harness import LayerRaised
 from .report import FAIL, NA, PASS, AuxResult
 
 NAMES = ("output-shape", "output-finite", "output-aliasing", "grad-structure", "zero-upstream", "reentrant",
-         "inputs-unchanged", "state", "second-point", "wiring", "float32", "adds-gradient")
+         "inputs-unchanged", "state", "second-point", "wiring", "float32", "adds-gradient", "kink-skips")
 
 
 class AuxLog:
@@ -66,6 +71,51 @@ def grad_problem(grad, ref, what: str) -> str | None:
     if grad.dtype != ref.dtype:
         return f"{what}: grad dtype {grad.dtype} != tensor dtype {ref.dtype}"
     return None
+
+
+def unwritten_by(h, trainable: dict, x, y, g: np.ndarray, grads: dict) -> dict:
+    """Which trainable gradients a backward on the point's first row leaves partly unwritten,
+    name -> why.
+
+    Each float gradient is first filled with its dtype's largest value, as training's first step
+    does: an element backward does not set (or adds to with ``+=``) keeps it. One row leaves most
+    labels and indices out of the batch, so a backward that zeroes only the rows it scatters into
+    shows too. Afterwards the layer runs forward at the whole point again and the gradients are
+    put back to ``grads`` (host copies): the checks after this one see what they would have seen
+    without it. A layer that cannot take one row is checked on the whole point."""
+    for rows in (slice(0, 1), slice(None)):
+        for p in trainable.values():
+            if getattr(p.grad, "dtype", None) is not None and p.grad.dtype.kind == "f":
+                p.grad.fill(np.finfo(p.grad.dtype).max)
+        try:
+            h.forward(x[rows], None if y is None else y[rows])
+            h.backward(g[rows].copy())
+            break
+        except LayerRaised:
+            if rows.stop is None:
+                raise
+    out = {}
+    for n, p in trainable.items():
+        ref = grads[n]
+        if getattr(p.grad, "dtype", None) is None or ref is None or tuple(p.grad.shape) != ref.shape:
+            continue  # grad-structure names a missing or misshapen gradient
+        got = h.device.host(p.grad)
+        left = int(np.count_nonzero(got == np.finfo(got.dtype).max)) if got.dtype.kind == "f" else 0
+        if left:
+            out[n] = (f"{n}: backward did not write every element of {n}.grad ({left} of {got.size} kept the "
+                      f"value they had before it); it must set the whole gradient of the batch (p.grad[...] = ..., "
+                      f"or zero it first: nothing zeroes gradients between steps, and += adds to the last step's)")
+        h.device.assign(p.grad, ref)
+    h.forward(x, y)  # the caches of the point again, for the backward calls that follow
+    return out
+
+
+def skip_problem(skipped: int, checked: int, redraws: int) -> str:
+    """Why a point whose differences still cross kinks after every redraw cannot be trusted."""
+    return (f"{skipped} of {skipped + checked} differences crossed a kink (its branch_signature changed under the "
+            f"step), still over 1% after {redraws} redraw(s): a signature must change only where the branch "
+            f"switches (a mask such as x > 0, an argmax), not with every value; or --eps is too large for how "
+            f"close together its kinks are")
 
 
 def max_gap(a: dict, b: dict) -> tuple[str, float] | None:

@@ -17,7 +17,7 @@ def float32_problem(name: str, options: dict, spec, dims, shape, n: int, dev, se
     rng = np.random.default_rng(seed)
     high = inputs.index_high(spec, dims, layer) if spec.kind == "index" else None
     x = dev.put(inputs.draw_x(spec, (n, *shape), high, np.float32, rng))
-    y = dev.put(inputs.labels(n, inputs.label_count(spec, dims, out_shape), rng)) if layer.needs_labels else None
+    y = dev.put(inputs.labels(n, inputs.label_count(spec, dims, out_shape, layer), rng)) if layer.needs_labels else None
     try:
         out = layer.forward(x, y) if layer.needs_labels else layer.forward(x)
         dx = layer.backward(dev.put(rng.standard_normal(out.shape).astype(np.float32)))

@@ -85,9 +85,10 @@ def labels(n: int, classes: int, rng) -> np.ndarray:
 def repeat_note(layer, spec, dims: dict | None, out_shape: tuple, n: int) -> str | None:
     """A warning when a labelled layer is checked on so few rows that only one label repeats: a
     backward that drops repeated labels (``w_grad[y] += v`` keeps one of each) can then pass."""
-    if not layer.needs_labels or n > label_count(spec, dims, out_shape) + 1:
+    classes = label_count(spec, dims, out_shape, layer) if layer.needs_labels else 0
+    if not layer.needs_labels or n > classes + 1:
         return None
-    return (f"few repeated labels: with N={n} rows for {label_count(spec, dims, out_shape)} classes only one label "
+    return (f"few repeated labels: with N={n} rows for {classes} classes only one label "
             f"repeats, so a backward that drops repeated labels may pass; also check with more rows (the "
             f"default --dims)")
 
@@ -122,8 +123,17 @@ def index_high(spec, dims: dict | None, layer) -> int:
     return int(h)
 
 
-def label_count(spec, dims: dict | None, out_shape: tuple) -> int:
-    c = bind(spec.labels, dims) if spec.labels is not None else (out_shape[-1] if out_shape else 1)
+def label_count(spec, dims: dict | None, out_shape: tuple, layer=None) -> int:
+    """How many classes labels are drawn from: ``spec.labels`` (an int, a dim of ``dims``, or in a
+    whole-model check, where there are no dims, the layer option bound to that dim or named by
+    it), else the output size."""
+    c = spec.labels
+    if isinstance(c, str):
+        # the option the spec binds to that dim (options={"classes": "C"}) holds its value
+        bound = [k for k, v in spec.options.items() if v == c]
+        c = dims[c] if dims and c in dims else getattr(layer, bound[0] if bound else c, None)
+    if not isinstance(c, (int, np.integer)) or isinstance(c, bool):
+        c = out_shape[-1] if out_shape else 1
     return int(c)
 
 

@@ -121,6 +121,10 @@ def scalar_report(name: str, settings: Settings, configs: list, where_of, check_
                     run = check_point(dims, where, point_log, dodge, attempt == settings.resample)
                     if run is not None and not kinks.too_many_skipped(run.skipped, run.checked):
                         break
+                else:
+                    if run is not None:
+                        point_log.record("kink-skips", False, aux.skip_problem(run.skipped, run.checked,
+                                                                               settings.resample), where)
                 log.merge(point_log)
                 if p == 0:
                     passed_first = not run.failed

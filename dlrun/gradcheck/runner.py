@@ -96,12 +96,13 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     hidden = aux.scalar_changes(before, public_scalars(layer))
     hidden += [f"{k} (an array of shape {arrays[k].shape}: running statistics?) changed"
                for k in aux.changed(arrays, public_arrays(layer))]
+    left = aux.unwritten_by(h, trainable, x, y, g, grads)
 
     problems = {}
     if differentiable:
         problems["x"] = aux.grad_problem(dx, x, "x")
     for n, p in trainable.items():
-        problems[n] = aux.grad_problem(p.grad, p.data, n)
+        problems[n] = aux.grad_problem(p.grad, p.data, n) or left.get(n)
     bad = {k: v for k, v in problems.items() if v}
     log.record("grad-structure", not bad, "; ".join(bad.values()), where)
 
@@ -261,9 +262,11 @@ def _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settin
                 except ContractError:  # keep what it found before it had to stop (inputs-unchanged)
                     log.merge(attempt_log)
                     raise
-                skipped = sum(r.skipped for r in runs)
-                if not kinks.too_many_skipped(skipped, sum(r.checked for r in runs)):
+                skipped, checked = sum(r.skipped for r in runs), sum(r.checked for r in runs)
+                if not kinks.too_many_skipped(skipped, checked):
                     break
+            else:
+                attempt_log.record("kink-skips", False, aux.skip_problem(skipped, checked, settings.resample), where)
             log.merge(attempt_log)
             for r in runs:
                 merge(results, r)
@@ -283,7 +286,7 @@ def _draw(spec, dims, shape, out_shape, n, layer, settings, rng):
     x = inputs.draw_x(spec, (n, *shape), high, settings.np_dtype, rng)
     y = None
     if layer.needs_labels:
-        y = inputs.labels(n, inputs.label_count(spec, dims, out_shape), rng)
+        y = inputs.labels(n, inputs.label_count(spec, dims, out_shape, layer), rng)
     return inputs.Point(x, y)
 
 
