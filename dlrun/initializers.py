@@ -35,6 +35,14 @@ class Zeros(Initializer):
         return np.zeros(shape)
 
 
+@initializers.register("ones")
+class Ones(Initializer):
+    """w = 1 (a scale's usual start: Keras' "ones", torch.nn.init.ones_)."""
+
+    def __call__(self, shape, fan_in, fan_out, rng):
+        return np.ones(shape)
+
+
 @initializers.register("constant")
 class Constant(Initializer):
     """w = value.

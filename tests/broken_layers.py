@@ -311,6 +311,53 @@ class ValueSignature(ReQU):
         return self._xpos
 
 
+class BufferAccumulates(Linear):
+    """Linear whose weight gradient is summed into a reused buffer without zeroing it: right in
+    plain mode (a fresh array each call), wrong from training's second step on."""
+
+    def backward(self, dy):
+        dw = self.buffer("dw", self.weight.data.shape, dy.dtype)
+        if dw is None:
+            dw = np.zeros(self.weight.data.shape, dy.dtype)
+        dw += dy.T @ self._x
+        self.weight.grad[...] = dw
+        self.bias.grad[...] = dy.sum(axis=0)
+        return dy @ self.weight.data
+
+
+class WritesThroughReshape(ReQU):
+    """ReQU scaling its dx through reshape(-1): a view for C-ordered dy, a copy (the writes lost)
+    for the Fortran-ordered or strided dy a transposing layer above can hand back."""
+
+    def backward(self, dy):
+        dx = dy * 1.0  # keeps dy's layout
+        flat = dx.reshape(-1)
+        flat *= 2 * self._xpos.reshape(-1)
+        return dx
+
+
+class ClobbersOutput(Layer):
+    """Sigmoid whose backward turns the output forward returned into y·(1 − y) in place."""
+
+    def forward(self, x):
+        self._y = 1.0 / (1.0 + np.exp(-x))
+        return self._y
+
+    def backward(self, dy):
+        y = self._y
+        y *= 1 - y
+        return dy * y
+
+
+class FreesItsCache(ReQU):
+    """A correct ReQU that drops its cache in backward, as PyTorch frees saved tensors."""
+
+    def backward(self, dy):
+        dx = super().backward(dy)
+        self._xpos = None
+        return dx
+
+
 BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
     MissingFactor: ({"x"}, set()),
     TransposedWeightGrad: ({"weight", "grad-structure"}, {"x", "bias"}),
@@ -334,4 +381,8 @@ BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
     NormalizesWeightInPlace: ({"inputs-unchanged"}, set()),
     ZeroesUsedRowsOnly: ({"weight", "grad-structure"}, {"reentrant", "zero-upstream"}),
     ValueSignature: ({"kink-skips"}, set()),
+    BufferAccumulates: ({"fast-mode"}, {"weight", "bias", "x", "reentrant"}),
+    WritesThroughReshape: ({"non-contiguous"}, {"x"}),
+    ClobbersOutput: ({"output-aliasing"}, set()),
 }
+CORRECT = [FreesItsCache]  # unusual but right: they must PASS

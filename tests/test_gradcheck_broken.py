@@ -6,9 +6,10 @@ import contextlib
 import numpy as np
 import pytest
 
-from broken_layers import BUGS
+from broken_layers import BUGS, CORRECT
 from dlrun import registry
 from dlrun.gradcheck import FAIL, PASS, Settings, check_layer
+from dlrun.layers.base import Layer
 
 
 @contextlib.contextmanager
@@ -414,3 +415,46 @@ def test_a_layer_that_replaces_its_parameter_arrays_is_checked_on_the_arrays_it_
         report = check_layer(name)
     unchanged = next(a for a in report.aux if a.name == "inputs-unchanged")
     assert unchanged.status == FAIL and "parameter weight (reassigned: weight.data = ...)" in unchanged.detail, unchanged
+
+
+class TrainOnlyNoise(Layer):
+    """y = x + σ·ε in training (ε ~ N(0, 1) from self.rng), y = x in evaluation: σ is unused in
+    evaluation, with a zero gradient there, which is right."""
+
+    has_phase = True
+    stochastic = True
+
+    def build(self, input_shape):
+        self.sigma = self.add_param("sigma", (1,), "ones")
+        return tuple(input_shape)
+
+    def forward(self, x):
+        self._eps = self.rng.standard_normal(x.shape).astype(x.dtype) if self.training else None
+        return x + self.sigma.data * self._eps if self.training else x * 1.0
+
+    def backward(self, dy):
+        self.sigma.grad[...] = (dy * self._eps).sum() if self.training else 0.0
+        return dy * 1.0
+
+
+def test_a_parameter_used_in_training_only_is_not_unwired_in_evaluation():
+    with registered(TrainOnlyNoise) as name:
+        report = check_layer(name, settings=Settings(phase="both"))
+    assert report.verdict == PASS, (report.error, report.failed)
+
+
+@pytest.mark.parametrize("cls", CORRECT, ids=lambda c: c.__name__)
+def test_unusual_but_correct_layers_pass(cls):
+    with registered(cls) as name:
+        report = check_layer(name)
+    assert report.verdict == PASS, (report.error, report.failed)
+
+
+def test_state_check_ignores_rounding_of_a_recomputed_value_but_not_a_counter_or_annealing():
+    from dlrun.gradcheck.aux import scalar_changes
+
+    # a batch mean recomputed with the rows reversed moved by one ulp (a monitoring attribute)
+    assert scalar_changes({"last_mean": 0.0511057013332283}, {"last_mean": 0.05110570133322831}) == []
+    assert scalar_changes({"steps": 10**15}, {"steps": 10**15 + 1}) != []  # integers compare exactly
+    assert scalar_changes({"beta": 1.0}, {"beta": 0.999}) != []
+    assert scalar_changes({"v": float("nan")}, {"v": float("nan")}) == []

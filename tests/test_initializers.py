@@ -149,3 +149,10 @@ class Transposed(initializers.base):
     assert r.code == 2, r.err
     assert ("c.yaml:3: model[0]: Linear: add_param('weight'): the initializer transposed returned an array that has "
             "shape (2, 8), expected (8, 2)") in r.err
+
+
+def test_zeros_ones_and_constant_closed_forms():
+    rng = np.random.default_rng(0)
+    for spec, value in (("zeros", 0.0), ("ones", 1.0), ({"type": "constant", "value": -2.5}, -2.5)):
+        w = registry.initializers.build(spec)((3, 4), 4, 3, rng)
+        assert w.shape == (3, 4) and np.all(w == value), spec

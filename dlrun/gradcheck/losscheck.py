@@ -122,9 +122,9 @@ def scalar_report(name: str, settings: Settings, configs: list, where_of, check_
                     if run is not None and not kinks.too_many_skipped(run.skipped, run.checked):
                         break
                 else:
-                    if run is not None:
-                        point_log.record("kink-skips", False, aux.skip_problem(run.skipped, run.checked,
-                                                                               settings.resample), where)
+                    problem = None if run is None else aux.skip_problem([run], settings.resample)
+                    if problem and not settings.detect_kinks:  # (shown only when it fails)
+                        point_log.record("kink-skips", False, problem, where)
                 log.merge(point_log)
                 if p == 0:
                     passed_first = not run.failed
@@ -153,10 +153,11 @@ def _check_point(loss, dims: dict, settings: Settings, rng, where: str, log: aux
     first = dev.host(dz)
     problem = aux.grad_problem(dz, z, "z")
     log.record("grad-structure", problem is None, problem or "", where)
+    _value(loss, z, y)  # training calls backward once per forward: a loss may change its caches
     again = user_call("backward", loss.backward)
     gap = aux.max_gap({"z": first}, {"z": dev.host(again)})
     log.record("reentrant", gap is None or gap[1] <= settings.nondet_tol * aux.magnitude(first),
-               "" if gap is None else f"z's gradient differs between two backward calls after one forward "
+               "" if gap is None else f"z's gradient differs between two forward/backward passes at the same point "
                                       f"(max diff {gap[1]:.3g})", where)
     moved = aux.changed({"z": z0, "y": y0}, {"z": dev.host(z), "y": dev.host(y)})
     log.record("inputs-unchanged", not moved, f"{', '.join(moved)} modified in place by forward/backward", where)

@@ -6,7 +6,7 @@ import time
 import numpy as np
 
 from .. import registry
-from . import aux, device as devices, inputs, kinks
+from . import aux, device as devices, inputs, kinks, paths
 from .harness import (ContractError, Harness, LayerRaised, build, loose_arrays, public_arrays, public_scalars,
                       restore_state, state_changes)
 from .compare import explain_rounding, rounding_noise
@@ -64,9 +64,12 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
                f"forward's output holds {int(bad_out.sum())} NaN or inf values at finite inputs, first at out"
                f"{list(np.argwhere(bad_out)[0]) if bad_out.any() else ''}", where)
     g = rng.standard_normal(out.shape).astype(out.dtype)
-    h.backward(g.copy())  # (the harness moves it to the device)
-    arrays = public_arrays(layer)  # after one step at this point: a cache of it is the same after the next
     kept = _host(out)  # the rows reversed are other inputs of the same kind (labels follow them)
+    h.backward(g.copy())  # (the harness moves it to the device)
+    log.record("output-aliasing", np.array_equal(_host(out), kept, equal_nan=True),
+               "backward modified forward's output in place (o *= ...): a second backward, or a caller that keeps "
+               "outputs, reads the changed values", where)
+    arrays = public_arrays(layer)  # after one step at this point: a cache of it is the same after the next
     h.forward(dev.put(point.x[::-1].copy()), None if point.y is None else dev.put(point.y[::-1].copy()))
     log.record("output-aliasing", np.array_equal(_host(out), kept, equal_nan=True),
                "a second forward overwrote the first one's output: the layer returns a buffer it reuses "
@@ -106,13 +109,15 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     bad = {k: v for k, v in problems.items() if v}
     log.record("grad-structure", not bad, "; ".join(bad.values()), where)
 
+    h.forward(x, y)  # training calls backward once per forward: a layer may free or change its caches
     again = h.backward(g.copy())
     second = {n: _host(p.grad) for n, p in trainable.items()}
     second["x"] = _host(again) if differentiable else None
     gap = aux.max_gap(first, second)
     log.record("reentrant", gap is None or gap[1] <= settings.nondet_tol * aux.magnitude(first[gap[0]]),
-               "" if gap is None else f"{gap[0]} differs between two backward calls after one forward (max diff {gap[1]:.3g}): "
-                       f"state mutated or a buffer accumulated", where)
+               "" if gap is None else f"{gap[0]} differs between two forward/backward passes at the same point (max diff "
+                       f"{gap[1]:.3g}): a buffer accumulated, or undeclared state changed", where)
+    h.forward(x, y)
     zx = h.backward(np.zeros_like(g))
     zeros = {n: _host(p.grad) for n, p in trainable.items()}
     zeros["x"] = _host(zx) if differentiable else None
@@ -154,18 +159,12 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     if settings.dtype == "float32":
         explain_rounding(runs, g64, out0, settings.eps)
 
-    unwired = []
-    for n, p in trainable.items():
-        if p.data.size == 0:  # nothing to perturb (units: 0)
-            continue
-        saved = p.data.copy()
-        dev.assign(p.data, _host(saved) + 1e-2 * rng.standard_normal(saved.shape))
-        moved_out = _host(h.forward(x, y))
-        p.data[...] = saved
-        if np.array_equal(moved_out, out0):
-            unwired.append(n)
+    unwired = paths.unwired(h, trainable, grads, x, y, out0, rng)
     log.record("wiring", not unwired, f"perturbing {', '.join(unwired)} does not change the output "
                f"(parameter not used, or the layer reads a copy)", where)
+    for check, problem in (("fast-mode", paths.fast_mode_problem), ("non-contiguous", paths.layout_problem)):
+        found = problem(h, x, y, g, settings.dtype)
+        log.record(check, found is None, found or "", where)
     restore_state(layer, h.frozen)
     return runs
 
@@ -262,11 +261,12 @@ def _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settin
                 except ContractError:  # keep what it found before it had to stop (inputs-unchanged)
                     log.merge(attempt_log)
                     raise
-                skipped, checked = sum(r.skipped for r in runs), sum(r.checked for r in runs)
-                if not kinks.too_many_skipped(skipped, checked):
+                if not kinks.too_many_skipped(sum(r.skipped for r in runs), sum(r.checked for r in runs)):
                     break
             else:
-                attempt_log.record("kink-skips", False, aux.skip_problem(skipped, checked, settings.resample), where)
+                problem = aux.skip_problem(runs, settings.resample)
+                if problem and not settings.detect_kinks:  # (the detector's skips come from the chosen step)
+                    attempt_log.record("kink-skips", False, problem, where)
             log.merge(attempt_log)
             for r in runs:
                 merge(results, r)

@@ -45,7 +45,9 @@ def minmax_kink_distance(x):
 def minmax_backward(dy, cache):
     """∂L/∂x = G/r, plus Σ G(y−1)/r at argmin and −Σ G·y/r at argmax (r = M − m)."""
     imin, imax, y, inv = cache
-    dx = dy * inv
+    # C order, so that flat is a view: dy * inv keeps dy's layout, and reshape(-1) of a
+    # Fortran-ordered or strided dx would be a copy that takes the two writes below
+    dx = array_module(dy).ascontiguousarray(dy * inv)
     flat = dx.reshape(-1)
     flat[imin] += (dy * (y - 1)).sum() * inv
     flat[imax] -= (dy * y).sum() * inv
