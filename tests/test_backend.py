@@ -60,3 +60,27 @@ def test_cpu_accumulator_zero_is_a_float64_scalar_that_float32_values_add_into_e
         total += v  # float32 alone would lose the 1.0
     assert total.dtype == np.float64 and total == 1.0
     assert get_backend("cpu").zero(np.int64).dtype == np.int64
+
+
+def test_scatter_add_accepts_what_numpy_add_at_accepts():
+    """The flat fast path for whole rows must not narrow the API: lists, broadcast or scalar
+    values, unsigned and negative indices behave as np.add.at, and a bad row is reported in rows."""
+    from dlrun.backend import CPU
+
+    rng = np.random.default_rng(0)
+    cases = [
+        (np.array([0, 2, 2]), rng.standard_normal((3, 3))),  # whole rows (the fast path)
+        (np.array([-1, 0, -1, 3]), rng.standard_normal((4, 3))),  # negative indices, fast path
+        ([0, 2, 2], rng.standard_normal((3, 3))),
+        (np.array([0, 2, 2]), 1.5),
+        (np.array([0, 2, 2]), rng.standard_normal((3, 1))),
+        (np.array([0, 2, 2], dtype=np.uint64), rng.standard_normal((3, 3))),
+        (np.array([], dtype=np.int64), np.zeros((0, 3))),
+    ]
+    for indices, values in cases:
+        a, ref = np.ones((4, 3)), np.ones((4, 3))
+        np.add.at(ref, indices, values)
+        CPU.scatter_add(a, indices, values)
+        np.testing.assert_array_equal(a, ref)
+    with pytest.raises(IndexError, match="index 5 is out of bounds for axis 0 with size 4"):
+        CPU.scatter_add(np.zeros((4, 3)), np.array([5]), np.ones((1, 3)))
