@@ -20,9 +20,14 @@ def output_shape(layer, out, given) -> tuple[int, ...]:
     """What ``build`` returned, checked: a tuple of sizes >= 1 (ShapeError otherwise, which the
     caller locates), so a layer that cannot take its input is named, not the layer after it."""
     name = type(layer).__name__
-    if not isinstance(out, (tuple, list)):
+    try:  # a tuple, a list, an integer array (np.array(input_shape) // 2): any sequence of sizes
+        sizes = None if isinstance(out, (str, bytes, dict)) else list(out)
+    except TypeError:
+        sizes = None
+    if sizes is None:
         raise ShapeError(f"{name}: build returned {out!r} ({type(out).__name__}); it must return the per-sample "
                          f"output shape as a tuple, e.g. (units,)")
+    out = sizes
     try:
         shape = tuple(int(d) for d in out)
     except (TypeError, ValueError):
@@ -35,10 +40,11 @@ def output_shape(layer, out, given) -> tuple[int, ...]:
 
 def blame_other(e: BaseException, layer):
     """A PluginRaised for ``e`` when plugin code other than ``layer``'s own raised it (a plugin
-    initializer that a built-in layer called), else None."""
-    from .plugins import blame, raising_owner
+    initializer that a built-in layer called), else None (a helper in the layer's own file is
+    the layer's code)."""
+    from .plugins import blame, raised_elsewhere
 
-    return blame(e) if raising_owner(e) not in (None, layer) else None
+    return blame(e) if raised_elsewhere(e, layer) else None
 
 
 def layer_raised(layers, e: Exception, call: str) -> Exception:
@@ -111,12 +117,13 @@ def first_step(t, xb, yb, callbacks):
         cb.on_after_backward(t)
     before = _public(opt)
     opt.step()
-    changed = [k for k, v in _public(opt).items() if k not in _OPTIMIZER_OWN and before.get(k, _NEW) != v]
+    changed = [k for k, v in _public(opt).items() if k not in _OPTIMIZER_OWN and not _same(before.get(k, _NEW), v)]
     if changed:
         raise ContractError(f"the optimizer {opt!r} changed self.{changed[0]} in its first step; checkpoints "
                             f"do not save it, so --resume would not continue the run exactly. Keep per-parameter "
                             f"buffers in slots (slots = ('velocity',), then state['velocity'] in _update), count "
-                            f"steps with self.iterations, and name scratch attributes with a leading underscore")
+                            f"steps with self.iterations, and name scratch and diagnostic attributes with a leading "
+                            f"underscore (self._last_norm)")
     t.step += 1
     t._unchecked = False
     return score
@@ -125,14 +132,24 @@ def first_step(t, xb, yb, callbacks):
 _NEW = object()
 
 
+def _same(a, b) -> bool:
+    return a == b or (a != a and b != b)  # NaN (an option left at NaN for 'off') equals itself
+
+
 def _public(obj) -> dict:
     """A comparable summary of an object's public attributes: numbers by value, containers by
-    length and arrays by their bytes (the optimizer's own state is excluded by the caller)."""
+    length and arrays by their bytes. Excluded by the caller: the optimizer's own state; here:
+    arrays that share memory with a parameter or gradient (a view of the flat parameter buffer
+    is the parameters, which checkpoints hold)."""
+    params = [a for _, p in getattr(obj, "params", []) for a in (p.data, p.grad) if a is not None]
     out = {}
     for k, v in vars(obj).items():
         if k.startswith("_"):
             continue
         if hasattr(v, "shape") and hasattr(v, "dtype"):
+            shares = getattr(array_module(v), "may_share_memory", None)
+            if shares is not None and any(shares(v, a) for a in params if array_module(a) is array_module(v)):
+                continue
             out[k] = (tuple(v.shape), str(v.dtype), array_module(v).asnumpy(v).tobytes()
                       if hasattr(array_module(v), "asnumpy") else v.tobytes())
         elif isinstance(v, (dict, list, set, tuple)):

@@ -139,14 +139,27 @@ def _innermost(e: BaseException):
     return hit
 
 
-def raising_owner(e: BaseException):
-    """The ``self`` of the innermost plugin frame that ``e`` passed through (None: none, or a
-    plain function): says whose code raised, a layer's own or a helper's it called."""
+def raised_elsewhere(e: BaseException, layer) -> bool:
+    """Whether the innermost plugin frame that ``e`` passed through belongs to code other than
+    ``layer``'s own: a registered component (a plugin initializer that a built-in layer called),
+    or code in another file. A helper function or class in the layer's own file is the layer's."""
     hit = _innermost(e)
-    return None if hit is None else hit.tb_frame.f_locals.get("self", _FUNCTION)
+    if hit is None:
+        return False
+    owner = hit.tb_frame.f_locals.get("self")
+    if owner is layer:
+        return False
+    if owner is not None and _registered(owner):
+        return True
+    try:
+        own = os.path.realpath(inspect.getsourcefile(type(layer)) or "")
+    except TypeError:
+        own = ""
+    return os.path.realpath(hit.tb_frame.f_code.co_filename) != own
 
 
-_FUNCTION = object()  # a plugin frame without ``self``: a function, not any component
+def _registered(obj) -> bool:
+    return any(entry is type(obj) for reg in registry.REGISTRIES.values() for entry in reg._entries.values())
 
 
 def _component(obj) -> str | None:

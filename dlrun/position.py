@@ -9,7 +9,10 @@ loss and correct predictions summed over the batches done, and the seconds spent
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass
+
+import numpy as np
 
 from .errors import CheckpointError
 
@@ -67,6 +70,26 @@ class EpochPosition:
                               f"{self.epoch} ({say(*was)}); the resumed config gives {say(*now)}, so that epoch "
                               f"cannot be continued. Resume with the run's data, train.batch_size, "
                               f"train.drop_last and train.shuffle")
+
+
+def data_digest(x, y) -> str:
+    """A digest of the training samples and labels (host arrays, in order): a resume inside an
+    epoch must see the same data, or its remaining batches would not be the epoch's."""
+    h = hashlib.blake2b(digest_size=16)
+    for a in (x, y):
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.shape}{a.dtype.str}".encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
+def check_data(recorded: str | None, now: str, position: EpochPosition, where: str) -> None:
+    """Raise a CheckpointError when the run stopped inside an epoch on other training data than
+    the resumed config gives (same sizes, other values: a changed data seed, noise or file)."""
+    if recorded is not None and recorded != now:
+        raise CheckpointError(f"{where}: the run stopped after {position}, but the resumed config gives other "
+                              f"training data (same size, other values), so that epoch cannot be continued. "
+                              f"Resume with the run's data settings")
 
 
 def describe(meta: dict) -> str:

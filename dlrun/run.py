@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import callbacks as controls, checkpoint, rundir, snapshot
+from . import callbacks as controls, checkpoint, position, rundir, snapshot
 from .backend import get_backend
 from .config import Config, config_from_dict, parse_yaml
 from .data import Dataset, check_indices, check_range, split
@@ -164,12 +164,12 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
                     raise
                 # the state after the last finished batch (trainer.position says where in its
                 # epoch), so that --resume continues exactly as an uninterrupted run would
-                writer.flush({"interrupted": stop.record()})
+                writer.flush({"interrupted": stop.record(), **_digest(trainer, ds)})
                 raise Interrupted(f"{e.message}\ncheckpoint {'after' if trainer.position else 'of'} {_at(trainer)} saved: {ckpt}\n"
                                   f"resume with: dlrun train --resume {run_dir}", e.signum) from None
             except NonFiniteError as e:
                 if trainer.epoch > 0 or trainer.position is not None:  # the guard restored the last good state
-                    writer.flush()
+                    writer.flush(_digest(trainer, ds))
                     e.message += f"\nthe last good checkpoint ({_at(trainer)}) is {ckpt}"
                 raise
             seconds = time.perf_counter() - t0 + seconds_before
@@ -189,6 +189,11 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
         raise TrainingError(f"cannot write {run_dir / 'summary.json'}: {e.strerror or e}; "
                             f"the checkpoint {ckpt} is complete") from None
     return RunResult(run_dir, summary, history, trainer)
+
+
+def _digest(trainer: Trainer, ds) -> dict:
+    """The training data's digest for a checkpoint taken inside an epoch (position.data_digest)."""
+    return {} if trainer.position is None else {"data_digest": position.data_digest(ds.x, ds.y)}
 
 
 def _at(trainer: Trainer) -> str:
@@ -234,8 +239,10 @@ def _offer_best_weights(run_dir: Path, train_controls: list) -> None:
         c.offer_best_weights(epoch, best.model)
 
 
-def resume_config(run_dir: str | Path, overrides=(), device: str | None = None) -> tuple[Config, checkpoint.Checkpoint]:
-    """The config recorded in ``RUN_DIR/checkpoints/last.npz`` (with ``--set`` overrides) and the checkpoint."""
+def resume_config(run_dir: str | Path, overrides=(), device: str | None = None,
+                  warnings: list | None = None) -> tuple[Config, checkpoint.Checkpoint]:
+    """The config recorded in ``RUN_DIR/checkpoints/last.npz`` (with ``--set`` overrides) and the
+    checkpoint; what the caller should warn of (a moved or changed plugin) is added to ``warnings``."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"--resume: {run_dir} is not a run directory")
@@ -245,7 +252,9 @@ def resume_config(run_dir: str | Path, overrides=(), device: str | None = None) 
     ckpt = checkpoint.read(path)
     if "config" not in ckpt.meta:
         raise CheckpointError(f"{path}: the checkpoint records no config; it cannot be resumed")
-    recorded, _ = relocate(ckpt.meta["config"], ckpt.meta.get("plugins"), path)  # a moved plugin given with --plugin
+    recorded, found = relocate(ckpt.meta["config"], ckpt.meta.get("plugins"), path)  # a moved plugin given with --plugin
+    if warnings is not None:
+        warnings.extend(found)
     return config_from_dict(recorded, overrides=list(overrides), device=device, origin=str(path)), ckpt
 
 
@@ -270,6 +279,8 @@ def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, cal
     _monitor(config, ds, trainer)
     if trainer.position is not None:  # stopped inside an epoch: it continues only as it started
         trainer.position.check(len(ds.x), *trainer.epoch_batches(len(ds.x)), trainer.shuffle, str(ckpt.path))
+        position.check_data(ckpt.meta.get("data_digest"), position.data_digest(ds.x, ds.y), trainer.position,
+                            str(ckpt.path))
     rundir.truncate_metrics(run_dir / "metrics.csv", trainer.epoch)
     rundir.write_config(run_dir, config)
     before = rundir.previous_seconds(run_dir)

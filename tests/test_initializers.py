@@ -122,8 +122,10 @@ def test_add_param_takes_an_initializer_name_or_spec_as_a_config_would():
     assert np.array_equal(by_name, by_object) and by_name.any()
     spec = layer().add_param("w", (30, 20), {"type": "normal", "std": 0.5}).data
     assert spec.std() == pytest.approx(0.5, rel=0.2)
-    with pytest.raises(ConfigError, match=r"add_param\(.w.\): unknown initializer .xavier_unifrm. .*did you mean xavier_uniform"):
+    with pytest.raises(ConfigError, match=r"add_param\(.w.\): initializer: unknown initializer .xavier_unifrm. .*did you mean xavier_uniform"):
         layer().add_param("w", (3, 2), "xavier_unifrm")
+    with pytest.raises(ConfigError, match=r"add_param\(.w.\): initializer\.std: expected a number >= 0, got -0\.5"):
+        layer().add_param("w", (3, 2), {"type": "normal", "std": -0.5})  # (the option was not named)
     with pytest.raises(TypeError, match="initializer must be an initializer name such as 'xavier_uniform'"):
         layer().add_param("w", (3, 2), 0.1)
 

@@ -156,6 +156,12 @@ def test_resuming_inside_an_epoch_with_other_batches_is_refused_and_a_failure_ke
     assert ("the run stopped after batch 3 of 5 of epoch 2 (72 training samples in 5 batches of 16, shuffled); "
             "the resumed config gives 72 training samples in 9 batches of 8, shuffled") in r.err
     assert (resumed / "metrics.csv").read_text() == rows  # nothing written
+    # the same sizes from other data (another data seed) is refused too; it was not checked
+    r = run_cli("train", "--resume", resumed, "--set", "data.seed=9")
+    assert r.code == 2 and ("the run stopped after batch 3 of 5 of epoch 2, but the resumed config gives other "
+                            "training data (same size, other values)") in r.err, r.err
+    assert (resumed / "metrics.csv").read_text() == rows
+    assert "data_digest" in meta
     # a run resumed inside an epoch that then diverges keeps the state it was resumed from
     r = run_cli("train", "--resume", resumed, "--set", "optimizer.learning_rate=1e30")
     assert r.code == 1 and "the last good checkpoint (batch 3 of 5 of epoch 2) is" in r.err, r.err

@@ -345,6 +345,7 @@ def test_a_moved_plugin_is_named_with_plugin_on_predict_evaluate_and_resume(tmp_
     assert r.code == 0 and "accuracy" in r.out, r.err
     r = run_cli("train", "--resume", run, "--set", "train.epochs=3", "--plugin", moved)
     assert r.code == 0, r.err
+    assert f"is gone; using {moved}, which defines Twice" in r.err  # (was silent on --resume)
     r = run_cli("predict", f"{run}/checkpoints/last.npz", "--input", tmp_path / "x.csv")  # it records the new place
     assert r.code == 0 and "is gone" not in r.err, r.err
 
@@ -367,6 +368,8 @@ class Undocumented(Loss):
     r = run_cli("gradcheck", "Shrink", "--plugin", plug, "--set", "k=4", "--dims", "N=3,D=2")  # an empty output
     assert r.code == 2, r.out + r.err
     assert "Shrink: build returned the output shape (-1,)" in r.out and "choose --dims" in r.out, r.out
+    r = run_cli("gradcheck", "WidthOnly", "--plugin", plug)  # a bug in build: no --dims hint
+    assert r.code == 2 and "WidthOnly: build returned 3 (int)" in r.out and "--dims" not in r.out, r.out
     r = run_cli("show", "Undocumented", "--plugin", plug)  # not the base class's "Base class for losses."
     assert r.code == 0 and "Base class" not in r.out, r.out
     r = run_cli("check", regression)
@@ -408,3 +411,110 @@ def test_gradcheck_of_a_loss_runs_it_once_in_float32(tmp_path):
     assert re.search(r"aux float32 +FAIL +with float32 scores .* backward returns dz as float64", r.out), r.out
     r = run_cli("gradcheck", "SoftmaxCrossEntropy")
     assert r.code == 0 and re.search(r"aux float32 +PASS", r.out), r.out
+
+
+ACCEPTED = '''\
+import math
+
+import numpy as np
+from dlrun.layers import Layer
+from dlrun.registry import layers, optimizers
+
+
+@layers.register()
+class Halve(Layer):
+    """Keeps every second feature; build returns an integer array, not a tuple."""
+
+    def build(self, input_shape):
+        return np.array(input_shape) // 2
+
+    def forward(self, x):
+        return x[:, ::2] * 1.0
+
+    def backward(self, dy):
+        dx = np.zeros((len(dy), 2 * dy.shape[1]), dy.dtype)
+        dx[:, ::2] = dy
+        return dx
+
+
+def _size(n, k):
+    return np.empty(n - k + 1).size  # raises for n < k: the layer's own helper
+
+
+@layers.register()
+class Window(Layer):
+    """Sums windows of k features."""
+
+    def __init__(self, k: int = 3):
+        self.k = k
+
+    def build(self, input_shape):
+        return (_size(input_shape[0], self.k),)
+
+    def forward(self, x):
+        return np.stack([x[:, i:i + self.k].sum(1) for i in range(x.shape[1] - self.k + 1)], 1)
+
+    def backward(self, dy):
+        return dy
+
+
+@optimizers.register()
+class NanOption(optimizers.base):
+    """SGD with a clip option left at NaN for 'off'.
+
+    Args:
+        learning_rate: the step size.
+    """
+
+    def __init__(self, learning_rate: float = 0.1):
+        super().__init__(learning_rate)
+        self.clip = math.nan
+
+    def _update(self, state, p):
+        p.data -= self.learning_rate * p.grad
+
+
+@optimizers.register()
+class FlatSGD(optimizers.base):
+    """SGD on the flat parameter buffer, kept as self.weights and self.gradients.
+
+    Args:
+        learning_rate: the step size.
+    """
+
+    def __init__(self, learning_rate: float = 0.1):
+        super().__init__(learning_rate)
+
+    def setup(self, named_params, arena=None):
+        super().setup(named_params, arena)
+        self.weights, self.gradients = arena.data, arena.grad
+
+    def step(self):
+        self.iterations += 1
+        self.weights -= self.learning_rate * self.gradients
+'''
+
+
+@pytest.mark.parametrize("model,optimizer", [
+    ("[{type: Linear, units: 4}, Halve, {type: Linear, units: 3}]", "SGD"),
+    ("[{type: Linear, units: 3}]", "NanOption"),
+    ("[{type: Linear, units: 3}]", "FlatSGD"),
+], ids=["build-returns-an-array", "optimizer-option-nan", "optimizer-views-the-flat-buffer"])
+def test_correct_plugins_pass_the_first_call_checks(tmp_path, model, optimizer):
+    """Refused by stop 19's checks although correct: a build returning np.array(...) // 2, an
+    optimizer attribute left at NaN (NaN != NaN read as 'changed'), an optimizer holding views of
+    the flat parameter buffer (the parameters, which checkpoints hold)."""
+    write(tmp_path / "ok.py", ACCEPTED)
+    cfg = write(tmp_path / "c.yaml", f"plugins: [ok.py]\ndata: {{type: spiral, points_per_class: 20}}\nmodel: {model}\n"
+                                     f"loss: SoftmaxCrossEntropy\noptimizer: {optimizer}\ntrain: {{epochs: 2}}\n")
+    r = run_cli("check", cfg)
+    assert r.code == 0, r.err
+    assert run_cli("train", cfg, "--runs-dir", tmp_path / "runs").code == 0
+
+
+def test_a_helper_in_the_layers_own_file_raising_in_build_is_the_layers_shape_error(tmp_path):
+    write(tmp_path / "ok.py", ACCEPTED)
+    cfg = write(tmp_path / "c.yaml", "plugins: [ok.py]\ndata: {type: spiral, points_per_class: 20}\n"
+                                     "model: [{type: Window, k: 4}]\nloss: SoftmaxCrossEntropy\noptimizer: SGD\n")
+    r = run_cli("check", cfg)
+    assert r.code == 2 and "model[0]: Window cannot take input of shape (2,): negative dimensions" in r.err, r.err

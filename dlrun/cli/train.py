@@ -39,7 +39,10 @@ def train_cmd(
         if config is not None or init_from is not None or seed is not None:
             raise UsageError("--resume RUN_DIR takes its config, weights and seed from the run; "
                              "drop the CONFIG argument, --init-from and --seed (use --set to change settings)")
-        cfg, ckpt = run.resume_config(resume, set_, device)
+        notes: list[str] = []
+        cfg, ckpt = run.resume_config(resume, set_, device, notes)
+        for note in notes:  # a plugin moved (given with --plugin) or changed since the checkpoint
+            err.print(f"[yellow]warning:[/] {escape(note)}", soft_wrap=True)
         if run.config_edited(resume, ckpt):
             err.print(f"[yellow]warning:[/] {escape(str(resume))}/config.yaml differs from the config recorded in the "
                       f"checkpoint (edited by hand?); --resume continues with the recorded one and rewrites the file. "

@@ -40,8 +40,11 @@ def build(layer, shape: tuple, where: str) -> tuple[int, ...]:
         raise LayerRaised("build", e, f"input shape {shape}", layer) from e
     try:
         return output_shape(layer, out, shape)
-    except ShapeError as e:  # --dims too small for the layer's options: nothing to check
-        raise ContractError(f"{e.message} ({where}); choose --dims that leave every output size >= 1") from None
+    except ShapeError as e:
+        # sizes below 1: --dims too small for the layer's options (nothing to check); else a bug
+        small = "integer >= 1" in e.message and "is the input too small" in e.message
+        hint = "; choose --dims that leave every output size >= 1" if small else ""
+        raise ContractError(f"{e.message} ({where}){hint}") from None
 
 
 def snapshot_state(layer) -> dict:

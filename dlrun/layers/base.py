@@ -161,10 +161,10 @@ class Layer:
                 raise ValueError(f"parameter {name!r} needs an initializer or a value")
             if isinstance(initializer, (str, dict)):  # a registry name or spec, as a config writes it
                 from ..registry import initializers
-                try:
-                    initializer = initializers.build(initializer, locate=lambda path: None)
-                except DlrunError as e:  # the model adds where the layer is
-                    raise ConfigError(f"add_param({name!r}): {e.message}") from None
+                try:  # the model adds where the layer is; the error says which option
+                    initializer = initializers.build(initializer, "initializer")
+                except DlrunError as e:
+                    raise ConfigError(f"add_param({name!r}): {e}") from None
             elif not callable(initializer):
                 raise TypeError(f"parameter {name!r}: initializer must be an initializer name such as "
                                 f"'xavier_uniform', a spec mapping or a callable, got {initializer!r}")
