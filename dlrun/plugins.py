@@ -200,14 +200,18 @@ def relocate(config: dict, records: list[dict], path) -> tuple[dict, list[str]]:
         old = Path(rec["path"])
         names = rec.get("defines") or []
         current = old
-        if not old.is_file():
-            origins = {_origin_of(n) for n in names}
-            if not names or len(origins) != 1 or None in origins:
-                raise PluginError(f"{path}: the model needs plugin {old} (it defines {', '.join(names) or 'components'}), "
-                                  f"but that file is missing; put it back, or name its new place with --plugin FILE.py")
-            current = Path(origins.pop())
+        origins = {_origin_of(n) for n in names}  # a file given with --plugin that defines them all
+        given = origins.pop() if names and len(origins) == 1 and None not in origins else None
+        if given is not None and os.path.realpath(given) != os.path.realpath(old):
+            current = Path(given)
             moved[str(old)] = str(current)
-            warnings.append(f"plugin {old} is gone; using {current}, which defines {', '.join(names)}")
+            warnings.append(f"plugin {old} is gone; using {current}, which defines {', '.join(names)}"
+                            if not old.is_file() else
+                            f"using {current} (given with --plugin) instead of the recorded plugin {old}, for "
+                            f"{', '.join(names)}")
+        elif not old.is_file():
+            raise PluginError(f"{path}: the model needs plugin {old} (it defines {', '.join(names) or 'components'}), "
+                              f"but that file is missing; put it back, or name its new place with --plugin FILE.py")
         if rec.get("sha256") and source_hash(current) != rec["sha256"]:
             warnings.append(f"plugin {current} changed since {Path(path).name} was written (sha256 "
                             f"{rec['sha256'][:12]}… → {source_hash(current)[:12]}…); the model runs with the current code")

@@ -69,7 +69,8 @@ class EpochPosition:
         raise CheckpointError(f"{where}: the run stopped after batch {self.batches_done} of {self.batches} of epoch "
                               f"{self.epoch} ({say(*was)}); the resumed config gives {say(*now)}, so that epoch "
                               f"cannot be continued. Resume with the run's data, train.batch_size, "
-                              f"train.drop_last and train.shuffle")
+                              f"train.drop_last and train.shuffle; to change them, first finish epoch {self.epoch} "
+                              f"with them (--set train.epochs={self.epoch}), then resume with the new ones")
 
 
 def data_digest(x, y) -> str:
@@ -89,7 +90,8 @@ def check_data(recorded: str | None, now: str, position: EpochPosition, where: s
     if recorded is not None and recorded != now:
         raise CheckpointError(f"{where}: the run stopped after {position}, but the resumed config gives other "
                               f"training data (same size, other values), so that epoch cannot be continued. "
-                              f"Resume with the run's data settings")
+                              f"Resume with the run's data settings; to change them, first finish epoch "
+                              f"{position.epoch} with them (--set train.epochs={position.epoch})")
 
 
 def describe(meta: dict) -> str:

@@ -150,6 +150,7 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
                                        monitor, mode, best, extra)
     ckpt = run_dir / "checkpoints" / "last.npz"
     stop = StopOnSignal()
+    start_step = trainer.step  # a resumed run that diverges before a good step leaves its checkpoint as it was
     try:
         with catch_signals(stop), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             t0 = time.perf_counter()
@@ -169,7 +170,8 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
                                   f"resume with: dlrun train --resume {run_dir}", e.signum) from None
             except NonFiniteError as e:
                 if trainer.epoch > 0 or trainer.position is not None:  # the guard restored the last good state
-                    writer.flush(_digest(trainer, ds))
+                    if trainer.step > start_step:  # (else it is the checkpoint resumed from, config included)
+                        writer.flush(_digest(trainer, ds))
                     e.message += f"\nthe last good checkpoint ({_at(trainer)}) is {ckpt}"
                 raise
             seconds = time.perf_counter() - t0 + seconds_before

@@ -155,6 +155,7 @@ def test_resuming_inside_an_epoch_with_other_batches_is_refused_and_a_failure_ke
     assert r.code == 2 and "Traceback" not in r.err, r.err
     assert ("the run stopped after batch 3 of 5 of epoch 2 (72 training samples in 5 batches of 16, shuffled); "
             "the resumed config gives 72 training samples in 9 batches of 8, shuffled") in r.err
+    assert "first finish epoch 2 with them (--set train.epochs=2), then resume with the new ones" in r.err
     assert (resumed / "metrics.csv").read_text() == rows  # nothing written
     # the same sizes from other data (another data seed) is refused too; it was not checked
     r = run_cli("train", "--resume", resumed, "--set", "data.seed=9")
@@ -170,3 +171,10 @@ def test_resuming_inside_an_epoch_with_other_batches_is_refused_and_a_failure_ke
     (tmp_path / "saved.npz").write_bytes(saved)
     before = checkpoint.read(tmp_path / "saved.npz")
     assert all(np.array_equal(before.model[k], after.model[k]) for k in before.model)
+    # the way out the refusal gives: finish the epoch as it started, then change the batch size
+    # (the diverged resume above left the checkpoint as it was, its config included)
+    assert checkpoint.read(resumed / "checkpoints" / "last.npz").meta["config"]["optimizer"]["learning_rate"] == 0.3
+    r = run_cli("train", "--resume", resumed, "--set", "train.epochs=2")
+    assert r.code == 0, r.err
+    r = run_cli("train", "--resume", resumed, "--set", "train.batch_size=8", "--set", "train.epochs=3")
+    assert r.code == 0, r.err

@@ -348,6 +348,11 @@ def test_a_moved_plugin_is_named_with_plugin_on_predict_evaluate_and_resume(tmp_
     assert f"is gone; using {moved}, which defines Twice" in r.err  # (was silent on --resume)
     r = run_cli("predict", f"{run}/checkpoints/last.npz", "--input", tmp_path / "x.csv")  # it records the new place
     assert r.code == 0 and "is gone" not in r.err, r.err
+    # --plugin while the recorded file still exists: the given file is used (was: 'already registered')
+    write(tmp_path / "copy" / "twice.py", SCALE)
+    r = run_cli("evaluate", run, "--data", "spiral", "--plugin", tmp_path / "copy" / "twice.py")
+    assert r.code == 0, r.err
+    assert f"using {tmp_path / 'copy' / 'twice.py'} (given with --plugin) instead of the recorded plugin {moved}" in r.err
 
 
 def test_rough_edges_a_newcomer_met(tmp_path):
