@@ -37,7 +37,12 @@ def plain_doc(obj) -> str:
 
 
 def doc_args(obj) -> dict[str, str]:
-    """Parse a Google-style ``Args:`` section into {name: text}."""
+    """Parse a Google-style ``Args:`` section into {name: text}: the object's own, or for a class
+    without its own docstring, that of the class in its MRO that defines ``__init__`` (a plugin
+    ``class MyLinear(Linear)`` takes Linear's options and their descriptions)."""
+    if inspect.isclass(obj) and not isinstance(obj.__dict__.get("__doc__"), str):
+        owner = next((c for c in obj.__mro__ if "__init__" in c.__dict__), obj)
+        obj = owner if owner is not object else obj
     doc = plain_doc(obj)
     out: dict[str, str] = {}
     m = re.search(r"^Args:\s*$(.*?)(?:^\S|\Z)", doc, re.M | re.S)

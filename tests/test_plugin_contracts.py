@@ -523,3 +523,13 @@ def test_a_helper_in_the_layers_own_file_raising_in_build_is_the_layers_shape_er
                                      "model: [{type: Window, k: 4}]\nloss: SoftmaxCrossEntropy\noptimizer: SGD\n")
     r = run_cli("check", cfg)
     assert r.code == 2 and "model[0]: Window cannot take input of shape (2,): negative dimensions" in r.err, r.err
+
+
+def test_show_of_a_subclass_without_a_docstring_keeps_its_options_descriptions(tmp_path):
+    """Stop 19 stopped showing a base class's docstring for a plugin without one, and with it
+    the inherited options' descriptions; those come from the class that defines __init__."""
+    plug = write(tmp_path / "sub.py", "from dlrun.layers.linear import Linear\nfrom dlrun.registry import layers\n\n\n"
+                                      "@layers.register()\nclass MyLinear(Linear):\n    pass\n")
+    r = run_cli("show", "MyLinear", "--plugin", plug)
+    assert r.code == 0 and "number of output" in r.out and "features." in r.out, r.out
+    assert "y = x Wᵀ + b" not in r.out  # Linear's own summary is not MyLinear's
