@@ -358,6 +358,17 @@ class FreesItsCache(ReQU):
         return dx
 
 
+class UndeclaredPhase(Linear):
+    """Linear that doubles its output in training, without declaring has_phase, and whose
+    backward doubles in evaluation too: checked in training only, it passed."""
+
+    def forward(self, x, y=None):
+        return super().forward(x) * (2.0 if self.training else 1.0)
+
+    def backward(self, dy):
+        return super().backward(2.0 * dy)
+
+
 BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
     MissingFactor: ({"x"}, set()),
     TransposedWeightGrad: ({"weight", "grad-structure"}, {"x", "bias"}),
@@ -384,5 +395,6 @@ BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
     BufferAccumulates: ({"fast-mode"}, {"weight", "bias", "x", "reentrant"}),
     WritesThroughReshape: ({"non-contiguous"}, {"x"}),
     ClobbersOutput: ({"output-aliasing"}, set()),
+    UndeclaredPhase: ({"x", "weight", "bias"}, set()),
 }
 CORRECT = [FreesItsCache]  # unusual but right: they must PASS

@@ -458,3 +458,13 @@ def test_state_check_ignores_rounding_of_a_recomputed_value_but_not_a_counter_or
     assert scalar_changes({"steps": 10**15}, {"steps": 10**15 + 1}) != []  # integers compare exactly
     assert scalar_changes({"beta": 1.0}, {"beta": 0.999}) != []
     assert scalar_changes({"v": float("nan")}, {"v": float("nan")}) == []
+
+
+def test_a_layer_reading_self_training_without_has_phase_is_checked_in_both_phases_with_a_warning():
+    from broken_layers import UndeclaredPhase
+
+    with registered(UndeclaredPhase) as name:
+        report = check_layer(name)
+    assert report.settings["phase"] == "train+eval"
+    assert any("differs between training and evaluation, but it does not set has_phase = True" in w
+               for w in report.warnings), report.warnings

@@ -142,3 +142,23 @@ def redraw_params(layer, rng, device) -> None:
     for p in layer.params.values():
         if p.trainable:
             device.assign(p.data, rng.standard_normal(p.data.shape))
+
+
+def draw_point(spec, dims, shape, out_shape, n, layer, settings, rng) -> Point:
+    """A random point of the layer's input kind (and labels when it takes them) for a batch of n."""
+    high = index_high(spec, dims, layer) if spec.kind == "index" else None
+    x = draw_x(spec, (n, *shape), high, settings.np_dtype, rng)
+    y = None
+    if layer.needs_labels:
+        y = labels(n, label_count(spec, dims, out_shape, layer), rng)
+    return Point(x, y)
+
+
+def dims_label(spec, dims, input_shape) -> str:
+    """'N=7 D=3 C=4' (the dims the layer uses), or 'x (N, 3, 8, 8)' inside a whole model."""
+    if dims is None:
+        return f"x (N, {', '.join(map(str, input_shape))})"
+    used = ["N", *[s for s in spec.shape if isinstance(s, str)],
+            *[v for v in (*spec.options.values(), spec.labels, spec.high) if isinstance(v, str) and v in dims]]
+    seen = list(dict.fromkeys(u for u in used if u in dims))
+    return " ".join(f"{k}={dims[k]}" for k in seen)

@@ -1,5 +1,5 @@
 """Aux checks of the ways training calls a layer that the numeric check does not: fast mode,
-strided arrays, and parameters that the output does not depend on.
+strided arrays, parameters that the output does not depend on, and an undeclared phase.
 
 The numeric check calls a layer in plain mode on fresh contiguous arrays. Training calls it in
 fast mode (``layer.buffers.enabled``: outputs and gradients may be written into reused buffers),
@@ -126,3 +126,17 @@ def unwired(h, trainable: dict, grads: dict, x, y, out0: np.ndarray, rng) -> lis
         if np.array_equal(moved, out0):
             names.append(n)
     return names
+
+
+def reads_phase(h, point) -> bool:
+    """Whether the layer's output at ``point`` differs between training and evaluation (it reads
+    ``self.training``), for a layer that does not declare ``has_phase``."""
+    layer, dev = h.layer, h.device
+    x, y = dev.put(point.x), dev.put(point.y)
+    try:
+        layer.training = True
+        train = dev.host(h.forward(x, y))
+        layer.training = False
+        return not np.array_equal(train, dev.host(h.forward(x, y)), equal_nan=True)
+    finally:
+        layer.training = True

@@ -212,7 +212,7 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
     for dims in configs:
         layer = inputs.build_layer(name, inputs.layer_options(spec, dims, options or {}), name)
         n = dims["N"] if dims else batch
-        where_dims = _dims_text(spec, dims, input_shape)
+        where_dims = inputs.dims_label(spec, dims, input_shape)
         try:
             shape = tuple(input_shape) if dims is None else inputs.per_sample_shape(spec, dims)
             layer.setup(dev.backend, settings.np_dtype, np.random.default_rng(settings.seed),
@@ -224,6 +224,14 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
             few.append(inputs.repeat_note(layer, spec, dims, out_shape, n))
             h = Harness(layer, settings.seed, dev)
             _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settings, rng, results, log, dodge)
+            if settings.phase == "auto" and phases == ("train",) and paths.reads_phase(h, inputs.draw_point(
+                    spec, dims, shape, out_shape, n, layer, settings, np.random.default_rng(settings.seed + 1))):
+                report.settings["phase"] = "train+eval"  # checked in evaluation too, from this shape on
+                if not any("has_phase" in w for w in report.warnings):
+                    report.warnings.append(f"{name}'s output differs between training and evaluation, but it does "
+                                           f"not set has_phase = True: evaluation is checked too; declare it")
+                _check_phases(h, spec, dims, shape, out_shape, n, ("eval",), where_dims, settings, rng, results, log,
+                              dodge)
         except (LayerRaised, ContractError, TooLarge) as e:
             report.error = str(e)
             break
@@ -252,7 +260,7 @@ def _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settin
             h.where = where
             for attempt in range(settings.resample + 1):
                 inputs.redraw_params(layer, rng, h.device)
-                point = _draw(spec, dims, shape, out_shape, n, layer, settings, rng)
+                point = inputs.draw_point(spec, dims, shape, out_shape, n, layer, settings, rng)
                 if dodge.redraw(h.kink_distance(point.x, point.y), attempt == settings.resample):
                     continue
                 attempt_log = aux.AuxLog()
@@ -279,21 +287,3 @@ def _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settin
                                f"repeated indices, ties)", where)
                 else:
                     log.record("second-point", True)
-
-
-def _draw(spec, dims, shape, out_shape, n, layer, settings, rng):
-    high = inputs.index_high(spec, dims, layer) if spec.kind == "index" else None
-    x = inputs.draw_x(spec, (n, *shape), high, settings.np_dtype, rng)
-    y = None
-    if layer.needs_labels:
-        y = inputs.labels(n, inputs.label_count(spec, dims, out_shape, layer), rng)
-    return inputs.Point(x, y)
-
-
-def _dims_text(spec, dims, input_shape) -> str:
-    if dims is None:
-        return f"x (N, {', '.join(map(str, input_shape))})"
-    used = ["N", *[s for s in spec.shape if isinstance(s, str)],
-            *[v for v in (*spec.options.values(), spec.labels, spec.high) if isinstance(v, str) and v in dims]]
-    seen = list(dict.fromkeys(u for u in used if u in dims))
-    return " ".join(f"{k}={dims[k]}" for k in seen)
