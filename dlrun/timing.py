@@ -7,7 +7,6 @@ Times are medians over the timed batches, after untimed warm-up batches.
 """
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -71,7 +70,8 @@ def time_config(config: Config, batches: int = 20, warmup: int = 2) -> TimingRep
     with np.errstate(all="ignore"):
         contract.first_step(trainer, x[:bs], y[:bs], ())
     starts = [(b * bs) % max(n - bs + 1, 1) for b in range(warmup + batches)]
-    losses = []
+    finite = True  # every loss so far finite: a device flag, read once after the timing (a loss may
+    # return a 0-d buffer it reuses, so the values themselves cannot be kept)
     saved = np.seterr(all="ignore")  # a diverging config is still timed; the report says it diverged
     try:
         for b, s in enumerate(starts):
@@ -86,9 +86,10 @@ def time_config(config: Config, batches: int = 20, warmup: int = 2) -> TimingRep
                 sync()
                 keep and fwd[i].append(clock() - t0)
             t0 = clock()
-            losses.append(loss.forward(h, yb))
+            value = loss.forward(h, yb)
             sync()
             keep and loss_f.append(clock() - t0)
+            finite = backend.xp.logical_and(finite, backend.xp.isfinite(value))  # (outside the timed part)
             t0 = clock()
             dy = loss.backward()
             sync()
@@ -112,6 +113,6 @@ def time_config(config: Config, batches: int = 20, warmup: int = 2) -> TimingRep
     med = statistics.median
     rows = [PartTiming(f"{model.order[k]} {type(layer).__name__}", shape, med(fwd[k]), med(bwd[k]) if bwd[k] else None)
             for k, (layer, shape) in enumerate(zip(layers, model.order_shapes))]
-    finite = all(math.isfinite(float(v)) for v in losses)  # read once, after the timing
+    finite = bool(finite)
     return TimingReport(rows, PartTiming(f"loss {type(loss).__name__}", None, med(loss_f), med(loss_b)), med(opt_t),
                         med(step_t), batches, bs, backend.name, model.order, finite)

@@ -56,3 +56,41 @@ def test_time_lists_layers_in_execution_order_and_says_so(cli):
     assert names[:6] == ["0 Conv2D", "2 MaxPool2D", "1 ReLU", "3 Conv2D", "5 MaxPool2D", "4 ReLU"]
     assert _row(r.out, "1 ReLU")[1] == "(N, 32, 4, 4)"  # the pooled map
     assert "model[1] after model[2], model[4] after model[5]" in " ".join(r.out.split())
+
+
+SPIKE = '''
+import numpy as np
+from dlrun.losses import Loss
+from dlrun.registry import losses
+
+
+@losses.register()
+class SpikyMSE(Loss):
+    """MSE into a reused 0-d buffer, inf on its third call (a transient overflow)."""
+
+    task = "regression"
+
+    def __init__(self):
+        self.calls, self.out = 0, np.zeros((), np.float32)
+
+    def forward(self, z, y):
+        self.calls += 1
+        self.d = z - y.reshape(z.shape)
+        self.out[...] = np.inf if self.calls == 3 else (self.d ** 2).mean()
+        return self.out
+
+    def backward(self):
+        return self.d * (2.0 / self.d.size)
+'''
+
+
+def test_time_notes_a_non_finite_loss_even_from_a_reused_buffer(cli, tmp_path):
+    """The losses were kept and read after the timing: a loss that returns one 0-d buffer left only
+    its last (finite) value, and the note was missed."""
+    (tmp_path / "spiky.py").write_text(SPIKE)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("plugins: [spiky.py]\ndata: {type: sine, samples: 64}\nmodel: [{type: Linear, units: 8}, Tanh, "
+                   "{type: Linear, units: 1}]\nloss: SpikyMSE\noptimizer: SGD\ntrain: {batch_size: 16}\n")
+    r = cli("time", cfg, "--batches", "4")
+    assert r.code == 0, r.err
+    assert "the loss became NaN or inf during these steps" in r.out, r.out
