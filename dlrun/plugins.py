@@ -248,3 +248,6 @@ def load_entry_points() -> None:
             raise PluginError(f"entry point {ep.name!r} ({ep.value}) failed to load: {type(e).__name__}: {e}") from None
         finally:
             registry._loading_origin = None
+        module = sys.modules.get(ep.module)
+        if getattr(module, "__file__", None):  # its code is plugin code: an error in it is named (blame)
+            _loaded.setdefault(os.path.realpath(module.__file__), ep.module)

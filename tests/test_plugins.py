@@ -98,3 +98,23 @@ def test_entry_point_plugins_load_from_installed_packages(cli, tmp_path):
     r = cli("list", "layers", env=env)
     assert r.code == 0 and "Triple" in r.out and "entry point triple" in r.out, r.out + r.err
     assert cli("gradcheck", "Triple", env=env).code == 0
+
+
+def test_an_entry_point_plugin_that_raises_is_named_like_a_plugin_file(cli, tmp_path):
+    """Only --plugin and plugins: files counted as plugin code when naming what raised: an
+    installed package's component that raised was an 'internal error'."""
+    site = tmp_path / "site"
+    write(site / "typoplug.py", "from dlrun.registry import optimizers\n\n\n@optimizers.register()\n"
+                                "class TypoSGD(optimizers.base):\n    \"\"\"SGD reading a missing attribute.\n\n"
+                                "    Args:\n        learning_rate: the step size.\n    \"\"\"\n\n"
+                                "    def __init__(self, learning_rate: float = 0.1):\n        super().__init__(learning_rate)\n\n"
+                                "    def _update(self, state, p):\n        p.data -= self.lr * p.grad\n")
+    write(site / "typoplug-1.0.dist-info" / "METADATA", "Metadata-Version: 2.1\nName: typoplug\nVersion: 1.0\n")
+    write(site / "typoplug-1.0.dist-info" / "entry_points.txt", "[dlrun.plugins]\ntypo = typoplug\n")
+    cfg = write(tmp_path / "c.yaml", "data: {type: spiral, points_per_class: 20}\nmodel: [{type: Linear, units: 3}]\n"
+                                     "loss: SoftmaxCrossEntropy\noptimizer: TypoSGD\n")
+    import os
+
+    r = cli("check", cfg, env={"PYTHONPATH": f"{ROOT}{os.pathsep}{site}"})
+    assert r.code == 1 and "internal error" not in r.err, r.err
+    assert "the optimizer 'TypoSGD': _update raised AttributeError: 'TypoSGD' object has no attribute 'lr' (typoplug.py:16)" in r.err
