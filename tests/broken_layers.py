@@ -369,6 +369,18 @@ class UndeclaredPhase(Linear):
         return super().backward(2.0 * dy)
 
 
+class Float32Scratch(Linear):
+    """Linear whose weight gradient is summed in a float32 scratch array (the seed's item 7): in a
+    float64 check its errors, near 1e-7, pass the tolerances."""
+
+    def backward(self, dy):
+        dw = np.zeros(self.weight.data.shape, np.float32)
+        dw += dy.T @ self._x
+        self.weight.grad[...] = dw
+        self.bias.grad[...] = dy.sum(axis=0)
+        return dy @ self.weight.data
+
+
 BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
     MissingFactor: ({"x"}, set()),
     TransposedWeightGrad: ({"weight", "grad-structure"}, {"x", "bias"}),
@@ -396,5 +408,6 @@ BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
     WritesThroughReshape: ({"non-contiguous"}, {"x"}),
     ClobbersOutput: ({"output-aliasing"}, set()),
     UndeclaredPhase: ({"x", "weight", "bias"}, set()),
+    Float32Scratch: ({"weight", "grad-structure"}, {"x", "bias"}),
 }
 CORRECT = [FreesItsCache]  # unusual but right: they must PASS

@@ -7,7 +7,7 @@
 * grad-structure: every float input and trainable parameter gets a gradient of its own shape
   and dtype (a mismatch is a FAIL with a message, never a crash), and backward writes every
   element of each parameter gradient (they are filled with the dtype's largest value first, as
-  in training's first step);
+  in training's first step), and (float64 checks) does not compute a gradient in float32;
 * zero-upstream: backward(0) gives exact zeros (backward multiplies by the upstream gradient);
 * reentrant: backward twice after one forward gives identical results (no accumulation);
 * inputs-unchanged: forward and backward leave x, y and the upstream gradient as they were;
@@ -129,6 +129,22 @@ def skip_problem(runs: list, redraws: int) -> str | None:
     return (f"{what} crossed a kink (the branch signature changed under the step) after {redraws} redraw(s), so too "
             f"little was compared: a signature must change only where the branch switches (a mask such as x > 0, "
             f"an argmax), not with every value; or --eps is too large for how close together its kinks are")
+
+
+def float32_values(grad, what: str) -> str | None:
+    """Why a float64 gradient was computed in float32: every nonzero element (at least 4) is a
+    float32 number, which a float64 computation from random inputs gives with odds of about 2⁻²⁹
+    per element. A scratch array made with np.float32 does it, and costs the check its precision
+    (errors near 1e-7 pass the float64 tolerances)."""
+    if grad is None or getattr(grad, "dtype", None) != np.float64:
+        return None
+    nz = grad[grad != 0]
+    nz = nz[np.isfinite(nz)]
+    if nz.size < 4 or not np.array_equal(nz.astype(np.float32).astype(np.float64), nz):
+        return None
+    return (f"{what}: every element of its gradient is a float32 value although the check runs in float64: backward "
+            f"computes it in float32 (a scratch array made with np.float32?); make scratch arrays in the input's "
+            f"dtype (np.zeros_like(x), or dtype=x.dtype)")
 
 
 def max_gap(a: dict, b: dict) -> tuple[str, float] | None:

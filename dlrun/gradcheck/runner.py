@@ -103,9 +103,9 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
 
     problems = {}
     if differentiable:
-        problems["x"] = aux.grad_problem(dx, x, "x")
+        problems["x"] = aux.grad_problem(dx, x, "x") or aux.float32_values(first["x"], "x")
     for n, p in trainable.items():
-        problems[n] = aux.grad_problem(p.grad, p.data, n) or left.get(n)
+        problems[n] = aux.grad_problem(p.grad, p.data, n) or left.get(n) or aux.float32_values(grads[n], n)
     bad = {k: v for k, v in problems.items() if v}
     log.record("grad-structure", not bad, "; ".join(bad.values()), where)
 
