@@ -94,6 +94,15 @@ def check_data(recorded: str | None, now: str, position: EpochPosition, where: s
                               f"{position.epoch} with them (--set train.epochs={position.epoch})")
 
 
+def check_resume(trainer, x, y, recorded_digest: str | None, where: str) -> None:
+    """For a checkpoint taken inside an epoch (``trainer.position``), raise a CheckpointError unless
+    the resumed config gives that epoch's batches: the same sizes, shuffling and data."""
+    p = trainer.position
+    if p is not None:
+        p.check(len(x), *trainer.epoch_batches(len(x)), trainer.shuffle, where)
+        check_data(recorded_digest, data_digest(x, y), p, where)
+
+
 def describe(meta: dict) -> str:
     """When a checkpoint was taken, from its metadata: 'epoch 3' or 'batch 2 of 7 of epoch 4'."""
     position = meta.get("position")

@@ -279,12 +279,10 @@ def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, cal
         raise UsageError(f"{run_dir} has already trained {trainer.epoch} of {config.train.epochs} epochs; "
                          f"raise the total to continue, e.g. --set train.epochs={trainer.epoch + 10}")
     _monitor(config, ds, trainer)
-    if trainer.position is not None:  # stopped inside an epoch: it continues only as it started
-        trainer.position.check(len(ds.x), *trainer.epoch_batches(len(ds.x)), trainer.shuffle, str(ckpt.path))
-        position.check_data(ckpt.meta.get("data_digest"), position.data_digest(ds.x, ds.y), trainer.position,
-                            str(ckpt.path))
+    # stopped inside an epoch: it continues only as it started
+    position.check_resume(trainer, ds.x, ds.y, ckpt.meta.get("data_digest"), str(ckpt.path))
     rundir.truncate_metrics(run_dir / "metrics.csv", trainer.epoch)
-    rundir.write_config(run_dir, config)
+    kept = rundir.write_config(run_dir, config)
     before = rundir.previous_seconds(run_dir)
     extra = {k: ckpt.meta[k] for k in ("init_from",) if k in ckpt.meta}
     extra["resumed_from_epoch"] = trainer.epoch
@@ -293,4 +291,9 @@ def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, cal
     train_controls = train_controls_for(config, ds, trainer)
     controls.load_control_states(train_controls, ckpt.meta.get("controls"))
     _offer_best_weights(run_dir, train_controls)
-    return _fit(config, ds, trainer, run_dir, callbacks, extra, train_controls, ckpt.meta.get("best"), before)
+    try:
+        return _fit(config, ds, trainer, run_dir, callbacks, extra, train_controls, ckpt.meta.get("best"), before)
+    except NonFiniteError:
+        if trainer.step == ckpt.meta.get("step"):  # no good step: last.npz is kept, so is its config.yaml
+            rundir.put_back(run_dir / "config.yaml", kept)
+        raise

@@ -79,11 +79,25 @@ class MetricsWriter(Callback):
             w.writerow(["" if metrics.get(c) is None else metrics[c] for c in METRIC_COLUMNS])
 
 
-def write_config(run_dir: Path, config: Config) -> None:
+def write_config(run_dir: Path, config: Config) -> str | None:
+    """Write the run's config.yaml; return the text it replaced (None: there was none)."""
+    path = run_dir / "config.yaml"
     try:
-        (run_dir / "config.yaml").write_text(dump_yaml(config.raw))
-    except OSError as e:
-        raise TrainingError(f"cannot write {run_dir / 'config.yaml'}: {e.strerror or e}") from None
+        old = path.read_text() if path.is_file() else None
+        path.write_text(dump_yaml(config.raw))
+    except (OSError, UnicodeDecodeError) as e:
+        raise TrainingError(f"cannot write {path}: {getattr(e, 'strerror', None) or e}") from None
+    return old
+
+
+def put_back(path: Path, text: str | None) -> None:
+    """Restore a file's earlier text (what write_config returned), as far as the disk allows: it
+    runs while another error is being reported."""
+    if text is not None:
+        try:
+            path.write_text(text)
+        except OSError:
+            pass
 
 
 def write_json(path: Path, data: dict) -> None:

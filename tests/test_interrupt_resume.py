@@ -172,9 +172,11 @@ def test_resuming_inside_an_epoch_with_other_batches_is_refused_and_a_failure_ke
     before = checkpoint.read(tmp_path / "saved.npz")
     assert all(np.array_equal(before.model[k], after.model[k]) for k in before.model)
     # the way out the refusal gives: finish the epoch as it started, then change the batch size
-    # (the diverged resume above left the checkpoint as it was, its config included)
-    assert checkpoint.read(resumed / "checkpoints" / "last.npz").meta["config"]["optimizer"]["learning_rate"] == 0.3
+    # (the diverged resume above left the checkpoint as it was, its config included, and config.yaml
+    # with it: a resume then warned that config.yaml had been edited by hand)
+    ckpt = checkpoint.read(resumed / "checkpoints" / "last.npz")
+    assert ckpt.meta["config"]["optimizer"]["learning_rate"] == 0.3 and not run.config_edited(resumed, ckpt)
     r = run_cli("train", "--resume", resumed, "--set", "train.epochs=2")
-    assert r.code == 0, r.err
+    assert r.code == 0 and "edited by hand" not in r.err, r.err
     r = run_cli("train", "--resume", resumed, "--set", "train.batch_size=8", "--set", "train.epochs=3")
     assert r.code == 0, r.err

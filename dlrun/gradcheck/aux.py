@@ -22,8 +22,8 @@
   ones give;
 * float32 (float64 checks): a float32 forward/backward returns float32 output, dx and gradients;
 * adds-gradient (regularizers): ``add_gradient`` adds its increment to the gradient it is given;
-* kink-skips (shown only when it fails): after every redraw a point still has a tensor none of
-  whose differences was compared, or over half of them skipped for crossing a kink.
+* kink-skips (shown only when it fails): after every redraw a point still has over half of its
+  differences skipped for crossing a kink.
 """
 from __future__ import annotations
 
@@ -119,16 +119,16 @@ def unwritten_by(h, trainable: dict, x, y, g: np.ndarray, grads: dict) -> dict:
 
 def skip_problem(runs: list, redraws: int) -> str | None:
     """Why a point whose differences cross kinks after every redraw cannot be trusted, or None:
-    a tensor with nothing compared, or over half of all differences skipped. (Fewer are a point
-    near kinks, or a step coarse on purpose with --detect-kinks: what was compared still counts.)"""
+    over half of all its differences skipped. (Fewer are a point near kinks; a parameter that moves
+    every kink at once, a learned threshold, can have all of its own skipped: it is reported 'not
+    compared', and what was compared still counts.)"""
     skipped, checked = sum(r.skipped for r in runs), sum(r.checked for r in runs)
-    empty = [r.name for r in runs if r.skipped and not r.checked]
-    if not empty and skipped <= 0.5 * (skipped + checked):
+    if skipped <= 0.5 * (skipped + checked):
         return None
-    what = f"every difference of {', '.join(empty)}" if empty else f"{skipped} of {skipped + checked} differences"
-    return (f"{what} crossed a kink (the branch signature changed under the step) after {redraws} redraw(s), so too "
-            f"little was compared: a signature must change only where the branch switches (a mask such as x > 0, "
-            f"an argmax), not with every value; or --eps is too large for how close together its kinks are")
+    return (f"{skipped} of {skipped + checked} differences crossed a kink (the branch signature changed under the "
+            f"step) after {redraws} redraw(s), so too little was compared: a signature must change only where the "
+            f"branch switches (a mask such as x > 0, an argmax), not with every value; or --eps is too large for "
+            f"how close together its kinks are")
 
 
 def float32_values(grad, what: str) -> str | None:
@@ -191,19 +191,24 @@ def changed(before: dict, after: dict) -> list[str]:
     return out
 
 
-def _same_number(a, b) -> bool:
-    """Equal, both NaN, or (floats) within rounding: a value recomputed from the same batch in
-    another order (a monitored mean) moves by an ulp; a counter or an annealed β moves by more."""
+def _same_number(a, b, rel_tol: float) -> bool:
+    """Equal, both NaN, or (real numbers) within rounding: a value recomputed from the same batch
+    in another order (a monitored mean) moves by a few ulps of the check's dtype; a counter or an
+    annealed β moves by more."""
     if a == b or (a != a and b != b):
         return True
     if isinstance(a, numbers.Integral) and isinstance(b, numbers.Integral):
         return False
-    return math.isclose(float(a), float(b), rel_tol=1e-12, abs_tol=0.0)
+    if not (isinstance(a, numbers.Real) and isinstance(b, numbers.Real)):
+        return False  # (complex)
+    return math.isclose(float(a), float(b), rel_tol=rel_tol, abs_tol=0.0)
 
 
-def scalar_changes(before: dict, after: dict) -> list[str]:
+def scalar_changes(before: dict, after: dict, dtype: str = "float64") -> list[str]:
+    """The public numbers that changed beyond the rounding of a ``dtype`` computation."""
+    rel_tol = 1e-12 if dtype == "float64" else 1e-5
     return [f"{k} changed from {before[k]!r} to {after[k]!r}" for k in before
-            if k in after and not _same_number(before[k], after[k])]
+            if k in after and not _same_number(before[k], after[k], rel_tol)]
 
 
 __all__ = ["AuxLog", "grad_problem", "max_gap", "magnitude", "nonzero", "changed", "scalar_changes", "PASS", "FAIL", "NA"]

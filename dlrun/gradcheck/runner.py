@@ -78,7 +78,8 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     before = public_scalars(layer)
     out0 = _host(h.forward(x, y))
     # an undeclared coefficient that moved explains a difference: the state check names it
-    if not aux.repeatable(kept, out0, settings.nondet_tol) and not aux.scalar_changes(start, public_scalars(layer)):
+    if (not aux.repeatable(kept, out0, settings.nondet_tol)
+            and not aux.scalar_changes(start, public_scalars(layer), settings.dtype)):
         moved = _modified(h, x0, y0, params0, x, y, _host)
         if moved:  # a bug found (FAIL), and the check cannot go on from a point that moved
             log.record("inputs-unchanged", False, f"{', '.join(moved)} modified in place by forward/backward", where)
@@ -96,7 +97,7 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     grads = {n: _host(p.grad) for n, p in trainable.items()}
     first = dict(grads, x=_host(dx) if differentiable else None)
     declared = state_changes(layer, h.frozen)
-    hidden = aux.scalar_changes(before, public_scalars(layer))
+    hidden = aux.scalar_changes(before, public_scalars(layer), settings.dtype)
     hidden += [f"{k} (an array of shape {arrays[k].shape}: running statistics?) changed"
                for k in aux.changed(arrays, public_arrays(layer))]
     left = aux.unwritten_by(h, trainable, x, y, g, grads)
