@@ -353,6 +353,8 @@ def test_config_check_of_a_layer_whose_labels_are_a_dim_bound_to_an_option(cli, 
     r = cli("gradcheck", str(cfg))
     assert r.code == 0, r.out + r.err
     assert "RESULT model[1] CenterOffset: PASS" in r.out
+    r = cli("gradcheck", "CenterOffset", "--plugin", str(tmp_path / "offset.py"), "--set", "classes=2")
+    assert r.code == 0, r.out + r.err  # labels follow the option, not the dim C=4 (was an IndexError)
     broken = LABELLED.replace("self.weight.grad.fill(0)", "self.weight.grad[np.unique(self._y)] = 0")
     write(tmp_path / "offset.py", broken)
     r = cli("gradcheck", "CenterOffset", "--plugin", str(tmp_path / "offset.py"))

@@ -124,14 +124,19 @@ def index_high(spec, dims: dict | None, layer) -> int:
 
 
 def label_count(spec, dims: dict | None, out_shape: tuple, layer=None) -> int:
-    """How many classes labels are drawn from: ``spec.labels`` (an int, a dim of ``dims``, or in a
-    whole-model check, where there are no dims, the layer option bound to that dim or named by
-    it), else the output size."""
+    """How many classes labels are drawn from: ``spec.labels`` (an int, or a dim name: the layer
+    option bound to that dim, else the dim's size in ``dims``, else an option named like it),
+    else the output size."""
     c = spec.labels
     if isinstance(c, str):
-        # the option the spec binds to that dim (options={"classes": "C"}) holds its value
+        # the option the spec binds to that dim (options={"classes": "C"}) holds its value, also
+        # when --set gave it another than the dim's; else the dim, else an option named like it
         bound = [k for k, v in spec.options.items() if v == c]
-        c = dims[c] if dims and c in dims else getattr(layer, bound[0] if bound else c, None)
+        value = getattr(layer, bound[0], None) if bound and layer is not None else None
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            c = value
+        else:
+            c = dims[c] if dims and c in dims else getattr(layer, c, None)
     if not isinstance(c, (int, np.integer)) or isinstance(c, bool):
         c = out_shape[-1] if out_shape else 1
     return int(c)
