@@ -79,23 +79,27 @@ class MetricsWriter(Callback):
             w.writerow(["" if metrics.get(c) is None else metrics[c] for c in METRIC_COLUMNS])
 
 
-def write_config(run_dir: Path, config: Config) -> str | None:
-    """Write the run's config.yaml; return the text it replaced (None: there was none)."""
+def write_config(run_dir: Path, config: Config) -> bytes | None:
+    """Write the run's config.yaml; return the bytes it replaced (None: there was none, or they
+    could not be read)."""
     path = run_dir / "config.yaml"
     try:
-        old = path.read_text() if path.is_file() else None
+        old = path.read_bytes()
+    except OSError:
+        old = None
+    try:
         path.write_text(dump_yaml(config.raw))
-    except (OSError, UnicodeDecodeError) as e:
-        raise TrainingError(f"cannot write {path}: {getattr(e, 'strerror', None) or e}") from None
+    except OSError as e:
+        raise TrainingError(f"cannot write {path}: {e.strerror or e}") from None
     return old
 
 
-def put_back(path: Path, text: str | None) -> None:
-    """Restore a file's earlier text (what write_config returned), as far as the disk allows: it
-    runs while another error is being reported."""
-    if text is not None:
+def put_back(path: Path, data: bytes | None) -> None:
+    """Restore a file's earlier bytes (what write_config returned), as far as the disk allows: it
+    runs while another error is being reported, which must not be replaced by this one."""
+    if data is not None:
         try:
-            path.write_text(text)
+            path.write_bytes(data)
         except OSError:
             pass
 

@@ -383,6 +383,20 @@ class Float32Scratch(Linear):
         return dy @ self.weight.data
 
 
+class KeepsFirstBatchBuffer(Layer):
+    """y = 2x written into a buffer sized by the first batch it sees: the smaller last batch of
+    an epoch raises in training (plain mode as well), which a new instance takes."""
+
+    def forward(self, x):
+        if getattr(self, "_buf", None) is None:
+            self._buf = np.empty_like(x)
+        np.multiply(x, 2.0, out=self._buf)
+        return self._buf.copy()
+
+    def backward(self, dy):
+        return 2.0 * dy
+
+
 BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
     MissingFactor: ({"x"}, set()),
     TransposedWeightGrad: ({"weight", "grad-structure"}, {"x", "bias"}),
@@ -410,5 +424,6 @@ BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
     WritesThroughReshape: ({"non-contiguous"}, {"x"}),
     UndeclaredPhase: ({"x", "weight", "bias"}, set()),
     Float32Scratch: ({"weight", "grad-structure"}, {"x", "bias"}),
+    KeepsFirstBatchBuffer: ({"fast-mode"}, {"x"}),
 }
 CORRECT = [FreesItsCache, ClobbersOutput]  # unusual but right: they must PASS

@@ -443,10 +443,12 @@ def test_a_parameter_used_in_training_only_is_not_unwired_in_evaluation():
     assert report.verdict == PASS, (report.error, report.failed)
 
 
+@pytest.mark.parametrize("mode", ["auto", "jacobian"])
 @pytest.mark.parametrize("cls", CORRECT, ids=lambda c: c.__name__)
-def test_unusual_but_correct_layers_pass(cls):
+def test_unusual_but_correct_layers_pass(cls, mode):
+    """Also in --mode jacobian, whose one backward per output row had no forward before it."""
     with registered(cls) as name:
-        report = check_layer(name)
+        report = check_layer(name, settings=Settings(mode=mode))
     assert report.verdict == PASS, (report.error, report.failed)
 
 

@@ -115,6 +115,11 @@ def test_resume_refuses_a_finished_run_and_bad_arguments(tmp_path):
     assert r.code == 2 and "not a run directory" in r.err
     r = run_cli("train")
     assert r.code == 2 and "CONFIG" in r.err
+    # a config.yaml that is not UTF-8 any more (edited by hand) is rewritten, as the warning says
+    with open(run / "config.yaml", "ab") as f:
+        f.write(b"# caf\xe9\n")
+    r = run_cli("train", "--resume", run, "--set", "train.epochs=3")
+    assert r.code == 0 and "edited by hand" in r.err, r.err
 
 
 @pytest.mark.slow

@@ -125,6 +125,7 @@ class Harness:
         # the arrays the check perturbs and reads: each parameter's own, as in training's arena
         self._arrays = [(n, p, p.data, p.grad) for n, p in layer.params.items()]
         self.rebound: set[str] = set()  # parameters whose data the layer replaced (p.data = ...)
+        self.fresh = None  # () -> a new, never called instance of the layer, when the check can make one
 
     def call(self, name: str, fn, *args):
         try:

@@ -142,6 +142,14 @@ def label_count(spec, dims: dict | None, out_shape: tuple, layer=None) -> int:
     return int(c)
 
 
+def fresh_layer(name: str, spec, dims, options: dict, shape: tuple, device, dtype, seed: int):
+    """A new instance of the layer, set up and built as the checked one was (nothing called yet)."""
+    layer = build_layer(name, layer_options(spec, dims, options), name)
+    layer.setup(device.backend, dtype, np.random.default_rng(seed), device.backend.rng(seed))
+    layer.build(shape)
+    return layer
+
+
 def redraw_params(layer, rng, device) -> None:
     """Trainable parameters get N(0,1) values in place (tiny training inits make poor checks)."""
     for p in layer.params.values():

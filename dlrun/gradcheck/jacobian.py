@@ -40,6 +40,8 @@ def check_jacobians(h, x, y, tensors, settings, where: str, sig0) -> list[Tensor
     onehot = np.zeros(out.shape, dtype=out.dtype)
     for k in range(n_out):  # row k: the gradient of output element k
         onehot.flat[k] = 1
+        if k:  # training calls backward once per forward: a layer may free or change its caches in it
+            h.forward(x, y)
         dx = h.backward(onehot.copy())
         onehot.flat[k] = 0
         for name, _, _ in tensors:

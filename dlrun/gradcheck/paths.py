@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .harness import LayerRaised
+from .harness import Harness, LayerRaised
 
 # results that differ only by rounding (another summation order) pass: the largest difference
 # relative to the largest magnitude of the tensor must stay below this, per dtype
@@ -61,9 +61,13 @@ def fast_mode_problem(h, x, y, g: np.ndarray, dtype: str) -> str | None:
     for xs, ys, gs, what in calls:
         try:
             plain.append(_call(h, xs, ys, gs.copy()))
-        except LayerRaised:  # a layer that takes only some batch sizes (even, N >= 2): not this case
-            calls = calls[:len(plain)]
-            break
+        except LayerRaised as e:
+            if _refuses(h, xs, ys, gs):  # a layer that takes only some batch sizes (even, N >= 2)
+                calls = calls[:len(plain)]
+                break
+            return (f"at {what} after a call at {calls[0][3]}, {e.call} raised {type(e.error).__name__}: {e.error}, "
+                    f"although a new instance takes that batch: a cache or buffer sized by an earlier batch (the "
+                    f"last batch of an epoch is smaller)")
     fast = []
     h.layer.buffers.enabled = True
     try:
@@ -80,6 +84,18 @@ def fast_mode_problem(h, x, y, g: np.ndarray, dtype: str) -> str | None:
             return (f"with its buffers enabled (training's fast mode), at {what} after {len(calls)} calls, {gap} "
                     f"from the plain call: a reused buffer keeps or accumulates values")
     return None
+
+
+def _refuses(h, x, y, g) -> bool:
+    """Whether a new instance of the layer, called first with this batch, raises too (it takes
+    only some batch sizes); True when the check cannot make one."""
+    if h.fresh is None:
+        return True
+    try:
+        _call(Harness(h.fresh(), h.seed, h.device), x, y, g.copy())
+    except LayerRaised:
+        return True
+    return False
 
 
 def _strided(xp, a):

@@ -222,6 +222,8 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
                 report.warnings.append(note)
             few.append(inputs.repeat_note(layer, spec, dims, out_shape, n))
             h = Harness(layer, settings.seed, dev)
+            h.fresh = lambda d=dims, s=shape: inputs.fresh_layer(name, spec, d, options or {}, s, dev,
+                                                                 settings.np_dtype, settings.seed)
             _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settings, rng, results, log, dodge)
             if settings.phase == "auto" and phases == ("train",) and paths.reads_phase(h, inputs.draw_point(
                     spec, dims, shape, out_shape, n, layer, settings, np.random.default_rng(settings.seed + 1))):
