@@ -293,7 +293,7 @@ def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, cal
     _offer_best_weights(run_dir, train_controls)
     try:
         return _fit(config, ds, trainer, run_dir, callbacks, extra, train_controls, ckpt.meta.get("best"), before)
-    except NonFiniteError:
-        if trainer.step == ckpt.meta.get("step"):  # no good step: last.npz is kept, so is its config.yaml
+    except DlrunError as e:  # failed before a good step (an interrupt saves its state and config): last.npz
+        if not isinstance(e, Interrupted) and trainer.step == ckpt.meta.get("step"):  # is kept, so is config.yaml
             rundir.put_back(run_dir / "config.yaml", kept)
         raise

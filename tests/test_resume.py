@@ -289,3 +289,42 @@ def test_per_step_schedule_resumes_exactly_and_records_the_last_steps_rate(tmp_p
     # 4, 9 and 14 are done before the last step of epochs 2, 3 and 4
     expect = [0.3] + [0.15 * (1 + np.cos(np.pi * k / 15)) for k in (4, 9, 14)]
     assert [float(x["learning_rate"]) for x in rows] == pytest.approx(expect, rel=1e-12)
+
+
+FLAKY = '''
+from dlrun.layers import Layer
+from dlrun.registry import layers
+
+
+@layers.register()
+class Flaky(Layer):
+    """Identity that raises in forward when told to."""
+
+    def __init__(self, fail: bool = False):
+        self.fail = fail
+
+    def forward(self, x):
+        if self.fail:
+            raise RuntimeError("told to fail")
+        return x * 1.0
+
+    def backward(self, dy):
+        return dy
+'''
+
+
+def test_a_resume_that_fails_before_a_good_step_leaves_config_yaml_as_the_checkpoint_records(tmp_path):
+    """Resume writes config.yaml before training; when the resumed run then failed (a layer raised)
+    before any good step, last.npz kept the old config but config.yaml the new one, and the next
+    resume warned of a hand edit."""
+    write(tmp_path / "flaky.py", FLAKY)
+    cfg = write(tmp_path / "c.yaml", "plugins: [flaky.py]\ndata: {type: spiral, points_per_class: 20}\n"
+                                     "model: [{type: Linear, units: 6}, Flaky, {type: Linear, units: 3}]\n"
+                                     "loss: SoftmaxCrossEntropy\noptimizer: SGD\ntrain: {epochs: 2}\n")
+    run = train(cfg, tmp_path / "runs")
+    before = (run / "config.yaml").read_bytes()
+    r = run_cli("train", "--resume", run, "--set", "train.epochs=3", "--set", "model[1].fail=true")
+    assert r.code == 1 and "told to fail" in r.err, r.err
+    assert (run / "config.yaml").read_bytes() == before
+    r = run_cli("train", "--resume", run, "--set", "train.epochs=3")
+    assert r.code == 0 and "edited by hand" not in r.err, r.err
