@@ -112,7 +112,6 @@ def missing_layers(w: Workload) -> list[str]:
 def gemm_flops(model, samples: int) -> float:
     """Analytic GEMM FLOPs of training on ``samples`` samples: forward, dW, and dX except layer 0."""
     total = 0.0
-    shape = model.input_shape
     for i, (layer, out_shape) in enumerate(zip(model.layers, model.shapes)):
         w = layer.params.get("weight")
         name = type(layer).__name__
@@ -123,5 +122,4 @@ def gemm_flops(model, samples: int) -> float:
         else:
             per = 0.0
         total += per * (3 if i > 0 else 2)
-        shape = out_shape
     return total * samples
