@@ -11,6 +11,7 @@ import inspect
 import os
 import traceback
 
+import numpy as np
 
 from .backend import array_module
 from .errors import ContractError, LayerError, ShapeError
@@ -36,6 +37,29 @@ def output_shape(layer, out, given) -> tuple[int, ...]:
         raise ShapeError(f"{name}: build returned the output shape {shape} for input of shape {given}; every "
                          f"size must be an integer >= 1 (is the input too small for the layer's options?)")
     return shape
+
+
+# -- every element of a gradient written: the gradients are filled with the dtype's largest value
+# before a checked backward; max + g rounds back to max for any ordinary g, so an element left
+# unwritten or added to (+=) keeps it, while a NaN that flowed in from dy is not mistaken for it
+
+UNWRITTEN_HINT = ("it must set the whole gradient of this batch (p.grad[...] = ..., not p.grad += ...: nothing "
+                  "zeroes it between steps)")
+
+
+def mark_unwritten(arrays) -> None:
+    """Fill each float array (a parameter gradient; None and others are skipped) with its dtype's
+    largest value, before the backward whose writes :func:`unwritten` then counts."""
+    for a in arrays:
+        if getattr(a, "dtype", None) is not None and a.dtype.kind == "f":
+            a.fill(np.finfo(a.dtype).max)
+
+
+def unwritten(a) -> int:
+    """How many elements of float array ``a`` still hold :func:`mark_unwritten`'s value."""
+    if getattr(a, "dtype", None) is None or a.dtype.kind != "f":
+        return 0
+    return int(array_module(a).count_nonzero(a == np.finfo(a.dtype).max))
 
 
 def blame_other(e: BaseException, layer):

@@ -162,9 +162,7 @@ class Sequential:
         and a failure named as :meth:`forward` names it (``dlrun check`` goes layer by layer)."""
         layer, n, given = self._run[k], len(a), a.dtype
         grads = [(name, p) for name, p in layer.params.items() if p.trainable] if call == "backward" else []
-        for _, p in grads:  # backward must write every element: the sentinel left over means += or no write
-            if p.grad is not None and p.grad.dtype.kind == "f":
-                p.grad.fill(np.finfo(p.grad.dtype).max)
+        contract.mark_unwritten(p.grad for _, p in grads)  # backward must write every element
         try:
             if call == "forward":
                 out = layer.forward(a, y) if self._labelled[k] else layer.forward(a)
@@ -191,11 +189,9 @@ class Sequential:
         value first)."""
         g, layer = p.grad, self.layers[i]
         self._expect(i, "backward", f"{name}.grad", g, tuple(p.data.shape), {p.data.dtype})
-        # max + g rounds back to max for any ordinary g; NaN that flowed in from dy is not the sentinel
-        if g.dtype.kind == "f" and bool((g == np.finfo(g.dtype).max).any()):
-            raise LayerContractError(
-                f"model[{i}] {layer!r}: backward did not write every element of {name}.grad; it must set the "
-                f"whole gradient of this batch (p.grad[...] = ..., not p.grad += ...: nothing zeroes it between steps)")
+        if contract.unwritten(g):
+            raise LayerContractError(f"model[{i}] {layer!r}: backward did not write every element of {name}.grad; "
+                                     f"{contract.UNWRITTEN_HINT}")
 
     def _expect(self, i: int, call: str, what: str, a, shape: tuple, dtypes) -> None:
         problem = contract.mismatch(a, shape, dtypes, self.backend, self.dtype)

@@ -61,6 +61,19 @@ def _interrupted(cfg, runs, *stops):
     return resumed, metas
 
 
+def _config_and_straight_run(tmp_path, text):
+    """The config (NOISE plugin beside it) and the run directory of its uninterrupted training."""
+    write(tmp_path / "noise_plugin.py", NOISE)
+    cfg = write(tmp_path / "cfg.yaml", text)
+    return cfg, run.train(load_config(cfg), tmp_path / "a").run_dir
+
+
+def _resume_equals(straight, resumed):
+    """Resume ``resumed`` to its end: it must equal the uninterrupted run, bit for bit."""
+    run.resume(resumed, *run.resume_config(resumed))
+    _same_run(straight, resumed)
+
+
 def _same_run(straight, resumed):
     _assert_same_state(straight / "checkpoints" / "last.npz", resumed / "checkpoints" / "last.npz")
     _assert_same_state(straight / "checkpoints" / "best.npz", resumed / "checkpoints" / "best.npz")
@@ -86,18 +99,15 @@ train:
 @pytest.mark.parametrize("text", [NOISY, PER_STEP], ids=["plain", "per-step-schedule"])
 def test_interrupt_mid_epoch_keeps_the_batches_done_and_resumes_exactly(tmp_path, text):
     assert text.count("EPOCHS") == 1
-    write(tmp_path / "noise_plugin.py", NOISE)
-    cfg = write(tmp_path / "cfg.yaml", text.replace("EPOCHS", "6"))
-    straight = run.train(load_config(cfg), tmp_path / "a").run_dir
+    cfg, straight = _config_and_straight_run(tmp_path, text.replace("EPOCHS", "6"))
     resumed, (meta,) = _interrupted(cfg, tmp_path / "b", InterruptAt(4, 2))
     assert meta["epoch"] == 3 and meta["interrupted"]["batches_done"] == 2
     position = meta["position"]
     assert (position["epoch"], position["batches_done"], position["batch_size"]) == (4, 2, 16)
     assert meta["step"] == 3 * position["batches"] + 2  # the two batches are not trained again
     assert len(metrics_rows(resumed)) == 3
-    run.resume(resumed, *run.resume_config(resumed))
+    _resume_equals(straight, resumed)
     assert summary(resumed)["resumed_from_epoch"] == 3 and summary(resumed)["resumed_from_batch"] == 2
-    _same_run(straight, resumed)
 
 
 @pytest.mark.slow
@@ -106,25 +116,20 @@ def test_interrupt_in_an_epochs_last_batch_keeps_that_epoch(tmp_path, batch_size
     """A signal during an epoch's last batch stops at the epoch's end. The checkpoint said epoch 4
     but held epoch 3's weights (the finished epoch was undone), so the resumed run skipped an epoch;
     with full-batch training (configs/spiral.yaml) that was every Ctrl-C."""
-    write(tmp_path / "noise_plugin.py", NOISE)
-    cfg = write(tmp_path / "cfg.yaml", NOISY.replace("EPOCHS", "6").replace("batch_size: 16", f"batch_size: {batch_size}"))
-    straight = run.train(load_config(cfg), tmp_path / "a").run_dir
+    cfg, straight = _config_and_straight_run(
+        tmp_path, NOISY.replace("EPOCHS", "6").replace("batch_size: 16", f"batch_size: {batch_size}"))
     resumed, (meta,) = _interrupted(cfg, tmp_path / "b", InterruptAt(4, -1))
     assert meta["epoch"] == 4 and meta.get("position") is None and len(metrics_rows(resumed)) == 4
-    run.resume(resumed, *run.resume_config(resumed))
-    _same_run(straight, resumed)
+    _resume_equals(straight, resumed)
 
 
 @pytest.mark.slow
 def test_interrupted_twice_in_one_epoch_and_once_more_resumes_exactly(tmp_path):
-    write(tmp_path / "noise_plugin.py", NOISE)
-    cfg = write(tmp_path / "cfg.yaml", PER_STEP.replace("EPOCHS", "6"))
-    straight = run.train(load_config(cfg), tmp_path / "a").run_dir
+    cfg, straight = _config_and_straight_run(tmp_path, PER_STEP.replace("EPOCHS", "6"))
     resumed, metas = _interrupted(cfg, tmp_path / "b", InterruptAt(3, 1), InterruptAt(3, 3), InterruptAt(5, 2))
     assert [m["position"]["batches_done"] for m in metas] == [1, 3, 2]
     assert [m["position"]["epoch"] for m in metas] == [3, 3, 5]
-    run.resume(resumed, *run.resume_config(resumed))
-    _same_run(straight, resumed)
+    _resume_equals(straight, resumed)
 
 
 def _spoil(trainer):
@@ -135,13 +140,10 @@ def _spoil(trainer):
 def test_a_non_finite_state_at_an_interrupt_is_not_kept(tmp_path):
     """The state after the last batch is saved only when it is finite; otherwise the epoch is
     undone and the checkpoint holds the state it started from."""
-    write(tmp_path / "noise_plugin.py", NOISE)
-    cfg = write(tmp_path / "cfg.yaml", NOISY.replace("EPOCHS", "6"))
-    straight = run.train(load_config(cfg), tmp_path / "a").run_dir
+    cfg, straight = _config_and_straight_run(tmp_path, NOISY.replace("EPOCHS", "6"))
     resumed, (meta,) = _interrupted(cfg, tmp_path / "b", InterruptAt(4, 2, before=_spoil))
     assert meta["epoch"] == 3 and meta.get("position") is None
-    run.resume(resumed, *run.resume_config(resumed))
-    _same_run(straight, resumed)
+    _resume_equals(straight, resumed)
 
 
 @pytest.mark.slow

@@ -32,6 +32,7 @@ import numbers
 
 import numpy as np
 
+from ..contract import UNWRITTEN_HINT, mark_unwritten, unwritten
 from .harness import LayerRaised
 from .report import FAIL, NA, PASS, AuxResult
 
@@ -91,9 +92,7 @@ def unwritten_by(h, trainable: dict, x, y, g: np.ndarray, grads: dict) -> dict:
     put back to ``grads`` (host copies): the checks after this one see what they would have seen
     without it. A layer that cannot take one row is checked on the whole point."""
     for rows in (slice(0, 1), slice(None)):
-        for p in trainable.values():
-            if getattr(p.grad, "dtype", None) is not None and p.grad.dtype.kind == "f":
-                p.grad.fill(np.finfo(p.grad.dtype).max)
+        mark_unwritten(p.grad for p in trainable.values())
         try:
             h.forward(x[rows], None if y is None else y[rows])
             h.backward(g[rows].copy())
@@ -106,12 +105,10 @@ def unwritten_by(h, trainable: dict, x, y, g: np.ndarray, grads: dict) -> dict:
         ref = grads[n]
         if getattr(p.grad, "dtype", None) is None or ref is None or tuple(p.grad.shape) != ref.shape:
             continue  # grad-structure names a missing or misshapen gradient
-        got = h.device.host(p.grad)
-        left = int(np.count_nonzero(got == np.finfo(got.dtype).max)) if got.dtype.kind == "f" else 0
+        left = unwritten(p.grad)
         if left:
-            out[n] = (f"{n}: backward did not write every element of {n}.grad ({left} of {got.size} kept the "
-                      f"value they had before it); it must set the whole gradient of the batch (p.grad[...] = ..., "
-                      f"or zero it first: nothing zeroes gradients between steps, and += adds to the last step's)")
+            out[n] = (f"{n}: backward did not write every element of {n}.grad ({left} of {p.grad.size} kept the "
+                      f"value they had before it); {UNWRITTEN_HINT}")
         h.device.assign(p.grad, ref)
     h.forward(x, y)  # the caches of the point again, for the backward calls that follow
     return out

@@ -23,9 +23,9 @@ class LayerRaised(Exception):
 
     def __init__(self, call: str, error: BaseException, where: str = "", layer=None):
         self.call, self.error, self.where = call, error, where
-        ctx = f" ({where})" if where else ""
         at = source_line(layer, error) if layer is not None else ""
-        super().__init__(f"{call} raised {type(error).__name__}: {error}{at}{ctx}")
+        self.what = f"{call} raised {type(error).__name__}: {error}{at}"  # without where it was checked
+        super().__init__(self.what + (f" ({where})" if where else ""))
 
 
 class ContractError(Exception):

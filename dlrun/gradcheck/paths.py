@@ -56,7 +56,7 @@ def fast_mode_problem(h, x, y, g: np.ndarray, dtype: str) -> str | None:
     cases = [(slice(None), "the point"), (slice(None, None, -1), "its rows reversed")]
     if n > 1:
         cases.append((slice(0, n - 1), f"{n - 1} of its {n} rows"))
-    calls = [(_rows(x, r), _rows(y, r), g[r].copy(), what) for r, what in cases]
+    calls = [(_rows(x, r), _rows(y, r), g[r], what) for r, what in cases]  # (_call gets a copy of g)
     plain = []
     for xs, ys, gs, what in calls:
         try:
@@ -65,9 +65,8 @@ def fast_mode_problem(h, x, y, g: np.ndarray, dtype: str) -> str | None:
             if _refuses(h, xs, ys, gs):  # a layer that takes only some batch sizes (even, N >= 2)
                 calls = calls[:len(plain)]
                 break
-            return (f"at {what} after a call at {calls[0][3]}, {e.call} raised {type(e.error).__name__}: {e.error}, "
-                    f"although a new instance takes that batch: a cache or buffer sized by an earlier batch (the "
-                    f"last batch of an epoch is smaller)")
+            return (f"at {what} after a call at {calls[0][3]}, {e.what}, although a new instance takes that "
+                    f"batch: a cache or buffer sized by an earlier batch (the last batch of an epoch is smaller)")
     fast = []
     h.layer.buffers.enabled = True
     try:
@@ -75,7 +74,7 @@ def fast_mode_problem(h, x, y, g: np.ndarray, dtype: str) -> str | None:
             fast.append(_call(h, xs, ys, gs.copy()))
     except LayerRaised as e:  # plain mode took this call: e.g. a buffer of the first batch's size
         return (f"with its buffers enabled (training's fast mode), at {what} (after a call at {calls[0][3]}), "
-                f"{e.call} raised {type(e.error).__name__}: {e.error}, which plain mode did not")
+                f"{e.what}, which plain mode did not")
     finally:
         h.layer.buffers.enabled = False
     for (_, _, _, what), a, b in zip(calls, plain, fast):
@@ -123,8 +122,7 @@ def layout_problem(h, x, y, g: np.ndarray, dtype: str) -> str | None:
         try:
             b = _call(h, make(xp, x), y, make(xp, h.device.put(g.copy())))
         except LayerRaised as e:
-            return (f"with the input and the upstream gradient as {how} (same values), {e.call} raised "
-                    f"{type(e.error).__name__}: {e.error}")
+            return f"with the input and the upstream gradient as {how} (same values), {e.what}"
         gap = _gap(a, b, _RTOL[dtype])
         if gap:
             return (f"with the input and the upstream gradient as {how} (same values), {gap} from C-contiguous "
