@@ -166,3 +166,11 @@ def test_dropout_rate_one_is_rejected():
 def test_phase_declarations():
     assert BatchNorm.has_phase and BatchNorm.state == ("running_mean", "running_var")
     assert Dropout.has_phase and Dropout.stochastic
+
+
+def test_dropout_drops_the_same_units_in_float32_and_float64():
+    # a float32 gradcheck differentiates a float64 copy of the layer: both must draw one mask
+    def kept(dtype):
+        model = Sequential([Dropout(rate=0.3)], (64,), dtype=dtype, seed=5)
+        return model.forward(np.ones((8, 64), dtype=dtype)) != 0
+    np.testing.assert_array_equal(kept(np.float32), kept(np.float64))
