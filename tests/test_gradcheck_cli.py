@@ -262,13 +262,11 @@ def test_nondet_tol_lets_backward_passes_differ_by_that_much(cli, tmp_path):
     assert r.code == 2 and "--nondet-tol must be a non-negative number" in r.err
 
 
-def test_float32_failure_within_rounding_is_explained(cli, tmp_path):
-    # BatchNorm is correct (it passes in float64), but in float32 the rounding of L over its 840
-    # outputs, divided by the step, exceeds atol: the FAIL says so instead of looking like a bug
+def test_float32_check_passes_batchnorm_and_fails_a_real_bug_without_a_rounding_note(cli, tmp_path):
+    # BatchNorm failed here on float32 rounding of L over its 840 outputs; a float64 copy is
+    # differenced now (tests/test_gradcheck_float32.py has the fallback and its rounding note)
     r = cli("gradcheck", "BatchNorm", "--dtype", "float32", "--json")
-    x = json.loads(r.out)["tensors"][0]
-    assert r.code == 1 and x["name"] == "x" and any("float32 rounding" in n for n in x["notes"])
-    assert cli("gradcheck", "BatchNorm").code == 0
+    assert r.code == 0 and json.loads(r.out)["tensors"][0]["sym_rel"] < 1e-5, r.out
     # a real bug is far outside rounding: no such note
     plugin = write(tmp_path / "broken.py", BROKEN)
     x = json.loads(cli("gradcheck", "HalfReQU", "--plugin", plugin, "--dtype", "float32", "--json").out)["tensors"][0]

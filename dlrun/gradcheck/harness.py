@@ -125,7 +125,9 @@ class Harness:
         # the arrays the check perturbs and reads: each parameter's own, as in training's arena
         self._arrays = [(n, p, p.data, p.grad) for n, p in layer.params.items()]
         self.rebound: set[str] = set()  # parameters whose data the layer replaced (p.data = ...)
-        self.fresh = None  # () -> a new, never called instance of the layer, when the check can make one
+        self.fresh = None  # (dtype) -> a new, never called instance of the layer, when the check can make one
+        self.twin = None  # float32 checks: the float64 copy differentiated in its place (gradcheck.twin)
+        self.twin_note = None  # why no twin could stand in, when none could
 
     def call(self, name: str, fn, *args):
         try:

@@ -27,8 +27,10 @@ def _host64(a) -> np.ndarray:
     return np.array(to_host(a), dtype=np.float64).ravel()
 
 
-def check_jacobians(h, x, y, tensors, settings, where: str, sig0) -> list[TensorRun]:
-    """``tensors``: (name, role, array) for the input "x" and the trainable parameters."""
+def check_jacobians(h, x, y, side, tensors, settings, where: str) -> list[TensorRun]:
+    """``tensors``: (name, role, array) for the input "x" and the trainable parameters; backward
+    runs on ``h`` at (x, y), the central differences on ``side`` (gradcheck.twin: the layer
+    itself, or its float64 copy in a float32 check)."""
     layer = h.layer
     out = h.forward(x, y)
     n_out = out.size
@@ -47,14 +49,16 @@ def check_jacobians(h, x, y, tensors, settings, where: str, sig0) -> list[Tensor
         for name, _, _ in tensors:
             analytic[name][k] = _host64(dx if name == "x" else layer.params[name].grad)
     # the same central difference as the other modes, of the whole output instead of Σ G ⊙ out
-    whole = lambda: _host64(h.forward(x, y))  # noqa: E731
-    probe = Probe(whole, h.signature if h.signed else None, sig0, settings.kink_test(), whole, vector=True)
+    ref = side.harness
+    whole = lambda: _host64(ref.forward(side.x, side.y))  # noqa: E731
+    probe = Probe(whole, ref.signature if ref.signed else None, side.sig0, settings.kink_test(side.dtype), whole,
+                  vector=True)
     runs = []
     for name, role, arr in tensors:
         run = TensorRun(name, role, tuple(arr.shape), str(arr.dtype), "jacobian")
-        numeric, keep = np.empty((n_out, arr.size)), []
+        numeric, keep, perturbed = np.empty((n_out, arr.size)), [], side.arrays[name]
         for e in range(arr.size):  # column e: the output's response to element e
-            column, crossed = element_derivative(probe, arr, np.unravel_index(e, arr.shape), settings.eps)
+            column, crossed = element_derivative(probe, perturbed, np.unravel_index(e, arr.shape), settings.eps)
             if crossed:  # a kink between the two sides: the column is not a derivative
                 run.skipped += n_out
                 continue

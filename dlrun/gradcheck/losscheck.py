@@ -19,8 +19,8 @@ import numpy as np
 
 from .. import registry
 from ..backend import to_host
-from . import aux, device as devices, inputs, kinks
-from .numeric import Probe, TensorRun, check_tensor
+from . import aux, device as devices, inputs, kinks, twin
+from .numeric import TensorRun, check_tensor
 from .report import FAIL, PASS, LayerReport, TensorResult, merge
 from .runner import choose_mode, new_report
 from .settings import Settings
@@ -64,7 +64,9 @@ def targets(loss, n: int, classes: int, settings: Settings, rng) -> tuple[np.nda
 def check_loss(name: str, options: dict | None = None, settings: Settings | None = None) -> LayerReport:
     """Gradient-check the registered loss ``name``; return a report (never prints)."""
     settings = (settings or Settings()).resolved()
-    loss = registry.losses.build({"type": name, **(options or {})}, name)
+    spec = {"type": name, **(options or {})}
+    loss = registry.losses.build(spec, name)
+    loss64 = registry.losses.build(spec, name) if settings.dtype == "float32" else None
     rng = np.random.default_rng(settings.seed)
     dev = devices.open_device(settings.device)
     configs = settings.dim_configs()
@@ -72,7 +74,7 @@ def check_loss(name: str, options: dict | None = None, settings: Settings | None
         configs.append({**configs[0], "C": 1})  # a single output, the shape of most regression data
     report = scalar_report(name, settings, configs, lambda d: f"N={d['N']} C={d['C']}",
                            lambda dims, where, log, dodge, final: _check_point(loss, dims, settings, rng, where, log,
-                                                                               dev, dodge, final))
+                                                                               dev, dodge, final, loss64))
     if settings.dtype == "float64" and report.error is None:  # training runs in float32: see dtypes.py
         problem = _float32_problem(loss, configs[0], settings, dev)
         entry = next(a for a in report.aux if a.name == "float32")
@@ -143,7 +145,9 @@ def scalar_report(name: str, settings: Settings, configs: list, where_of, check_
     return report
 
 
-def _check_point(loss, dims: dict, settings: Settings, rng, where: str, log: aux.AuxLog, dev, dodge, final):
+def _check_point(loss, dims: dict, settings: Settings, rng, where: str, log: aux.AuxLog, dev, dodge, final,
+                 loss64=None):
+    """One point; ``loss64``: a float64 instance of the loss, differenced in a float32 check."""
     z0, y0 = targets(loss, dims["N"], dims["C"], settings, rng)  # on the host; the loss reads z, y
     z, y = dev.put(z0.copy()), dev.put(y0.copy())
     if dodge.redraw(kink_distance(loss, z, y), final):
@@ -165,5 +169,13 @@ def _check_point(loss, dims: dict, settings: Settings, rng, where: str, log: aux
     if problem is not None:
         return TensorRun("z", "input", tuple(z.shape), str(z.dtype), mode, failed=True, notes=[problem])
     value = lambda: _value(loss, z, y)  # noqa: E731
-    probe = Probe(value, None, None, settings.kink_test(), lambda: np.array([value()]))
-    return check_tensor(probe, z, first, "z", "input", mode, settings, rng, where)
+    if loss64 is None:
+        side = twin.ScalarSide(value, z, twin.UNIT[settings.dtype])
+    else:  # float32: differences of a float64 copy of the loss (gradcheck.twin)
+        z64 = dev.put(z0.astype(np.float64))
+        y64 = dev.put(y0.astype(np.float64) if y0.dtype.kind == "f" else y0.copy())
+        side = twin.scalar_side(value, lambda: _value(loss64, z64, y64), z, z64, LossRaised)
+    run = check_tensor(side.probe(settings), side.array, first, "z", "input", mode, settings, rng, where,
+                       dtype=str(z.dtype))
+    run.notes += side.notes
+    return run

@@ -16,11 +16,11 @@ from .. import registry
 from ..backend import to_host
 from ..config import load_config
 from ..model import Sequential
-from . import device as devices, kinks
+from . import device as devices, kinks, twin
 from .harness import restore_state, snapshot_state
 from .losscheck import check_loss
 from .regcheck import check_regularizer
-from .numeric import Probe, check_tensor
+from .numeric import check_tensor
 from .report import LayerReport, TensorResult, merge
 from .runner import check_layer, choose_mode, new_report
 from .settings import Settings
@@ -73,13 +73,17 @@ def check_config(path, overrides=(), settings: Settings | None = None, batch: in
     ds = cfg.build("data")
     model = Sequential(cfg.build_layers(), ds.input_shape, dev.backend, settings.np_dtype, settings.seed, cfg.locate)
     loss = cfg.build("loss")
+    twin_of = None
+    if settings.dtype == "float32":  # differences of a float64 copy of model and loss (gradcheck.twin)
+        twin_of = (Sequential(cfg.build_layers(), ds.input_shape, dev.backend, np.float64, settings.seed, cfg.locate),
+                   cfg.build("loss"))
     for attempt in range(settings.resample + 1):  # a batch whose differences cross many kinks is redrawn
         idx = small_batch(ds.y, batch, rng)
         if attempt == 1:  # the kinks may come from the parameters: zero biases on zero pixels sit on ReLU's
             _jitter(model, rng)
             report.warnings.append(f"over 1% of the elements crossed a kink at the initial parameters; the model "
                                    f"is checked at them plus N(0, {JITTER:g}²) noise on every trainable parameter")
-        results = _check_model(report, model, loss, ds, idx, settings, rng)
+        results = _check_model(report, model, loss, ds, idx, settings, rng, twin_of)
         if results is None or not kinks.too_many_skipped(sum(t.skipped for t in results.values()),
                                                           sum(t.checked for t in results.values())):
             break
@@ -116,8 +120,9 @@ def _jitter(model: Sequential, rng) -> None:
             p.data += model.backend.asarray(rng.normal(0.0, JITTER, p.data.shape).astype(p.data.dtype))
 
 
-def _check_model(report, model, loss, ds, idx, settings, rng) -> dict | None:
-    """Every trainable parameter of the model at one batch; None when the model raised."""
+def _check_model(report, model, loss, ds, idx, settings, rng, twin_of=None) -> dict | None:
+    """Every trainable parameter of the model at one batch; None when the model raised.
+    ``twin_of``: (float64 model, loss) differenced in place of the float32 ones when they agree."""
     backend = model.backend
     x = backend.asarray(np.ascontiguousarray(ds.x[idx], dtype=settings.np_dtype))
     y = backend.asarray(ds.y[idx].astype(np.int64 if getattr(loss, "task", "") == "classification"
@@ -142,11 +147,39 @@ def _check_model(report, model, loss, ds, idx, settings, rng) -> dict | None:
     # the model's output is the scalar loss: its Jacobian is the gradient, checked exhaustively
     mode = choose_mode("exhaustive" if settings.mode == "jacobian" else settings.mode,
                        sum(p.size for _, p in params), settings)
-    probe = Probe(mp.value, mp.signature if any(kinks.has_signature(la) for la in model.layers) else None, sig0,
-                  settings.kink_test(), lambda: np.array([mp.value()]))
+    signed = any(kinks.has_signature(la) for la in model.layers)
+    side = None if twin_of is None else _float64_side(model, mp, *twin_of, signed, report)
+    if side is None:
+        side = twin.ScalarSide(mp.value, {n: p.data for n, p in params}, twin.UNIT[settings.dtype],
+                               signature=mp.signature if signed else None, sig0=sig0)
+    probe = side.probe(settings)
     results: dict[str, TensorResult] = {}
     where = f"whole model, batch of {len(idx)}"
     for n, p in params:
         run_mode = mode if mode != "fast+sampled" or p.size > settings.samples else "exhaustive"
-        merge(results, check_tensor(probe, p.data, grads[n], n, "param", run_mode, settings, rng, where))
+        merge(results, check_tensor(probe, side.array[n], grads[n], n, "param", run_mode, settings, rng, where,
+                                    dtype=str(p.data.dtype)))
     return results
+
+
+def _float64_side(model, mp: ModelProbe, model64, loss64, signed: bool, report) -> twin.ScalarSide | None:
+    """The float64 copy holding the float32 model's parameters and frozen state, at the same
+    batch; None (and a warning) when its loss disagrees."""
+    for (_, p), (_, q) in zip(model.named_parameters(), model64.named_parameters()):
+        q.data[...] = p.data
+    backend = model.backend
+    x = backend.asarray(np.asarray(to_host(mp.x), dtype=np.float64))
+    y = mp.y.astype(np.float64) if mp.y.dtype.kind == "f" else mp.y
+    model64.train()
+    tp = ModelProbe(model64, loss64, x, y, mp.seed)
+    tp.frozen = [{k: twin.as64(v) for k, v in f.items()} for f in mp.frozen]
+    try:
+        why = twin.disagreement([tp.value()], [mp.value()])
+        sig = tp.signature()
+    except Exception as e:  # the float64 copy's own code
+        why = f"its float64 instance raised {type(e).__name__}: {e}"
+    if why is not None:
+        twin.warn_fallback(report.warnings, "the model", why)
+        return None
+    return twin.ScalarSide(tp.value, {n: q.data for n, q in model64.named_parameters()}, twin.UNIT["float64"],
+                           signature=tp.signature if signed else None, sig0=sig)

@@ -183,9 +183,10 @@ def sample_indices(size: int, count: int, rng, extra=()) -> np.ndarray:
 
 
 def check_tensor(probe: Probe, arr, grad, name: str, role: str, mode: str, settings, rng, where: str,
-                 extra=()) -> TensorRun:
-    """Check one tensor in ``mode`` (exhaustive, fast, sampled or fast+sampled)."""
-    run = TensorRun(name, role, tuple(arr.shape), str(arr.dtype), mode)
+                 extra=(), dtype: str | None = None) -> TensorRun:
+    """Check one tensor in ``mode`` (exhaustive, fast, sampled or fast+sampled). ``arr`` is the
+    array the probe reads; ``dtype``, the checked tensor's when ``arr`` is a float64 twin's."""
+    run = TensorRun(name, role, tuple(arr.shape), dtype or str(arr.dtype), mode)
     h, atol, rtol = settings.eps, settings.atol + probe.noise, settings.rtol
     if mode == "exhaustive":
         check_elements(probe, arr, grad, np.arange(arr.size), run, h, atol, rtol, where)

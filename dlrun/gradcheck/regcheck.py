@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import registry
-from . import aux, device as devices
+from . import aux, device as devices, twin
 from .losscheck import LossRaised, kink_distance, scalar_report, user_call
-from .numeric import Probe, check_tensor
+from .numeric import check_tensor
 from .report import LayerReport
 from .runner import choose_mode
 from .settings import Settings
@@ -53,8 +53,8 @@ def _check_point(reg, shape, settings: Settings, rng, where: str, log: aux.AuxLo
     log.record("adds-gradient", ok, "add_gradient(w, grad) does not add to grad: the increment on a random "
                "gradient differs from the one on zeros (overwritten or scaled?)", where)
 
-    def penalty():
-        v = user_call("penalty", reg.penalty, w)
+    def penalty(at=w):
+        v = user_call("penalty", reg.penalty, at)
         if np.ndim(v) != 0:
             raise LossRaised(f"penalty returned shape {np.shape(v)}, expected a scalar")
         return float(v)
@@ -63,5 +63,12 @@ def _check_point(reg, shape, settings: Settings, rng, where: str, log: aux.AuxLo
     log.record("inputs-unchanged", np.array_equal(dev.host(w), w0), "w modified in place by penalty/add_gradient", where)
 
     mode = choose_mode("exhaustive" if settings.mode == "jacobian" else settings.mode, w.size, settings)
-    probe = Probe(penalty, None, None, settings.kink_test(), lambda: np.array([penalty()]))
-    return check_tensor(probe, w, alone, "w", "param", mode, settings, rng, where)
+    if settings.dtype == "float32":  # differences of the penalty at float64 weights (gradcheck.twin)
+        w64 = dev.put(w0.astype(np.float64))
+        side = twin.scalar_side(penalty, lambda: penalty(w64), w, w64, LossRaised)
+    else:
+        side = twin.ScalarSide(penalty, w, twin.UNIT["float64"])
+    run = check_tensor(side.probe(settings), side.array, alone, "w", "param", mode, settings, rng, where,
+                       dtype=str(w.dtype))
+    run.notes += side.notes
+    return run

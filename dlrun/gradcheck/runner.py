@@ -6,18 +6,18 @@ import time
 import numpy as np
 
 from .. import registry
-from . import aux, device as devices, inputs, kinks, paths
+from . import aux, device as devices, inputs, kinks, paths, twin
 from .harness import (ContractError, Harness, LayerRaised, build, loose_arrays, public_arrays, public_scalars,
                       restore_state, state_changes)
-from .compare import explain_rounding, rounding_noise
+from .compare import explain_rounding
 from .dtypes import float32_problem
 from .jacobian import TooLarge, check_jacobians
-from .numeric import Probe, TensorRun, check_tensor
+from .numeric import TensorRun, check_tensor
 from .report import LayerReport, TensorResult, merge
 from .settings import Settings
 
-F32_WARNING = ("float32 check: rounding noise (~1e-7 relative) divided by the step makes finite "
-               "differences coarse; tolerances are loosened, and a PASS here is weaker than in float64")
+F32_WARNING = ("float32 check: backward runs in float32 and is compared with central differences of a float64 "
+               "copy at the same point; tolerances are float32's, looser than float64's, so a PASS here is weaker")
 
 
 def new_report(name: str, settings: Settings, keys=("dtype", "eps", "atol", "rtol", "seed", "mode", "points")):
@@ -133,16 +133,21 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
                where, note)
 
     g64 = g.astype(np.float64)
-    probe = Probe(lambda: h.loss(x, y, g64), h.signature if h.signed else None, sig0,
-                  settings.kink_test(), lambda: h.parts(x, y, g64),
-                  noise=rounding_noise(g64, out0, settings.eps, 2.0 ** -53) if settings.dtype == "float64" else 0.0)
+    side = twin.own_side(h, x, y, trainable, sig0, out0, settings.dtype)
+    if settings.dtype == "float32":  # differentiate a float64 copy: float32 rounding blurs differences
+        other = twin.float64_side(h, point, out0, trainable)
+        if isinstance(other, str):
+            h.twin_note = other
+        else:
+            side = other
+    probe = side.probe(g64, settings)
     tensors = ([("x", "input", x, first["x"])] if differentiable else [])
     tensors += [(n, "param", p.data, grads[n]) for n, p in trainable.items()]
     mode = choose_mode(settings.mode, sum(t[2].size for t in tensors), settings)
     jac = {}
     if mode == "jacobian":
-        jac = {r.name: r for r in check_jacobians(h, x, y, [(n, r, a) for n, r, a, _ in tensors if not bad.get(n)],
-                                                  settings, where, sig0)}
+        checked = [(n, r, a) for n, r, a, _ in tensors if not bad.get(n)]
+        jac = {r.name: r for r in check_jacobians(h, x, y, side, checked, settings, where)}
     runs = []
     for name, role, arr, grad in tensors:
         run_mode = mode if mode != "fast+sampled" or arr.size > settings.samples else "exhaustive"
@@ -154,8 +159,9 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
             runs.append(jac[name])
             continue
         extra = _class_rows(point.x, point.y, rng) if name == "x" and y is not None else ()
-        runs.append(check_tensor(probe, arr, grad, name, role, run_mode, settings, rng, where, extra))
-    if settings.dtype == "float32":
+        runs.append(check_tensor(probe, side.arrays[name], grad, name, role, run_mode, settings, rng, where, extra,
+                                 dtype=str(arr.dtype)))
+    if side.unit == twin.UNIT["float32"]:
         explain_rounding(runs, g64, out0, settings.eps)
 
     unwired = paths.unwired(h, trainable, grads, x, y, out0, rng)
@@ -222,9 +228,13 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
                 report.warnings.append(note)
             few.append(inputs.repeat_note(layer, spec, dims, out_shape, n))
             h = Harness(layer, settings.seed, dev)
-            h.fresh = lambda d=dims, s=shape: inputs.fresh_layer(name, spec, d, options or {}, s, dev,
-                                                                 settings.np_dtype, settings.seed)
-            _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settings, rng, results, log, dodge)
+            h.fresh = lambda dtype=settings.np_dtype, d=dims, s=shape: inputs.fresh_layer(
+                name, spec, d, options or {}, s, dev, dtype, settings.seed)
+            try:
+                _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settings, rng, results, log,
+                              dodge)
+            finally:
+                twin.warn_fallback(report.warnings, name, h.twin_note)
             if settings.phase == "auto" and phases == ("train",) and paths.reads_phase(h, inputs.draw_point(
                     spec, dims, shape, out_shape, n, layer, settings, np.random.default_rng(settings.seed + 1))):
                 report.settings["phase"] = "train+eval"  # checked in evaluation too, from this shape on

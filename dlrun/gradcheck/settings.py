@@ -133,9 +133,10 @@ class Settings:
             return ("train", "eval") if has_phase else ("train",)
         return ("train", "eval") if self.phase == "both" else (self.phase,)
 
-    def kink_test(self):
-        """The test ``--detect-kinks`` asks for (resolved settings), or None."""
-        return kinks.KinkTest(self.atol, self.rtol, self.np_dtype) if self.detect_kinks else None
+    def kink_test(self, dtype=None):
+        """The test ``--detect-kinks`` asks for (resolved settings), or None; ``dtype``: of the
+        outputs being differenced, when not the check's (float32's float64 twin)."""
+        return kinks.KinkTest(self.atol, self.rtol, np.dtype(dtype or self.np_dtype)) if self.detect_kinks else None
 
     @property
     def np_dtype(self) -> np.dtype:

@@ -1,0 +1,153 @@
+"""float32 checks: float32 backward against central differences of a float64 copy (gradcheck.twin)."""
+from __future__ import annotations
+
+import contextlib
+import json
+from unittest import mock
+
+import numpy as np
+import pytest
+from broken_layers import BUGS
+from conftest import write
+
+from dlrun import registry
+from dlrun.gradcheck import FAIL, PASS, Settings, check_layer, twin
+from dlrun.gradcheck.losscheck import check_loss
+from dlrun.layers.batchnorm import BatchNorm
+
+F32 = Settings(dtype="float32")
+
+
+@contextlib.contextmanager
+def registered(cls):
+    name = f"F32{cls.__name__}"
+    registry.layers.register(name)(cls)
+    try:
+        yield name
+    finally:
+        registry.layers.unregister(name)
+
+
+def no_twin():
+    """The checker as it was: float32 layers differenced in float32."""
+    return mock.patch.object(twin, "float64_side", lambda *a: "disabled for the test")
+
+
+@pytest.mark.parametrize("name", ["BatchNorm", "Conv2D", "LayerNorm", "MaxPool2D", "Dropout"])
+def test_correct_layers_pass_in_float32_with_float64_precise_differences(name):
+    # BatchNorm and Conv2D failed here on rounding alone (sym rel ~1e-4, worst gaps over atol)
+    phase = "both" if registry.layers.get(name).has_phase else "auto"
+    report = check_layer(name, settings=Settings(dtype="float32", phase=phase))
+    assert report.verdict == PASS, (report.failed, report.warnings)
+    assert all(t.dtype == "float32" for t in report.tensors)  # the checked tensors', not the copy's
+    assert max(t.sym_rel for t in report.tensors) < 1e-5, [(t.name, t.sym_rel) for t in report.tensors]
+    assert not any("cannot stand in" in w for w in report.warnings), report.warnings  # Dropout: same mask
+
+
+def test_float32_differences_failed_batchnorm_and_conv2d():
+    # what the twin fixes, so that this file fails if it stops being used
+    with no_twin():
+        assert check_layer("BatchNorm", settings=F32).verdict == FAIL
+        assert check_layer("Conv2D", settings=F32).verdict == FAIL
+
+
+@pytest.mark.parametrize("cls", [c for c in BUGS if c.__name__ != "Float32Scratch"], ids=lambda c: c.__name__)
+def test_every_planted_bug_still_fails_in_float32(cls):
+    # (Float32Scratch is a float64-only bug: a float32 scratch array is right in a float32 layer)
+    must_fail, _ = BUGS[cls]
+    with registered(cls) as name:
+        report = check_layer(name, settings=F32)
+    failed = {t.name for t in report.tensors if t.status == FAIL} | {a.name for a in report.aux if a.status == FAIL}
+    assert report.verdict == FAIL and must_fail & failed, (report.error, failed)
+
+
+def test_a_small_scale_bug_that_float32_differences_passed_now_fails():
+    # gradients under atol: only the relative rule sees the factor 2, and it needs differences
+    # whose rounding is known to be tiny (float64's)
+    cls = next(c for c in BUGS if c.__name__ == "SmallScaleBug")
+    with registered(cls) as name:
+        with no_twin():
+            assert check_layer(name, settings=F32).verdict == PASS
+        report = check_layer(name, settings=F32)
+    assert report.verdict == FAIL and report.tensors[0].status == FAIL
+    assert any("disagree by sym rel" in n for n in report.tensors[0].notes)
+
+
+def test_jacobian_mode_uses_the_twin_too():
+    report = check_layer("BatchNorm", settings=Settings(dtype="float32", mode="jacobian", dims="N=4,D=3"))
+    assert report.verdict == PASS and max(t.sym_rel for t in report.tensors) < 1e-5
+    cls = next(c for c in BUGS if c.__name__ == "MissingFactor")
+    with registered(cls) as name:
+        assert check_layer(name, settings=Settings(dtype="float32", mode="jacobian")).verdict == FAIL
+
+
+class Float32OnlyBatchNorm(BatchNorm):
+    """BatchNorm that refuses to be built in any dtype but float32 (so no float64 copy exists)."""
+
+    def build(self, input_shape):
+        if self.dtype != np.float32:
+            raise TypeError("float32 only")
+        return super().build(input_shape)
+
+
+def test_without_a_float64_copy_the_differences_are_float32_and_rounding_is_explained():
+    with registered(Float32OnlyBatchNorm) as name:
+        report = check_layer(name, settings=F32)
+    fell_back = [w for w in report.warnings if "a float64 copy cannot stand in" in w]
+    assert len(fell_back) == 1 and "float32 only" in fell_back[0], report.warnings  # once, with the reason
+    x = next(t for t in report.tensors if t.name == "x")
+    assert x.status == FAIL and any("float32 rounding" in n for n in x.notes)  # the old verdict, explained
+
+
+class DtypeMask(BatchNorm):
+    """A layer whose output depends on the dtype itself (a float64 instance doubles it)."""
+
+    def forward(self, x):
+        out = super().forward(x)
+        return out * 2 if out.dtype == np.float64 else out
+
+
+def test_a_copy_whose_output_differs_is_not_used():
+    with registered(DtypeMask) as name:
+        report = check_layer(name, settings=F32)
+    assert any("its float64 output differs from the float32 one" in w for w in report.warnings), report.warnings
+
+
+@pytest.mark.parametrize("name", ["SoftmaxCrossEntropy", "MSE", "Huber", "BinaryCrossEntropy"])
+def test_losses_in_float32_are_differenced_in_float64(name):
+    report = check_loss(name, settings=F32)
+    assert report.verdict == PASS and report.tensors[0].dtype == "float32"
+    assert report.tensors[0].sym_rel < 1e-5  # float32 differences: 1.6e-4 to 4.6e-4
+
+
+LOSS_FLOAT32_ONLY = '''
+import numpy as np
+from dlrun.losses.regression import MSE
+from dlrun.registry import losses
+
+
+@losses.register()
+class MSE32(MSE):
+    """MSE that refuses float64 scores."""
+
+    def forward(self, z, y):
+        if z.dtype == np.float64:
+            raise TypeError("float32 scores only")
+        return super().forward(z, y)
+'''
+
+
+def test_a_loss_without_a_float64_copy_is_differenced_in_float32_with_a_note(cli, tmp_path):
+    plugin = write(tmp_path / "mse32.py", LOSS_FLOAT32_ONLY)
+    r = cli("gradcheck", "MSE32", "--plugin", plugin, "--dtype", "float32", "--json")
+    z = json.loads(r.out)["tensors"][0]
+    assert r.code == 0 and z["status"] == PASS, r.out + r.err
+    assert any("differences taken in float32" in n and "float32 scores only" in n for n in z["notes"]), z
+
+
+def test_whole_model_in_float32_is_differenced_in_float64(cli):
+    r = cli("gradcheck", "configs/moons_dropout.yaml", "--dtype", "float32", "--json")
+    report = json.loads(r.out)
+    assert r.code == 0, r.out + r.err
+    assert not any("cannot stand in" in w for w in report["warnings"])  # Dropout's mask: the same in both
+    assert max(t["sym_rel"] for t in report["tensors"]) < 1e-5  # float32 differences: up to 3.3e-4
