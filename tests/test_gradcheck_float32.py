@@ -1,7 +1,6 @@
 """float32 checks: float32 backward against central differences of a float64 copy (gradcheck.twin)."""
 from __future__ import annotations
 
-import contextlib
 import json
 from unittest import mock
 
@@ -9,6 +8,7 @@ import numpy as np
 import pytest
 from broken_layers import BUGS
 from conftest import write
+from test_gradcheck_broken import registered
 
 from dlrun import registry
 from dlrun.gradcheck import FAIL, PASS, Settings, check_layer, twin
@@ -16,16 +16,6 @@ from dlrun.gradcheck.losscheck import check_loss
 from dlrun.layers.batchnorm import BatchNorm
 
 F32 = Settings(dtype="float32")
-
-
-@contextlib.contextmanager
-def registered(cls):
-    name = f"F32{cls.__name__}"
-    registry.layers.register(name)(cls)
-    try:
-        yield name
-    finally:
-        registry.layers.unregister(name)
 
 
 def no_twin():
