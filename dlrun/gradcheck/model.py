@@ -150,14 +150,14 @@ def _check_model(report, model, loss, ds, idx, settings, rng, twin_of=None) -> d
     signed = any(kinks.has_signature(la) for la in model.layers)
     side = None if twin_of is None else _float64_side(model, mp, *twin_of, signed, report)
     if side is None:
-        side = twin.ScalarSide(mp.value, {n: p.data for n, p in params}, twin.UNIT[settings.dtype],
+        side = twin.ScalarSide(mp.value, {n: p.data for n, p in params}, settings.dtype,
                                signature=mp.signature if signed else None, sig0=sig0)
     probe = side.probe(settings)
     results: dict[str, TensorResult] = {}
     where = f"whole model, batch of {len(idx)}"
     for n, p in params:
         run_mode = mode if mode != "fast+sampled" or p.size > settings.samples else "exhaustive"
-        merge(results, check_tensor(probe, side.array[n], grads[n], n, "param", run_mode, settings, rng, where,
+        merge(results, check_tensor(probe, side.arrays[n], grads[n], n, "param", run_mode, settings, rng, where,
                                     dtype=str(p.data.dtype)))
     return results
 
@@ -181,5 +181,5 @@ def _float64_side(model, mp: ModelProbe, model64, loss64, signed: bool, report) 
     if why is not None:
         twin.warn_fallback(report.warnings, "the model", why)
         return None
-    return twin.ScalarSide(tp.value, {n: q.data for n, q in model64.named_parameters()}, twin.UNIT["float64"],
+    return twin.ScalarSide(tp.value, {n: q.data for n, q in model64.named_parameters()}, "float64",
                            signature=tp.signature if signed else None, sig0=sig)

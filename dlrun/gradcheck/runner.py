@@ -161,7 +161,7 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
         extra = _class_rows(point.x, point.y, rng) if name == "x" and y is not None else ()
         runs.append(check_tensor(probe, side.arrays[name], grad, name, role, run_mode, settings, rng, where, extra,
                                  dtype=str(arr.dtype)))
-    if side.unit == twin.UNIT["float32"]:
+    if side.dtype == "float32":
         explain_rounding(runs, g64, out0, settings.eps)
 
     unwired = paths.unwired(h, trainable, grads, x, y, out0, rng)

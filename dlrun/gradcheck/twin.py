@@ -30,14 +30,13 @@ from .numeric import Probe
 # how closely the twin's float64 output must match the float32 one: far above float32 rounding
 # (~1e-7 of the output's scale), far below what another random mask or a wrong copy gives (~1)
 TWIN_RTOL = 1e-3
-UNIT = {"float64": 2.0 ** -53, "float32": 2.0 ** -24}
 
 
 @dataclass
 class Side:
     """What the finite differences perturb and evaluate: a harness, its device copies of x and y,
     the arrays a tensor name stands for (``x`` and the trainable parameters), the kink signature
-    and the output at the point, and the rounding unit of those outputs."""
+    and the output at the point, and the dtype those outputs are computed in."""
 
     harness: Harness
     x: Any
@@ -45,25 +44,27 @@ class Side:
     arrays: dict = field(default_factory=dict)
     sig0: Any = None
     out0: np.ndarray | None = None
-    unit: float = 2.0 ** -53
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(np.float64 if self.unit == UNIT["float64"] else np.float32)
+    dtype: str = "float64"
 
     def probe(self, g64: np.ndarray, settings) -> Probe:
-        """L = Σ G ⊙ out at this side. float64 differences get what rounding of L alone can make
-        of one added to atol; float32 ones get none (compare.explain_rounding notes it instead)."""
+        """L = Σ G ⊙ out at this side (see :func:`noise` for the allowance added to atol)."""
         h, x, y = self.harness, self.x, self.y
-        noise = rounding_noise(g64, self.out0, settings.eps, self.unit) if self.unit == UNIT["float64"] else 0.0
         return Probe(lambda: h.loss(x, y, g64), h.signature if h.signed else None, self.sig0,
-                     settings.kink_test(self.dtype), lambda: h.parts(x, y, g64), noise=noise)
+                     settings.kink_test(self.dtype), lambda: h.parts(x, y, g64),
+                     noise=noise(self.dtype, g64, self.out0, settings.eps))
+
+
+def noise(dtype: str, g64, out, eps: float) -> float:
+    """float64 differences: what rounding of L = Σ G ⊙ out alone can make of one (added to atol,
+    and the scale of the relative rule). float32 ones get none: compare.explain_rounding notes
+    rounding instead."""
+    return rounding_noise(g64, out, eps, 2.0 ** -53) if dtype == "float64" else 0.0
 
 
 def own_side(h: Harness, x, y, trainable: dict, sig0, out0, dtype: str) -> Side:
     """The checked layer differentiated in its own dtype (float64 checks, and the fallback)."""
     arrays = {"x": x, **{n: p.data for n, p in trainable.items()}}
-    return Side(h, x, y, arrays, sig0, out0, UNIT[dtype])
+    return Side(h, x, y, arrays, sig0, out0, dtype)
 
 
 def float64_side(h: Harness, point, out0: np.ndarray, trainable: dict) -> Side | str:
@@ -101,7 +102,7 @@ def float64_side(h: Harness, point, out0: np.ndarray, trainable: dict) -> Side |
     if problem:
         return problem
     arrays = {"x": x, **{n: copy.params[n].data for n in trainable}}
-    return Side(ref, x, y, arrays, sig0, out64, UNIT["float64"])
+    return Side(ref, x, y, arrays, sig0, out64, "float64")
 
 
 def disagreement(out64, out32) -> str | None:
@@ -142,28 +143,25 @@ SCALAR_FALLBACK = ("differences taken in float32: a float64 copy cannot stand in
 @dataclass
 class ScalarSide:
     """Where a scalar function (a loss, a penalty, a whole model's loss) is differenced: its
-    value, the array it reads (or, for a model, the arrays by parameter name) that the
-    differences perturb in place, the rounding unit of the values, notes, and the kink
-    signature with its value at the point (a model's)."""
+    value, the arrays it reads by tensor name (perturbed in place), the dtype its values are
+    computed in, notes, and the kink signature with its value at the point (a model's)."""
 
     value: Callable[[], float]
-    array: Any
-    unit: float
+    arrays: dict
+    dtype: str
     notes: list = field(default_factory=list)
     signature: Callable[[], Any] | None = None
     sig0: Any = None
 
     def probe(self, settings) -> Probe:
-        """float64 values get what their rounding can make of a difference added to atol."""
-        f64 = self.unit == UNIT["float64"]
-        noise = rounding_noise(np.ones(1), [self.value()], settings.eps, self.unit) if f64 else 0.0
-        return Probe(self.value, self.signature, self.sig0, settings.kink_test(np.float64 if f64 else np.float32),
-                     lambda: np.array([self.value()]), noise=noise)
+        allowance = noise(self.dtype, np.ones(1), [self.value()], settings.eps)
+        return Probe(self.value, self.signature, self.sig0, settings.kink_test(self.dtype),
+                     lambda: np.array([self.value()]), noise=allowance)
 
 
-def scalar_side(value32: Callable[[], float], value64: Callable[[], float], array32, array64,
+def scalar_side(value32: Callable[[], float], value64: Callable[[], float], arrays32: dict, arrays64: dict,
                 raised: type[Exception]) -> ScalarSide:
-    """A float32 check's side: ``value64`` (a float64 copy, reading ``array64``) when its value
+    """A float32 check's side: ``value64`` (a float64 copy, reading ``arrays64``) when its value
     agrees with ``value32``'s; else ``value32`` itself, with a note. ``raised``: what the copy's
     own code raises (its message is the reason)."""
     try:
@@ -171,5 +169,5 @@ def scalar_side(value32: Callable[[], float], value64: Callable[[], float], arra
     except raised as e:
         why = f"its float64 instance raised: {e}"
     if why is None:
-        return ScalarSide(value64, array64, UNIT["float64"])
-    return ScalarSide(value32, array32, UNIT["float32"], [SCALAR_FALLBACK.format(why=why)])
+        return ScalarSide(value64, arrays64, "float64")
+    return ScalarSide(value32, arrays32, "float32", [SCALAR_FALLBACK.format(why=why)])
