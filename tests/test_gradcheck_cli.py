@@ -219,6 +219,24 @@ def test_points_samples_and_directions_set_how_much_is_checked(cli):
         assert r.code == 2 and f"{bad[0]} must be at least" in r.err
 
 
+def test_pass_names_the_element_with_the_largest_gap(cli):
+    # a PASS shows the largest abs(a − n), not argmax(abs(a − n) − tol): that is nearly always an
+    # element whose gradients are both 0, which says nothing
+    r = cli("gradcheck", "Linear")
+    assert r.code == 0, r.err
+    j = json.loads(cli("gradcheck", "Linear", "--json").out)
+    for t in j["tensors"]:
+        gap = abs(t["largest"]["analytic"] - t["largest"]["numeric"])
+        assert gap == t["max_abs"] > 0, t
+        assert t["worst"]["index"] != t["largest"]["index"] or t["name"] == "bias", t
+        line = next(ln.strip() for ln in r.out.splitlines() if ln.strip().startswith(f"{t['name']}: "))
+        assert f"largest gap {t['name']}[{','.join(map(str, t['largest']['index']))}]: " in line, line
+        assert line.endswith(f"({gap:.1e})") and "worst" not in line, line
+    # exact agreement everywhere (ReLU's Jacobian: 1 = (x + h − (x − h)) / 2h to the bit) is said so
+    r = cli("gradcheck", "ReLU", "--mode", "jacobian")
+    assert "x: happy; backward and finite differences agree exactly on every element" in r.out, r.out
+
+
 def test_jacobian_mode_compares_every_entry_and_names_the_output(cli, tmp_path):
     j = json.loads(cli("gradcheck", "Linear", "--mode", "jacobian", "--points", "1", "--json").out)
     assert j["result"] == "PASS"
@@ -233,6 +251,8 @@ def test_jacobian_mode_compares_every_entry_and_names_the_output(cli, tmp_path):
     assert r.code == 1
     # an elementwise layer: the wrong entry is on the diagonal, d out[i,j] / d x[i,j]
     assert f"d out[{','.join(map(str, worst['index']))}] / d x" in worst["where"]
+    largest = json.loads(r.out)["tensors"][0]["largest"]
+    assert f"d out[{','.join(map(str, largest['index']))}] / d x" in largest["where"]
     r = cli("gradcheck", "Conv2D", "--mode", "jacobian")
     assert r.code == 2 and "Jacobian entries, more than 250,000; use --mode auto" in r.out
     # outputs that are views of the input (Flatten; Dropout in evaluation) must be copied

@@ -141,3 +141,9 @@ def test_whole_model_in_float32_is_differenced_in_float64(cli):
     assert r.code == 0, r.out + r.err
     assert not any("cannot stand in" in w for w in report["warnings"])  # Dropout's mask: the same in both
     assert max(t["sym_rel"] for t in report["tensors"]) < 1e-5  # float32 differences: up to 3.3e-4
+    # the text report says the float32 warning once, not once more for every layer checked on its own
+    r = cli("gradcheck", "configs/moons_dropout.yaml", "--dtype", "float32")
+    assert r.code == 0, r.out + r.err
+    assert r.err.count("warning: float32 check:") == 1, r.err
+    assert len(report["children"]) > 1 and all(any(w.startswith("float32 check:") for w in c["warnings"])
+                                                 for c in report["children"])  # JSON keeps each report whole

@@ -55,21 +55,30 @@ def tensor_table(report) -> Table:
 
 
 def tensor_line(r) -> str:
-    """``x: happy (sym rel < 1e-7); worst x[5,1]: analytic 0.0148774, numeric 0.0148774`` (with the
-    tolerance and where when failing)."""
+    """``x: happy; largest gap x[5,1]: analytic 0.0148774, numeric 0.0148775 (2.1e-09)`` for a
+    PASS; a FAIL names its worst element, with the tolerance and where it was seen."""
     if r.status == NA:
         return f"{r.name}: not compared: the difference of each of its {r.skipped} element(s) crossed a kink"
     line = f"{r.name}: {r.band}"
-    w = r.worst
+    passed = r.status == PASS and r.largest is not None
+    w = r.largest if passed else r.worst
     if w is None:
         return line
-    line += f"; worst {r.name}[{','.join(map(str, w.index))}]: analytic {w.analytic:.6g}, numeric {w.numeric:.6g}"
-    return line + (f" (tol {w.tol:.1e}; {w.where})" if r.status != PASS else "")
+    if passed and w.analytic == w.numeric:
+        return line + "; backward and finite differences agree exactly on every element"
+    line += (f"; {'largest gap' if passed else 'worst'} {r.name}[{','.join(map(str, w.index))}]: "
+             f"analytic {w.analytic:.6g}, numeric {w.numeric:.6g}")
+    return line + (f" ({abs(w.analytic - w.numeric):.1e})" if passed else f" (tol {w.tol:.1e}; {w.where})")
 
 
-def print_report(report, indent: str = "") -> None:
+def print_report(report, shown: set | None = None) -> None:
+    """The report, then its children's (a CONFIG.yaml's layers); ``shown``: the warnings printed
+    so far, which a child repeats (the float32 and device warnings) and is not printed again."""
+    shown = set() if shown is None else shown
     for w in report.warnings:
-        err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
+        if w not in shown:
+            shown.add(w)
+            err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
     if report.tensors:
         out.print(tensor_table(report))
     for r in report.tensors:
@@ -84,7 +93,7 @@ def print_report(report, indent: str = "") -> None:
         out.print(f"  aux {a.name:<17} {_status(a.status)}" + (f"  {escape(a.detail)}" if a.detail else ""), soft_wrap=True)
     for c in report.children:
         out.print("")
-        print_report(c)
+        print_report(c, shown)
     if report.error:
         out.print(f"  [bold yellow]error:[/] {escape(report.error)}", soft_wrap=True)
     failed = report.failed

@@ -26,6 +26,7 @@ class TensorRun:
     max_rel: float = 0.0
     sym_rel: float = 0.0
     worst: Worst | None = None
+    largest: Worst | None = None  # the element with the largest abs(a − n) (what a PASS shows)
     failed: bool = False
     notes: list = field(default_factory=list)
 
@@ -63,9 +64,10 @@ def compare(run: TensorRun, a: np.ndarray, n: np.ndarray, flat: np.ndarray, atol
     run.max_rel = max(run.max_rel, float(rel.max()))
     run.sym_rel = max(run.sym_rel, sym)
     if finite.all():  # (a non-finite element, when there is one, stays the worst)
-        k = int(np.argmax(diff - tol))
-        idx = tuple(int(i) for i in np.unravel_index(int(flat[k]), run.shape))
-        run.worst = Worst(idx, float(a[k]), float(n[k]), float(tol[k]), where)
+        run.worst = _element(run, a, n, tol, flat, int(np.argmax(diff - tol)), where)
+    k = int(np.argmax(diff))
+    if run.largest is None or diff[k] > abs(run.largest.analytic - run.largest.numeric):
+        run.largest = _element(run, a, n, tol, flat, k, where)
     if (diff > tol).any():
         run.failed = True
     elif not run.failed:
@@ -77,6 +79,11 @@ def compare(run: TensorRun, a: np.ndarray, n: np.ndarray, flat: np.ndarray, atol
         run.notes.append(f"numeric gradient is below {TINY:.0e} everywhere but backward's is not: the "
                          f"output hardly moves with {run.name} (a factor missing in forward, or values "
                          f"outside floating point's active range: scale them up)")
+
+
+def _element(run: TensorRun, a, n, tol, flat, k: int, where: str) -> Worst:
+    idx = tuple(int(i) for i in np.unravel_index(int(flat[k]), run.shape))
+    return Worst(idx, float(a[k]), float(n[k]), float(tol[k]), where)
 
 
 def sym_rel(a: np.ndarray, n: np.ndarray) -> float:

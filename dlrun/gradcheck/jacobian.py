@@ -72,12 +72,17 @@ def check_jacobians(h, x, y, side, tensors, settings, where: str) -> list[Tensor
 
 
 def _compare_columns(run, a, n, cols, out_shape, settings, where) -> None:
-    """Compare entry by entry; the worst entry is reported with its output element."""
+    """Compare entry by entry; the worst and the largest-gap entries are reported with their output
+    element."""
     if cols.size == 0:
         return
     flat = np.repeat(cols[None, :], a.shape[0], axis=0).ravel()  # the tensor element of each entry
     compare(run, a.ravel(), n.ravel(), flat, settings.atol, settings.rtol, where)
-    margin = np.abs(a - n) - (settings.atol + settings.rtol * np.abs(n))
-    k = int(np.argmax(margin)) // a.shape[1]  # the row of the entry compare() reported
-    out_idx = ",".join(str(int(i)) for i in np.unravel_index(k, out_shape))
-    run.worst.where = f"{where}; d out[{out_idx}] / d {run.name}"
+    diff = np.abs(a - n)
+    largest = np.where(np.isfinite(diff), diff, -np.inf)  # as compare() chose it: among finite entries
+    for element, score in ((run.worst, diff - (settings.atol + settings.rtol * np.abs(n))), (run.largest, largest)):
+        if element is None:
+            continue
+        k = int(np.argmax(score)) // a.shape[1]  # the row of the entry compare() reported
+        out_idx = ",".join(str(int(i)) for i in np.unravel_index(k, out_shape))
+        element.where = f"{where}; d out[{out_idx}] / d {run.name}"

@@ -209,7 +209,7 @@ def _locate(probe: Probe, arr, grad, run: TensorRun, settings, rng, where: str, 
     run.checked += found.checked
     run.skipped += found.skipped
     run.max_abs, run.max_rel = max(run.max_abs, found.max_abs), max(run.max_rel, found.max_rel)
-    run.sym_rel, run.worst = max(run.sym_rel, found.sym_rel), found.worst
+    run.sym_rel, run.worst, run.largest = max(run.sym_rel, found.sym_rel), found.worst, found.largest
     run.mode = "fast+sampled"
     run.notes.insert(0, f"to locate the failure, {found.checked} elements were checked one by one: "
                      + ("the worst is shown" if found.failed else

@@ -21,7 +21,8 @@ def band(rel: float) -> str:
 
 @dataclass
 class Worst:
-    """The element furthest outside tolerance (or closest to it when all pass)."""
+    """One element of a tensor: the one furthest outside tolerance (``worst``; when all pass, the
+    one closest to it) or the one with the largest gap abs(a − n) (``largest``)."""
 
     index: tuple
     analytic: float
@@ -51,6 +52,7 @@ class TensorResult:
     max_rel: float = 0.0
     sym_rel: float = 0.0
     worst: Worst | None = None
+    largest: Worst | None = None
     status: str = PASS
     notes: list = field(default_factory=list)
 
@@ -111,8 +113,9 @@ class LayerReport:
         for t, td in zip(self.tensors, d["tensors"]):
             td["shape"] = td.pop("shapes")
             td["band"] = t.band
-            if t.worst is not None:
-                td["worst"]["index"] = list(t.worst.index)
+            for key in ("worst", "largest"):
+                if getattr(t, key) is not None:
+                    td[key]["index"] = list(getattr(t, key).index)
         d["children"] = [c.to_dict() for c in self.children]
         return d
 
@@ -149,6 +152,10 @@ def merge(results: dict, run) -> None:
         ex = lambda w: np.nan_to_num(abs(w.analytic - w.numeric) - w.tol, nan=np.inf)  # noqa: E731  (NaN: the worst)
         if t.worst is None or ex(run.worst) > ex(t.worst):
             t.worst = run.worst
+    if run.largest is not None:
+        gap = lambda w: abs(w.analytic - w.numeric)  # noqa: E731
+        if t.largest is None or gap(run.largest) > gap(t.largest):
+            t.largest = run.largest
     if run.failed:
         t.status = FAIL
     elif t.status != FAIL:  # nothing compared (every element crossed a kink) is not a pass
