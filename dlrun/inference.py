@@ -20,7 +20,8 @@ from .losses import Loss
 from .errors import CheckpointError, DataError, DlrunError, PluginError, UsageError
 from .model import Sequential
 from .plugins import relocate
-from .run import build_model, check_labels, load_data
+from .preflight import check_labels
+from .run import build_model, load_data
 from .trainer import Trainer, predict
 
 

@@ -166,7 +166,12 @@ def check_value(value, hint, *, build_component=None):
             items = [check_value(v, a, build_component=build_component) for v, a in zip(value, args)]
         else:
             inner = args[0] if args else Any
-            items = [check_value(v, inner, build_component=build_component) for v in value]
+            items = []
+            for k, v in enumerate(value):  # the item at fault, by its index in the list
+                try:
+                    items.append(check_value(v, inner, build_component=build_component))
+                except OptionError as e:
+                    raise OptionError(f"item [{k}]: {e}") from None
         return tuple(items) if origin is tuple else items
     if value is None:
         raise OptionError(f"expected {describe(hint)}, got null")

@@ -20,9 +20,9 @@ from .config import Config, config_from_dict, parse_yaml
 from .data import Dataset, check_indices, check_range, split
 from .errors import CheckpointError, ContractError, DataError, DlrunError, Interrupted, NonFiniteError, TrainingError, UsageError
 from .faults import StopOnSignal, catch_signals
-from .losses import Loss
 from .model import Sequential
 from .plugins import relocate
+from .preflight import check_class_weights, check_labels
 from .trainer import History, Trainer
 
 
@@ -67,38 +67,6 @@ def build_model(config: Config, input_shape, backend=None) -> Sequential:
     return Sequential(config.build_layers(), input_shape, backend, config.dtype, config.seed, config.locate)
 
 
-def check_labels(ds: Dataset, model: Sequential, loss) -> None:
-    """Fail early when labels cannot index the model's outputs, or targets do not match them."""
-    if getattr(loss, "task", "classification") != "classification":
-        outputs = int(np.prod(model.output_shape)) if model.output_shape else 1
-        targets = int(np.prod(ds.y.shape[1:])) if ds.y.ndim > 1 else 1
-        if outputs != targets:
-            raise DataError(f"data {ds.name!r}: the loss {type(loss).__name__} compares each sample's {outputs} model "
-                            f"outputs with its {targets} target value(s); make the last layer output {targets} "
-                            f"(units: {targets}) or give {outputs} target columns"
-                            + (" (integer class labels want a classification loss such as SoftmaxCrossEntropy)"
-                               if ds.y.dtype.kind in "iu" else ""))
-        return
-    if ds.y.dtype.kind not in "iu":
-        raise DataError(f"data {ds.name!r}: a classification loss needs integer labels, got {ds.y.dtype} targets"
-                        f" (use a regression loss such as MSE; a loss of your own for regression sets "
-                        f"task = \"regression\")")
-    out = model.output_shape[-1] if model.output_shape else 1
-    classes = ds.num_classes or 0
-    check = getattr(loss, "check_outputs", None)  # plugin losses need not subclass Loss
-    problem = check(classes, out) if check else Loss.check_outputs(loss, classes, out)
-    if not problem:
-        return
-    limit = max(out, 2) if out == 1 else out  # one logit scores labels 0 and 1
-    for y, val in ((ds.y, False), (ds.y_val, True)):
-        if y is not None and (y >= limit).any():
-            i = int(np.flatnonzero(y >= limit)[0])
-            raise DataError(f"{ds.where(i, val)}: label {int(y[i])} is out of range: the model outputs {out} "
-                            f"scores, so labels must lie in 0..{limit - 1} (set the last layer's units to "
-                            f"{ds.num_classes})")
-    raise DataError(f"data {ds.name!r} {problem}")
-
-
 @dataclass
 class RunResult:
     run_dir: Path
@@ -117,6 +85,7 @@ def prepare(config: Config):
     if getattr(getattr(model.layers[0], "input_spec", None), "kind", "") == "index":
         check_indices(ds, f"model[0] {type(model.layers[0]).__name__}")
     loss = config.build("loss")
+    check_class_weights(loss, model, config.locate("loss.class_weights"))
     check_labels(ds, model, loss)
     trainer = Trainer(model, loss, config.build("optimizer"), config.build("regularizer"),
                       config.train.batch_size, config.train.shuffle, config.seed, config.train.drop_last)

@@ -17,6 +17,7 @@ from .backend import array_module
 from .errors import DataError, Interrupted
 from .model import Sequential
 from .position import EpochPosition
+from .preflight import check_class_weights
 
 
 _NO_VALIDATION = {"loss": None, "accuracy": None}
@@ -100,6 +101,7 @@ class Trainer:
         return self._move(x, self.model.dtype), yd
 
     def _check_labels(self, lo: int, hi: int) -> None:
+        check_class_weights(self.loss, self.model)
         outputs = self.model.output_shape[-1] if self.model.output_shape else 1
         check = getattr(self.loss, "check_outputs", None)  # plugin losses need not subclass Loss
         problem = (f"has a negative label ({lo}); labels are class indices 0, 1, ..." if lo < 0

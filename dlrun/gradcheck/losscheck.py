@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from .. import registry
+from ..errors import UsageError
 from ..backend import to_host
 from . import aux, device as devices, inputs, kinks, twin
 from .numeric import TensorRun, check_tensor
@@ -61,6 +62,18 @@ def targets(loss, n: int, classes: int, settings: Settings, rng) -> tuple[np.nda
     return rng.standard_normal((n, columns)).astype(settings.np_dtype), labels
 
 
+def _weighted_classes(loss, configs: list[dict], chosen: bool) -> list[dict]:
+    """A loss with class_weights scores as many classes as it has weights: C is set to that
+    (a C given with --dims must be it)."""
+    weights = getattr(loss, "class_weights", None)
+    if weights is None or loss.classes(len(weights)) != len(weights):  # (BinaryCrossEntropy: 2 with any C)
+        return configs
+    if chosen and configs[0]["C"] != len(weights):
+        raise UsageError(f"--dims C={configs[0]['C']}, but the loss has {len(weights)} class_weights, one per class: "
+                         f"give C={len(weights)}, or leave C out")
+    return [{**c, "C": len(weights)} for c in configs]
+
+
 def check_loss(name: str, options: dict | None = None, settings: Settings | None = None) -> LayerReport:
     """Gradient-check the registered loss ``name``; return a report (never prints)."""
     settings = (settings or Settings()).resolved()
@@ -69,7 +82,8 @@ def check_loss(name: str, options: dict | None = None, settings: Settings | None
     loss64 = registry.losses.build(spec, name) if settings.dtype == "float32" else None
     rng = np.random.default_rng(settings.seed)
     dev = devices.open_device(settings.device)
-    configs = settings.dim_configs()
+    given_c = any(p.partition("=")[0].strip() == "C" for p in (settings.dims or "").split(","))
+    configs = _weighted_classes(loss, settings.dim_configs(), given_c)
     if getattr(loss, "task", "") == "regression" and settings.dims is None:
         configs.append({**configs[0], "C": 1})  # a single output, the shape of most regression data
     report = scalar_report(name, settings, configs, lambda d: f"N={d['N']} C={d['C']}",

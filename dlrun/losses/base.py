@@ -1,15 +1,31 @@
 """The loss base class: ``forward(z, y) -> scalar`` (batch mean), ``backward() -> dz``."""
 from __future__ import annotations
 
+from typing import Annotated
+
 from ..backend import array_module
 from ..buffers import BufferPool
+from ..options import Range
 from ..registry import losses
+
+# the class_weights option of classification losses: w_k ≥ 0 per class k, not all 0
+ClassWeights = list[Annotated[float, Range(min=0)]] | None
+
+
+def weights_option(values) -> tuple | None:
+    """The class_weights option as a tuple; ValueError when every weight is 0 (nothing to learn)."""
+    if values is None:
+        return None
+    if not any(v > 0 for v in values):
+        raise ValueError(f"class_weights must have at least one weight above 0, got {list(values)}")
+    return tuple(float(v) for v in values)
 
 
 class Loss:
     """Base class for losses."""
 
     task = "classification"
+    class_weights = None  # classification losses that take the option: one weight per class, or None
 
     def __new__(cls, *args, **kwargs):
         self = super().__new__(cls)
@@ -53,8 +69,30 @@ class Loss:
                     f"(set the last layer's units to {classes})")
         return None
 
+    def check_weights(self, outputs: int) -> str | None:
+        """Why ``class_weights`` cannot weight the classes ``outputs`` model outputs score, or None."""
+        w, classes = self.class_weights, self.classes(outputs)
+        if w is not None and len(w) != classes:
+            scorer = "the model" if classes == outputs else type(self).__name__
+            return f"{len(w)} weights, but {scorer} scores {classes} classes: give one weight per class"
+        return None
+
+    def sample_weights(self, y, like, out=None):
+        """w[y]: each sample's class weight as an array of ``like``'s dtype on its device (into
+        ``out`` when given), or None without class_weights. The weights go to the device once."""
+        if self.class_weights is None:
+            return None
+        xp = array_module(like)
+        table = self.__dict__.get("_weight_table")
+        if table is None or array_module(table) is not xp or table.dtype != like.dtype:
+            table = self._weight_table = xp.asarray(self.class_weights, dtype=like.dtype)
+        return table.take(y, out=out)
+
+    def _weights_repr(self) -> str:
+        return f"class_weights={list(self.class_weights)}" if self.class_weights is not None else ""
+
     def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
+        return f"{type(self).__name__}({self._weights_repr()})"
 
 
 losses.base = Loss

@@ -7,7 +7,7 @@ from ..backend import array_module
 from ..errors import ShapeError
 from ..options import PositiveFloat
 from ..registry import losses
-from .base import Loss
+from .base import ClassWeights, Loss, weights_option
 
 
 def _sigmoid(z):
@@ -25,9 +25,17 @@ class BinaryCrossEntropy(Loss):
     overflows exp, whatever the size of z. Takes one raw score (logit) per sample, shape (N, 1)
     or (N,), and labels 0/1 of shape (N,) (targets in [0, 1] work too). Predicts class 1 when
     z > 0; ``--proba`` gives the two columns (1 − σ(z), σ(z)).
+
+    Args:
+        class_weights: ``[w0, w1]``: a sample of label 0 counts w0 times, one of label 1 w1 times
+            (a target y in between, w0 + (w1 − w0)·y); the loss and its gradient are scaled per
+            sample, still divided by N. null weights every sample 1.
     """
 
     task = "classification"
+
+    def __init__(self, class_weights: ClassWeights = None):
+        self.class_weights = weights_option(class_weights)
 
     def _flat(self, z):
         if z.ndim > 2 or (z.ndim == 2 and z.shape[1] != 1):
@@ -40,7 +48,13 @@ class BinaryCrossEntropy(Loss):
         zf = self._flat(z)
         yf = y.reshape(zf.shape).astype(z.dtype, copy=False)
         self._shape, self._z, self._y = z.shape, zf, yf
-        return (xp.maximum(zf, 0) - zf * yf + xp.log1p(xp.exp(-xp.abs(zf)))).mean()
+        terms = xp.maximum(zf, 0) - zf * yf + xp.log1p(xp.exp(-xp.abs(zf)))
+        self._wy = None
+        if self.class_weights is not None:  # w0 + (w1 − w0)·y: w[y] for labels 0 and 1
+            w0, w1 = self.class_weights
+            self._wy = yf * (w1 - w0) + w0  # Python floats keep float32 float32
+            terms *= self._wy
+        return terms.mean()
 
     def backward(self):
         # σ(z) − y as (1 − y)·σ(z) − y·σ(−z): for y = 1 and large z, σ(z) − 1 cancels to 0 in
@@ -53,6 +67,8 @@ class BinaryCrossEntropy(Loss):
         d = (1 - y) * xp.where(pos, inv, e)
         d -= y * xp.where(pos, e, inv)
         d /= d.shape[0]
+        if self._wy is not None:
+            d *= self._wy
         return d.reshape(self._shape)
 
     def predict(self, z):
@@ -85,12 +101,15 @@ class Hinge(Loss):
 
     Args:
         margin: the score gap Δ the true class should keep over every other class.
+        class_weights: one weight ≥ 0 per class: sample i's terms and gradient count w[y_i]
+            times (still divided by N); null weights every sample 1.
     """
 
     task = "classification"
 
-    def __init__(self, margin: PositiveFloat = 1.0):
+    def __init__(self, margin: PositiveFloat = 1.0, class_weights: ClassWeights = None):
         self.margin = margin
+        self.class_weights = weights_option(class_weights)
 
     def forward(self, z, y):
         xp = array_module(z)
@@ -100,12 +119,17 @@ class Hinge(Loss):
         m[rows, y] = 0
         xp.maximum(m, 0, out=m)
         self._m, self._rows, self._y = m, rows, y
-        return m.sum(axis=1).mean()
+        self._wy = self.sample_weights(y, z)
+        per_sample = m.sum(axis=1)
+        return per_sample.mean() if self._wy is None else xp.dot(per_sample, self._wy) * (1.0 / len(per_sample))
 
     def backward(self):
         d = (self._m > 0).astype(self._m.dtype)
         d[self._rows, self._y] = -d.sum(axis=1)
-        d /= d.shape[0]
+        if self._wy is None:
+            d /= d.shape[0]
+        else:
+            d *= (self._wy * (1.0 / d.shape[0]))[:, None]
         return d
 
     def kink_distance(self, z, y):
@@ -117,4 +141,4 @@ class Hinge(Loss):
         return m / math.sqrt(2)
 
     def __repr__(self) -> str:
-        return f"Hinge(margin={self.margin})"
+        return f"Hinge(margin={self.margin}{', ' + self._weights_repr() if self.class_weights else ''})"

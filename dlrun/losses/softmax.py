@@ -8,7 +8,7 @@ import numpy as np
 from ..backend import Kernel, array_module, out_args
 from ..options import Range
 from ..registry import losses
-from .base import Loss
+from .base import ClassWeights, Loss, weights_option
 
 _FEW_CLASSES = 16  # up to this many columns, column-wise ufuncs beat an axis-1 reduction
 # GPU: p = exp(z − m); per-sample −log p_y = log Σ exp(z − m) − (z_y − m), z_y read from the raw
@@ -28,16 +28,23 @@ class SoftmaxCrossEntropy(Loss):
     torch.nn.CrossEntropyLoss(label_smoothing=ε) and Keras' CategoricalCrossentropy). The
     softmax is computed with the row maximum subtracted, so large logits never overflow.
 
+    With ``class_weights`` w, sample i counts w[y_i] times: L = (1/N) Σ_i w[y_i]·ℓ_i and
+    ∂L/∂z_i = w[y_i]·(p_i − t_i)/N (Keras' ``class_weight``; PyTorch's ``weight=`` divides by
+    Σ_i w[y_i] instead of N).
+
     Args:
         label_smoothing: ε in [0, 1], the share of each target spread evenly over all C classes
             (0.1 is common); 0 is plain cross-entropy. Accuracy and predictions are unchanged.
+        class_weights: one weight ≥ 0 per class, e.g. ``[1, 5]`` to count the samples of a rare
+            class 1 five times; null weights every sample 1.
     """
 
     task = "classification"
     _work = _scored = _pooled = None  # the CPU forward's arrays, the (z, y) they were computed for
 
-    def __init__(self, label_smoothing: Annotated[float, Range(0, 1)] = 0.0):
+    def __init__(self, label_smoothing: Annotated[float, Range(0, 1)] = 0.0, class_weights: ClassWeights = None):
         self.label_smoothing = float(label_smoothing)
+        self.class_weights = weights_option(class_weights)
 
     def forward(self, z, y):
         xp = array_module(z)
@@ -81,6 +88,10 @@ class SoftmaxCrossEntropy(Loss):
         else:
             s -= zy
         self._scored = (z, y)
+        self._wy = self.sample_weights(y, z, out=w.wy)
+        if self._wy is not None:  # each sample's loss and gradient row count w[y_i] times
+            s *= self._wy
+            w.r *= self._wy
         return np.add.reduce(s) * (1.0 / n)  # ndarray.mean() and .sum() cost more Python for small arrays
 
     def count_correct(self, z, y):
@@ -105,24 +116,34 @@ class SoftmaxCrossEntropy(Loss):
         s = p.sum(axis=1)
         nll = _NLL.on(xp)(s, m.reshape(-1), y, z, c)
         self._p, self._s, self._y, self._work, self._scored = p, s, y, None, None
+        self._wy = wy = self.sample_weights(y, z)
         eps = self.label_smoothing
         if eps:  # (1 − ε)·(lse − z_y) + ε·(lse − mean_j z_j), lse = log s + m
-            return (nll.sum() * (1.0 - eps) + (xp.log(s) + m.reshape(-1) - z.mean(axis=1)).sum() * eps) * (1.0 / n)
-        return nll.sum() * (1.0 / n)
+            nll *= 1.0 - eps
+            nll += (xp.log(s) + m.reshape(-1) - z.mean(axis=1)) * eps
+        return (nll.sum() if wy is None else xp.dot(nll, wy)) * (1.0 / n)
 
     def backward(self):
         if self._work is None:  # GPU
             xp = array_module(self._p)
             scale = 1.0 / self._p.shape[0]  # a Python float keeps float32 float32
+            if self._wy is not None:  # row i scaled by w[y_i]/N
+                scale = (self._wy * scale)[:, None]
             n, c = self._p.shape
             off = self.label_smoothing / c
             return _GRAD.on(xp)(
                 self._p, self._s[:, None], self._y[:, None], c, scale, 1.0 - self.label_smoothing + off, off,
                 *out_args(self.buffers.get(xp, "d", self._p.shape, self._p.dtype)))
         w = self._work
-        np.multiply(w.p, w.r_col, out=w.d)
+        np.multiply(w.p, w.r_col, out=w.d)  # r: w[y_i]/(N s_i) with class weights
         n, c = w.d.shape
         eps = self.label_smoothing
+        if self._wy is not None:  # t_i scaled by w[y_i] too
+            wn = np.multiply(self._wy, 1.0 / n, out=w.wn)
+            if eps:
+                w.d -= np.multiply(wn, eps / c, out=w.wt)[:, None]
+            w.d_flat[w.flat] -= np.multiply(wn, 1.0 - eps, out=w.wt)
+            return w.d
         if eps:  # every target gets ε/C, the label's (1 − ε) on top
             w.d -= eps / (c * n)
         w.d_flat[w.flat] -= (1.0 - eps) / n  # d_flat is a view of d; a Python float keeps float32
@@ -134,7 +155,8 @@ class SoftmaxCrossEntropy(Loss):
         return p / p.sum(axis=1, keepdims=True)
 
     def __repr__(self) -> str:
-        return f"SoftmaxCrossEntropy(label_smoothing={self.label_smoothing})" if self.label_smoothing else "SoftmaxCrossEntropy()"
+        opts = [f"label_smoothing={self.label_smoothing}"] if self.label_smoothing else []
+        return f"SoftmaxCrossEntropy({', '.join(opts + [self._weights_repr()] if self.class_weights else opts)})"
 
 
 class _Work:
@@ -145,6 +167,7 @@ class _Work:
 
     def __init__(self, n: int, c: int, dtype, label_dtype):
         self.m, self.s, self.r, self.zy, self.zsum = (np.empty(n, dtype) for _ in range(5))
+        self.wy, self.wn, self.wt = (np.empty(n, dtype) for _ in range(3))  # class weights' w[y], w[y]/N, scratch
         self.p, self.d = np.empty((n, c), dtype), np.empty((n, c), dtype)
         self.m_col, self.r_col = self.m[:, None], self.r[:, None]
         self.p_cols = [self.p[:, j] for j in range(c)]
@@ -172,20 +195,30 @@ class NLL(Loss):
 
     Takes log-probabilities of shape (N, C), normally from a final LogSoftmax layer (the pair
     equals SoftmaxCrossEntropy), and integer labels (N,). ``--proba`` gives exp(z).
+
+    Args:
+        class_weights: one weight ≥ 0 per class: sample i counts w[y_i] times,
+            L = −(1/N) Σ_i w[y_i]·z_i[y_i] (as SoftmaxCrossEntropy's); null weights every sample 1.
     """
 
     task = "classification"
+
+    def __init__(self, class_weights: ClassWeights = None):
+        self.class_weights = weights_option(class_weights)
 
     def forward(self, z, y):
         xp = array_module(z)
         rows = xp.arange(z.shape[0])
         self._shape, self._rows, self._y, self._dtype = z.shape, rows, y, z.dtype
-        return -z[rows, y].mean()
+        self._wy = self.sample_weights(y, z)
+        picked = z[rows, y]
+        return -picked.mean() if self._wy is None else -xp.dot(picked, self._wy) * (1.0 / len(picked))
 
     def backward(self):
         xp = array_module(self._y)
         d = xp.zeros(self._shape, dtype=self._dtype)
-        d[self._rows, self._y] = -1.0 / self._shape[0]
+        scale = -1.0 / self._shape[0]
+        d[self._rows, self._y] = scale if self._wy is None else self._wy * scale
         return d
 
     def probabilities(self, z):

@@ -1,0 +1,52 @@
+"""Checks that the data, the model and the loss fit together, made before a run writes a file
+or a command reads a checkpoint's data: labels the model has outputs for, targets shaped like its
+outputs, and one class weight per class."""
+from __future__ import annotations
+
+import numpy as np
+
+from .data import Dataset
+from .errors import ConfigError, DataError
+from .losses import Loss
+from .model import Sequential
+
+
+def check_class_weights(loss, model: Sequential, where=None) -> None:
+    """A loss's ``class_weights`` must hold one weight per class the model's outputs score;
+    ``where``: the config location of loss.class_weights."""
+    check = getattr(loss, "check_weights", None)  # plugin losses need not subclass Loss
+    problem = check(model.output_shape[-1] if model.output_shape else 1) if check else None
+    if problem:
+        raise ConfigError(problem if where else f"loss.class_weights: {problem}", where)
+
+
+def check_labels(ds: Dataset, model: Sequential, loss) -> None:
+    """Fail early when labels cannot index the model's outputs, or targets do not match them."""
+    if getattr(loss, "task", "classification") != "classification":
+        outputs = int(np.prod(model.output_shape)) if model.output_shape else 1
+        targets = int(np.prod(ds.y.shape[1:])) if ds.y.ndim > 1 else 1
+        if outputs != targets:
+            raise DataError(f"data {ds.name!r}: the loss {type(loss).__name__} compares each sample's {outputs} model "
+                            f"outputs with its {targets} target value(s); make the last layer output {targets} "
+                            f"(units: {targets}) or give {outputs} target columns"
+                            + (" (integer class labels want a classification loss such as SoftmaxCrossEntropy)"
+                               if ds.y.dtype.kind in "iu" else ""))
+        return
+    if ds.y.dtype.kind not in "iu":
+        raise DataError(f"data {ds.name!r}: a classification loss needs integer labels, got {ds.y.dtype} targets"
+                        f" (use a regression loss such as MSE; a loss of your own for regression sets "
+                        f"task = \"regression\")")
+    out = model.output_shape[-1] if model.output_shape else 1
+    classes = ds.num_classes or 0
+    check = getattr(loss, "check_outputs", None)  # plugin losses need not subclass Loss
+    problem = check(classes, out) if check else Loss.check_outputs(loss, classes, out)
+    if not problem:
+        return
+    limit = max(out, 2) if out == 1 else out  # one logit scores labels 0 and 1
+    for y, val in ((ds.y, False), (ds.y_val, True)):
+        if y is not None and (y >= limit).any():
+            i = int(np.flatnonzero(y >= limit)[0])
+            raise DataError(f"{ds.where(i, val)}: label {int(y[i])} is out of range: the model outputs {out} "
+                            f"scores, so labels must lie in 0..{limit - 1} (set the last layer's units to "
+                            f"{ds.num_classes})")
+    raise DataError(f"data {ds.name!r} {problem}")
