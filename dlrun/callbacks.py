@@ -16,7 +16,7 @@ from . import registry
 from .backend import array_module
 from .errors import ConfigError, ContractError
 from .schedules import Schedule, improved, resolve_mode
-from .trainer import Callback
+from .hooks import Callback
 
 
 class GradientClipping(Callback):
@@ -66,11 +66,13 @@ class LearningRateScheduler(Callback):
 
     def __init__(self, schedule: Schedule, epochs: int, interval: str = "epoch"):
         self.schedule, self.epochs, self.interval = schedule, epochs, interval
+        self.every = 1  # batches per step, from the trainer
         self.base_lr = None
         self._restored = None
 
     def on_train_begin(self, trainer):
         self.optimizer = trainer.optimizer
+        self.every = getattr(trainer, "accumulate", 1)  # batches per step (gradient accumulation)
         if self.base_lr is None or self._restored is not None:
             # lr₀ as configured; on --resume the recorded one unless --set changed it. A second
             # fit in the same process keeps the first one's (the optimizer holds a scheduled rate)
@@ -89,15 +91,25 @@ class LearningRateScheduler(Callback):
 
     def on_epoch_begin(self, epoch, batches):
         self.batches = batches
-        rate = self.schedule.value(epoch) if self.interval == "epoch" else self.schedule.at(epoch - 1, 1 / batches)
-        self._set(rate, epoch)
+        if self.interval == "epoch":
+            self._set(self.schedule.value(epoch), epoch)
+        else:
+            self._step_rate(epoch, 0)
 
     def on_epoch_resume(self, epoch, batches_done):
-        self.on_batch_end(epoch, batches_done)
+        if self.interval == "step" and batches_done < self.batches:
+            self._step_rate(epoch, batches_done)
 
     def on_batch_end(self, epoch, batch):
-        if self.interval == "step" and batch < self.batches:  # the rate of the next step
-            self._set(self.schedule.at(epoch - 1 + batch / self.batches, 1 / self.batches), epoch, batch + 1)
+        if self.interval == "step" and batch < self.batches and batch % self.every == 0:  # a step starts
+            self._step_rate(epoch, batch)
+
+    def _step_rate(self, epoch: int, batch: int) -> None:
+        """The rate of the step whose batches start at ``batch`` (one batch, or the window of
+        accumulated batches up to the next multiple of ``every``)."""
+        end = min(batch - batch % self.every + self.every, self.batches)
+        self._set(self.schedule.at(epoch - 1 + batch / self.batches, (end - batch) / self.batches), epoch,
+                  batch // self.every + 1)
 
     def _set(self, rate, epoch: int, step: int = 1) -> None:
         """Give the optimizer ``rate``: a finite number >= 0 (a plugin schedule's negative rate

@@ -112,10 +112,11 @@ def mismatch(a, shape: tuple, dtypes, backend, model_dtype) -> str | None:
 _OPTIMIZER_OWN = {"learning_rate", "params", "state", "iterations", "spec"}
 
 
-def first_step(t, xb, yb, callbacks):
+def first_step(t, xb, yb, callbacks, window=None):
     """:meth:`Trainer.train_step`'s first call: the same step, checking what the loss, the
     regularizers and the optimizer return (the layers are checked by the model's first calls).
-    A plugin that breaks its contract is named here instead of by a numpy error an epoch later."""
+    A plugin that breaks its contract is named here instead of by a numpy error an epoch later.
+    With gradient accumulation every batch up to the first step's last comes here."""
     loss, opt = t.loss, t.optimizer
     out = t.model.forward(xb, yb)
     value = loss.forward(out, yb)
@@ -131,6 +132,8 @@ def first_step(t, xb, yb, callbacks):
         raise ContractError(f"the loss {loss!r}: backward returned dL/dz as {problem} (the shape and dtype of "
                             f"the model's output)")
     t.model.backward(dy)
+    if window is not None and not t.accumulated(window):
+        return score
     for p, reg in t._regularized:
         penalty = reg.penalty(p.data)
         if getattr(penalty, "shape", ()) != () or not hasattr(penalty, "__float__"):

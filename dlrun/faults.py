@@ -21,7 +21,7 @@ import numpy as np
 
 from .backend import array_module
 from .errors import Interrupted, NonFiniteError
-from .trainer import Callback
+from .hooks import Callback
 
 
 def nonfinite_kind(a) -> str | None:
@@ -133,8 +133,8 @@ class NonFiniteGuard:
         where = None
         try:  # a layer may raise instead (an Embedding index out of range): the restore still runs
             with np.errstate(all="ignore"):
-                for b, (xb, yb) in enumerate(batches, start=first + 1):
-                    where = self._replay_batch(xb, yb, callbacks)
+                for b, (xb, yb, window) in enumerate(batches, start=first + 1):
+                    where = self._replay_batch(xb, yb, callbacks, window)
                     if where:
                         break
         finally:
@@ -149,7 +149,7 @@ class NonFiniteGuard:
         return NonFiniteError(f"epoch {epoch}, batch {b}: {where}; {kept}. Lower the learning rate, "
                               f"clip gradients or check the data and the named layer", epoch, b, where)
 
-    def _replay_batch(self, xb, yb, callbacks) -> str | None:
+    def _replay_batch(self, xb, yb, callbacks, window=None) -> str | None:
         t = self.trainer
         if (kind := nonfinite_kind(xb)) is not None:
             return f"the input batch contains {kind}"
@@ -172,6 +172,8 @@ class NonFiniteGuard:
                     return f"model[{i}] {layer!r} produced {kind} in backward (the gradient of {name})"
             if (kind := nonfinite_kind(dy)) is not None:
                 return f"model[{i}] {layer!r} produced {kind} in backward (dx, the gradient of its input)"
+        if window is not None and not t.accumulated(window):  # no step until the window's last batch
+            return None
         for p, reg in t._regularized:
             reg.add_gradient(p.data, p.grad)
             if (kind := nonfinite_kind(p.grad)) is not None:
@@ -194,6 +196,10 @@ class StopOnSignal(Callback):
     def __init__(self):
         self.signum: int | None = None
         self.epoch = self.batch = self.batches = 0
+        self.every = 1
+
+    def on_train_begin(self, trainer):
+        self.every = getattr(trainer, "accumulate", 1)  # steps end windows of this many batches
 
     def on_epoch_begin(self, epoch, batches):
         self.epoch, self.batch, self.batches = epoch, 0, batches
@@ -203,7 +209,8 @@ class StopOnSignal(Callback):
 
     def on_batch_end(self, epoch, batch):
         self.batch = batch
-        if self.signum is not None and batch < self.batches:  # the last batch stops at epoch end
+        # the last batch stops at epoch end; inside a window of accumulated gradients, its last does
+        if self.signum is not None and batch < self.batches and batch % self.every == 0:
             self._stop()
 
     def on_epoch_end(self, epoch, metrics):

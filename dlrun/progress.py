@@ -5,7 +5,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .trainer import Callback
+from .hooks import Callback
 
 
 def _fmt(v) -> str:

@@ -88,7 +88,8 @@ def prepare(config: Config):
     check_class_weights(loss, model, config.locate("loss.class_weights"))
     check_labels(ds, model, loss)
     trainer = Trainer(model, loss, config.build("optimizer"), config.build("regularizer"),
-                      config.train.batch_size, config.train.shuffle, config.seed, config.train.drop_last)
+                      config.train.batch_size, config.train.shuffle, config.seed, config.train.drop_last,
+                      config.train.accumulate_batches)
     _monitor(config, ds, trainer)  # settings that depend on the data: dlrun check and time see them too
     train_controls_for(config, ds, trainer)
     return ds, trainer

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .config import Config, dump_yaml
 from .errors import TrainingError
-from .trainer import Callback
+from .hooks import Callback
 
 METRIC_COLUMNS = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "learning_rate", "seconds")
 

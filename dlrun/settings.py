@@ -38,6 +38,9 @@ class TrainSettings:
         shuffle: reshuffle the training data every epoch (seeded by the run seed).
         drop_last: skip each epoch's last batch when it is smaller than batch_size (PyTorch's
             DataLoader option; with shuffling, different samples are left out each epoch).
+        accumulate_batches: step the optimizer once every N batches, on the gradient of the mean
+            loss over their samples (Lightning's accumulate_grad_batches): a batch N times larger
+            in the memory of one.
         validation_split: fraction of the data held out for validation (stratified for labels).
         clip_norm: rescale all gradients together when their global L2 norm exceeds this.
         clip_value: clip every gradient entry to [-clip_value, clip_value].
@@ -54,6 +57,7 @@ class TrainSettings:
     batch_size: PositiveInt | None = 32
     shuffle: bool = True
     drop_last: bool = False
+    accumulate_batches: PositiveInt = 1
     validation_split: Fraction = 0.0
     clip_norm: PositiveFloat | None = None
     clip_value: PositiveFloat | None = None

@@ -20,7 +20,8 @@ from .errors import CheckpointError
 from .callbacks import check_monitor, control_states
 from .plugins import source_hash
 from .position import EpochPosition
-from .trainer import Callback, Trainer
+from .hooks import Callback
+from .trainer import Trainer
 
 
 def rng_state(gen) -> dict | None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import inspect
 import math
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -16,37 +15,13 @@ from . import contract
 from .backend import array_module
 from .errors import DataError, Interrupted
 from .model import Sequential
+from .accumulate import GradAccumulator, windows
+from .hooks import Callback, History  # noqa: F401  (dlrun.trainer.Callback: what plugins and tests import)
 from .position import EpochPosition
 from .preflight import check_class_weights
 
 
 _NO_VALIDATION = {"loss": None, "accuracy": None}
-
-
-class Callback:
-    """Hooks called by :meth:`Trainer.fit`. Return True from ``on_epoch_end`` to stop."""
-
-    def on_train_begin(self, trainer: "Trainer") -> None: ...
-    def on_epoch_begin(self, epoch: int, batches: int) -> None: ...
-    def on_epoch_resume(self, epoch: int, batches_done: int) -> None:
-        """After ``on_epoch_begin``, when a resumed run continues ``epoch`` after its first
-        ``batches_done`` batches (see :mod:`dlrun.position`)."""
-
-    def on_after_backward(self, trainer: "Trainer") -> None:
-        """Gradients are written (regularization included); the optimizer steps next."""
-
-    def on_batch_end(self, epoch: int, batch: int) -> None: ...
-    def on_epoch_end(self, epoch: int, metrics: dict) -> bool | None: ...
-    def on_train_end(self, history: list[dict]) -> None: ...
-
-
-@dataclass
-class History:
-    rows: list[dict] = field(default_factory=list)
-
-    @property
-    def last(self) -> dict:
-        return self.rows[-1] if self.rows else {}
 
 
 class Trainer:
@@ -61,10 +36,12 @@ class Trainer:
         shuffle: reshuffle every epoch.
         seed: seeds the shuffling generator.
         drop_last: skip each epoch's last batch when it is smaller than ``batch_size``.
+        accumulate: batches per optimizer step, their gradients averaged by size (see
+            :mod:`dlrun.accumulate`).
     """
 
     def __init__(self, model: Sequential, loss, optimizer, regularizer=None, batch_size: int | None = 32,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = False):
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, accumulate: int = 1):
         self.model = model
         self.loss = loss
         self.optimizer = optimizer
@@ -72,6 +49,8 @@ class Trainer:
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.drop_last = drop_last
+        self.accumulate = accumulate
+        self._accumulator = GradAccumulator(model) if accumulate > 1 else None
         self.shuffle_rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(3)[2])
         self.epoch = 0
         self.step = 0
@@ -170,13 +149,14 @@ class Trainer:
                 guard.mark(shuffle_state, start)
                 start = None
                 done = first
+                plan = windows(batches, bs, used, self.accumulate, first) if self.accumulate > 1 else None
                 for b in range(first, batches):
                     if order_d is None:
                         xb, yb = in_order[b]
                     else:
                         idx = order_d[b * bs:(b + 1) * bs]
                         xb, yb = xd[idx], yd[idx]
-                    batch_loss, batch_correct = self.train_step(xb, yb, callbacks)
+                    batch_loss, batch_correct = self.train_step(xb, yb, callbacks, plan[b - first] if plan else None)
                     loss_sum += batch_loss
                     if classify:  # regression scores 0: adding it would still be a launch on GPU
                         correct += batch_correct
@@ -224,15 +204,20 @@ class Trainer:
         bs = n if self.batch_size is None else min(self.batch_size, n)
         return bs, (n // bs if self.drop_last else math.ceil(n / bs))
 
-    def train_step(self, xb, yb, callbacks=()):
+    def train_step(self, xb, yb, callbacks=(), window=None):
         """One optimisation step on a device batch; returns ``(batch loss × batch size, number of
         correct predictions)`` as device scalars (see :meth:`_score`): nothing is read back to
-        the host, so on GPU the step never waits for it. The first is checked (contract.first_step)."""
+        the host, so on GPU the step never waits for it. The first is checked (contract.first_step).
+
+        ``window``: with gradient accumulation, the batch's ``(share, first, last)`` in its step's
+        window (:func:`dlrun.accumulate.windows`); the optimizer steps after a window's last batch."""
         if self._unchecked:
-            return contract.first_step(self, xb, yb, callbacks)
+            return contract.first_step(self, xb, yb, callbacks, window)
         out = self.model.forward(xb, yb)
         score = self._score(out, yb)
         self.model.backward(self.loss.backward())
+        if window is not None and not self.accumulated(window):
+            return score
         for p, reg in self._regularized:
             reg.add_gradient(p.data, p.grad)
         for cb in callbacks:
@@ -240,6 +225,16 @@ class Trainer:
         self.optimizer.step()
         self.step += 1
         return score
+
+    def accumulated(self, window) -> bool:
+        """Fold the gradients just computed into the window's (``window``: share, first, last);
+        True when the window is complete and the step may run."""
+        share, first, last = window
+        if not last:
+            self._accumulator.add(share, first)
+            return False
+        self._accumulator.finish(share, first)
+        return True
 
     def _score(self, out, y):
         """(batch loss × batch size, correct predictions; 0 for regression), to be added up over
@@ -259,11 +254,13 @@ class Trainer:
             self.position = self._guard.restore(rewind_shuffle=True)
 
     def _epoch_batches(self, xd, yd, order_d, bs: int, used: int, first: int = 0):
-        """The batches of one epoch from batch ``first`` on, in the order ``fit`` drew them (for
-        the non-finite replay)."""
-        for s in range(first * bs, used, bs):
+        """The batches of one epoch from batch ``first`` on, in the order ``fit`` drew them, each
+        with its accumulation window or None (for the non-finite replay)."""
+        batches = -(-used // bs)
+        plan = windows(batches, bs, used, self.accumulate, first) if self.accumulate > 1 else None
+        for b, s in enumerate(range(first * bs, used, bs)):
             idx = slice(s, s + bs) if order_d is None else order_d[s:s + bs]
-            yield xd[idx], yd[idx]
+            yield xd[idx], yd[idx], plan[b] if plan else None
 
     def _batches(self, n: int, batch_size: int | None):
         bs = n if batch_size is None else max(1, min(batch_size, n))

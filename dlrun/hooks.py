@@ -1,0 +1,36 @@
+"""What :meth:`dlrun.trainer.Trainer.fit` calls back, and the history it returns."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+
+class Callback:
+    """Hooks called by :meth:`Trainer.fit`. Return True from ``on_epoch_end`` to stop."""
+
+    def on_train_begin(self, trainer: "Trainer") -> None: ...
+    def on_epoch_begin(self, epoch: int, batches: int) -> None: ...
+    def on_epoch_resume(self, epoch: int, batches_done: int) -> None:
+        """After ``on_epoch_begin``, when a resumed run continues ``epoch`` after its first
+        ``batches_done`` batches (see :mod:`dlrun.position`)."""
+
+    def on_after_backward(self, trainer: "Trainer") -> None:
+        """Gradients are written (regularization included); the optimizer steps next. With
+        gradient accumulation: once per step, on the window's accumulated gradients."""
+
+    def on_batch_end(self, epoch: int, batch: int) -> None:
+        """After every batch (``batch`` of the epoch's, from 1), whether or not the optimizer stepped."""
+    def on_epoch_end(self, epoch: int, metrics: dict) -> bool | None: ...
+    def on_train_end(self, history: list[dict]) -> None: ...
+
+
+@dataclass
+class History:
+    rows: list[dict] = field(default_factory=list)
+
+    @property
+    def last(self) -> dict:
+        return self.rows[-1] if self.rows else {}
