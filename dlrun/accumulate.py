@@ -46,9 +46,8 @@ class GradAccumulator:
     def add(self, share: float, first: bool) -> None:
         """After a batch that does not end its window: sum += share·grad."""
         grads = self._grads()
-        if self._sums is None or any(s.shape != g.shape or s.dtype != g.dtype for s, g in zip(self._sums, grads)):
-            self._sums = [g.copy() for g in grads]  # once per run (shapes never change)
-            first = True
+        if self._sums is None:  # once per trainer: the buffers' shapes never change
+            self._sums = [g.copy() for g in grads]
         for s, g in zip(self._sums, grads):
             g *= share  # a Python float keeps float32 float32
             if first:

@@ -23,6 +23,7 @@ class Callback:
 
     def on_batch_end(self, epoch: int, batch: int) -> None:
         """After every batch (``batch`` of the epoch's, from 1), whether or not the optimizer stepped."""
+
     def on_epoch_end(self, epoch: int, metrics: dict) -> bool | None: ...
     def on_train_end(self, history: list[dict]) -> None: ...
 

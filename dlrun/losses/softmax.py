@@ -156,7 +156,7 @@ class SoftmaxCrossEntropy(Loss):
 
     def __repr__(self) -> str:
         opts = [f"label_smoothing={self.label_smoothing}"] if self.label_smoothing else []
-        return f"SoftmaxCrossEntropy({', '.join(opts + [self._weights_repr()] if self.class_weights else opts)})"
+        return f"SoftmaxCrossEntropy({', '.join(filter(None, opts + [self._weights_repr()]))})"
 
 
 class _Work:
