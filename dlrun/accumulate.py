@@ -12,6 +12,12 @@ for any batch. Everything is in place: no allocation per batch, nothing read bac
 from __future__ import annotations
 
 
+def window_end(batch: int, every: int, batches: int) -> int:
+    """The batch index after the window holding ``batch``: windows end at multiples of ``every``
+    (or the epoch's end)."""
+    return min(batch - batch % every + every, batches)
+
+
 def windows(batches: int, bs: int, used: int, every: int, start: int = 0) -> list[tuple[float, bool, bool]]:
     """``(share, first, last)`` for batches ``start``..``batches``−1 of an epoch of ``used``
     samples in batches of ``bs`` (the last one holding what is left). ``start``: the batches done
@@ -22,7 +28,7 @@ def windows(batches: int, bs: int, used: int, every: int, start: int = 0) -> lis
     plan = []
     b = start
     while b < batches:
-        end = min(b - b % every + every, batches)  # windows end at multiples of ``every``
+        end = window_end(b, every, batches)
         total = sum(size[b:end])
         plan += [(size[j] / total, j == b, j == end - 1) for j in range(b, end)]
         b = end

@@ -16,6 +16,7 @@ from . import registry
 from .backend import array_module
 from .errors import ConfigError, ContractError
 from .schedules import Schedule, improved, resolve_mode
+from .accumulate import window_end
 from .hooks import Callback
 
 
@@ -107,7 +108,7 @@ class LearningRateScheduler(Callback):
     def _step_rate(self, epoch: int, batch: int) -> None:
         """The rate of the step whose batches start at ``batch`` (one batch, or the window of
         accumulated batches up to the next multiple of ``every``)."""
-        end = min(batch - batch % self.every + self.every, self.batches)
+        end = window_end(batch, self.every, self.batches)
         self._set(self.schedule.at(epoch - 1 + batch / self.batches, (end - batch) / self.batches), epoch,
                   batch // self.every + 1)
 

@@ -85,6 +85,15 @@ def test_equal_weights_scale_the_loss_and_ones_change_nothing():
         assert float(threes.forward(z, y)) == pytest.approx(3 * float(plain.forward(z, y)), rel=1e-14)
 
 
+def test_binary_soft_targets_weigh_in_between():
+    """A target y in [0, 1] weighs w0 + (w1 − w0)·y: 0.25 with [0.3, 2.0] counts 0.725 times."""
+    z, y = np.array([[0.7], [-1.2]]), np.array([0.25, 1.0])
+    weighted = registry.losses.build({"type": "BinaryCrossEntropy", "class_weights": [0.3, 2.0]})
+    plain = registry.losses.build("BinaryCrossEntropy")
+    per = [float(plain.forward(z[i:i + 1], y[i:i + 1])) for i in range(2)]
+    assert float(weighted.forward(z, y)) == pytest.approx((0.725 * per[0] + 2.0 * per[1]) / 2, rel=1e-14)
+
+
 @pytest.mark.parametrize("smoothing", [0.0, 0.3])
 def test_softmax_cross_entropy_gpu_path_weights_like_the_cpu_path(smoothing, monkeypatch):
     z, y = Z.astype(np.float32), LABELS
