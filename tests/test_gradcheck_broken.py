@@ -68,7 +68,7 @@ def test_kink_crossing_elements_are_skipped_not_compared():
     g = np.array([[1.0, 1.0, 1.0]])
     loss = lambda: float((g * np.maximum(x, 0)).sum())  # noqa: E731
     sig = lambda: x > 0  # noqa: E731
-    probe = Probe(loss, sig, sig())
+    probe = Probe(loss, 1e-6, sig, sig())
     run = TensorRun("x", "input", x.shape, "float64", "exhaustive")
     check_elements(probe, x, g * (x > 0), np.arange(3), run, 1e-6, 1e-5, 1e-3, "test")
     assert (run.skipped, run.checked, run.failed) == (1, 2, False)
@@ -82,7 +82,7 @@ def test_perturbation_restores_the_saved_value_exactly():
         a = rng.standard_normal((5, 4)).astype(dtype)
         before = a.copy()
         for i in range(a.size):
-            d, _ = element_derivative(Probe(lambda: float((a.astype(np.float64) ** 2).sum())), a,
+            d, _ = element_derivative(Probe(lambda: float((a.astype(np.float64) ** 2).sum()), 1e-3), a,
                                       np.unravel_index(i, a.shape), 1e-3)
             assert abs(d - 2 * float(before.flat[i])) < 1e-2
         assert a.tobytes() == before.tobytes()

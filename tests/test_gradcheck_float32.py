@@ -85,6 +85,7 @@ def test_without_a_float64_copy_the_differences_are_float32_and_rounding_is_expl
         report = check_layer(name, settings=F32)
     fell_back = [w for w in report.warnings if "a float64 copy cannot stand in" in w]
     assert len(fell_back) == 1 and "float32 only" in fell_back[0], report.warnings  # once, with the reason
+    assert "with step 0.001" in fell_back[0]  # float32's step, not the float64 copy's 1e-6
     x = next(t for t in report.tensors if t.name == "x")
     assert x.status == FAIL and any("float32 rounding" in n for n in x.notes)  # the old verdict, explained
 
@@ -132,7 +133,8 @@ def test_a_loss_without_a_float64_copy_is_differenced_in_float32_with_a_note(cli
     r = cli("gradcheck", "MSE32", "--plugin", plugin, "--dtype", "float32", "--json")
     z = json.loads(r.out)["tensors"][0]
     assert r.code == 0 and z["status"] == PASS, r.out + r.err
-    assert any("differences taken in float32" in n and "float32 scores only" in n for n in z["notes"]), z
+    assert any("differences taken in float32 with step 0.001" in n and "float32 scores only" in n
+               for n in z["notes"]), z
 
 
 def test_whole_model_in_float32_is_differenced_in_float64(cli):
@@ -147,3 +149,24 @@ def test_whole_model_in_float32_is_differenced_in_float64(cli):
     assert r.err.count("warning: float32 check:") == 1, r.err
     assert len(report["children"]) > 1 and all(any(w.startswith("float32 check:") for w in c["warnings"])
                                                  for c in report["children"])  # JSON keeps each report whole
+
+
+def test_steps_follow_the_dtype_of_the_differences():
+    s = F32.resolved()
+    assert (s.eps, s.float32_eps, s.step("float64"), s.step("float32")) == (1e-6, 1e-3, 1e-6, 1e-3)
+    assert s.kink_margin == 1e-2  # 10 times the larger step: a layer may fall back to float32's
+    s = Settings(dtype="float32", eps=1e-4).resolved()  # --eps sets both
+    assert (s.step("float64"), s.step("float32"), s.kink_margin) == (1e-4, 1e-4, 1e-3)
+    s = Settings().resolved()
+    assert (s.eps, s.float32_eps, s.kink_margin) == (1e-6, 1e-6, 1e-5)
+
+
+def test_float32_model_check_compares_a_conv_bias_that_float32_steps_skipped(cli):
+    # every ReLU/max-pool position a conv bias feeds moves by the step: with float32's 1e-3 some
+    # element of 0.bias crossed a kink at every redraw and the bias was reported "not compared"
+    r = cli("gradcheck", "configs/digits_cnn.yaml", "--dtype", "float32", "--json")
+    report = json.loads(r.out)
+    assert r.code == 0 and report["result"] == PASS, r.out + r.err
+    bias = next(t for t in report["tensors"] if t["name"] == "0.bias")
+    assert bias["checked"] == 32 and bias["skipped"] == 0, bias
+    assert report["settings"]["eps"] == 1e-6

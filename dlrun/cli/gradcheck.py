@@ -155,7 +155,8 @@ def gradcheck_cmd(
     plugin: list[str] = PLUGIN,
     all_: bool = typer.Option(False, "--all", help="Check every registered layer, loss and regularizer (plugins' too)."),
     dtype: str = typer.Option("float64", "--dtype", help="float64 (default) or float32 (warns; loose tolerances)."),
-    eps: Optional[float] = typer.Option(None, "--eps", help="Finite-difference step (float64 1e-6, float32 1e-3)."),
+    eps: Optional[float] = typer.Option(None, "--eps", help="Finite-difference step (default 1e-6; 1e-3 where "
+                                "a float32 check cannot difference a float64 copy)."),
     atol: Optional[float] = typer.Option(None, "--atol", help="Absolute tolerance (float64 1e-5, float32 1e-3)."),
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance (float64 1e-3, float32 1e-2)."),
     seed: int = typer.Option(0, "--seed", help="Seed of inputs, parameters, upstream gradients and layer randomness."),

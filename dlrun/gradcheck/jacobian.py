@@ -51,14 +51,14 @@ def check_jacobians(h, x, y, side, tensors, settings, where: str) -> list[Tensor
     # the same central difference as the other modes, of the whole output instead of Σ G ⊙ out
     ref = side.harness
     whole = lambda: _host64(ref.forward(side.x, side.y))  # noqa: E731
-    probe = Probe(whole, ref.signature if ref.signed else None, side.sig0, settings.kink_test(side.dtype), whole,
-                  vector=True)
+    probe = Probe(whole, settings.step(side.dtype), ref.signature if ref.signed else None, side.sig0,
+                  settings.kink_test(side.dtype), whole, vector=True)
     runs = []
     for name, role, arr in tensors:
         run = TensorRun(name, role, tuple(arr.shape), str(arr.dtype), "jacobian")
         numeric, keep, perturbed = np.empty((n_out, arr.size)), [], side.arrays[name]
         for e in range(arr.size):  # column e: the output's response to element e
-            column, crossed = element_derivative(probe, perturbed, np.unravel_index(e, arr.shape), settings.eps)
+            column, crossed = element_derivative(probe, perturbed, np.unravel_index(e, arr.shape), probe.h)
             if crossed:  # a kink between the two sides: the column is not a derivative
                 run.skipped += n_out
                 continue

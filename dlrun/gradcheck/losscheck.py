@@ -188,7 +188,8 @@ def _check_point(loss, dims: dict, settings: Settings, rng, where: str, log: aux
     else:  # float32: differences of a float64 copy of the loss (gradcheck.twin)
         z64 = dev.put(z0.astype(np.float64))
         y64 = dev.put(y0.astype(np.float64) if y0.dtype.kind == "f" else y0.copy())
-        side = twin.scalar_side(value, lambda: _value(loss64, z64, y64), {"z": z}, {"z": z64}, LossRaised)
+        side = twin.scalar_side(value, lambda: _value(loss64, z64, y64), {"z": z}, {"z": z64}, LossRaised,
+                                settings.float32_eps)
     run = check_tensor(side.probe(settings), side.arrays["z"], first, "z", "input", mode, settings, rng, where,
                        dtype=str(z.dtype))
     run.notes += side.notes

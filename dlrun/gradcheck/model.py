@@ -148,7 +148,7 @@ def _check_model(report, model, loss, ds, idx, settings, rng, twin_of=None) -> d
     mode = choose_mode("exhaustive" if settings.mode == "jacobian" else settings.mode,
                        sum(p.size for _, p in params), settings)
     signed = any(kinks.has_signature(la) for la in model.layers)
-    side = None if twin_of is None else _float64_side(model, mp, *twin_of, signed, report)
+    side = None if twin_of is None else _float64_side(model, mp, *twin_of, signed, report, settings.float32_eps)
     if side is None:
         side = twin.ScalarSide(mp.value, {n: p.data for n, p in params}, settings.dtype,
                                signature=mp.signature if signed else None, sig0=sig0)
@@ -162,9 +162,10 @@ def _check_model(report, model, loss, ds, idx, settings, rng, twin_of=None) -> d
     return results
 
 
-def _float64_side(model, mp: ModelProbe, model64, loss64, signed: bool, report) -> twin.ScalarSide | None:
+def _float64_side(model, mp: ModelProbe, model64, loss64, signed: bool, report,
+                  step: float) -> twin.ScalarSide | None:
     """The float64 copy holding the float32 model's parameters and frozen state, at the same
-    batch; None (and a warning) when its loss disagrees."""
+    batch; None (and a warning naming float32's ``step``) when its loss disagrees."""
     for (_, p), (_, q) in zip(model.named_parameters(), model64.named_parameters()):
         q.data[...] = p.data
     backend = model.backend
@@ -179,7 +180,7 @@ def _float64_side(model, mp: ModelProbe, model64, loss64, signed: bool, report) 
     except Exception as e:  # the float64 copy's own code
         why = f"its float64 instance raised {type(e).__name__}: {e}"
     if why is not None:
-        twin.warn_fallback(report.warnings, "the model", why)
+        twin.warn_fallback(report.warnings, "the model", why, step)
         return None
     return twin.ScalarSide(tp.value, {n: q.data for n, q in model64.named_parameters()}, "float64",
                            signature=tp.signature if signed else None, sig0=sig)

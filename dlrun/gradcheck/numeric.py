@@ -28,9 +28,11 @@ from .compare import TINY, TensorRun, compare, relative_rule, sym_rel  # noqa: F
 @dataclass
 class Probe:
     """The function being differentiated (the scalar Σ G ⊙ out, or for ``--mode jacobian`` the
-    whole output as a float64 vector), and the kink signature at the base point."""
+    whole output as a float64 vector), the step ``h`` its differences take (that of the dtype
+    its outputs are computed in: Settings.step), and the kink signature at the base point."""
 
     loss: Callable[[], Any]
+    h: float
     signature: Callable[[], Any] | None = None
     sig0: Any = None
     # --detect-kinks: ``parts()`` gives float64 terms whose sum is the loss (a vector loss: the
@@ -187,7 +189,7 @@ def check_tensor(probe: Probe, arr, grad, name: str, role: str, mode: str, setti
     """Check one tensor in ``mode`` (exhaustive, fast, sampled or fast+sampled). ``arr`` is the
     array the probe reads; ``dtype``, the checked tensor's when ``arr`` is a float64 twin's."""
     run = TensorRun(name, role, tuple(arr.shape), dtype or str(arr.dtype), mode)
-    h, atol, rtol = settings.eps, settings.atol + probe.noise, settings.rtol
+    h, atol, rtol = probe.h, settings.atol + probe.noise, settings.rtol
     if mode == "exhaustive":
         check_elements(probe, arr, grad, np.arange(arr.size), run, h, atol, rtol, where)
     if "sampled" in mode:
@@ -205,7 +207,7 @@ def _locate(probe: Probe, arr, grad, run: TensorRun, settings, rng, where: str, 
     (PyTorch's fast mode reruns the slow one for the same reason)."""
     found = TensorRun(run.name, run.role, run.shape, run.dtype, "sampled")
     flat = sample_indices(arr.size, settings.samples, rng, extra)
-    check_elements(probe, arr, grad, flat, found, settings.eps, settings.atol + probe.noise, settings.rtol, where)
+    check_elements(probe, arr, grad, flat, found, probe.h, settings.atol + probe.noise, settings.rtol, where)
     run.checked += found.checked
     run.skipped += found.skipped
     run.max_abs, run.max_rel = max(run.max_abs, found.max_abs), max(run.max_rel, found.max_rel)

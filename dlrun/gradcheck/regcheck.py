@@ -65,7 +65,7 @@ def _check_point(reg, shape, settings: Settings, rng, where: str, log: aux.AuxLo
     mode = choose_mode("exhaustive" if settings.mode == "jacobian" else settings.mode, w.size, settings)
     if settings.dtype == "float32":  # differences of the penalty at float64 weights (gradcheck.twin)
         w64 = dev.put(w0.astype(np.float64))
-        side = twin.scalar_side(penalty, lambda: penalty(w64), {"w": w}, {"w": w64}, LossRaised)
+        side = twin.scalar_side(penalty, lambda: penalty(w64), {"w": w}, {"w": w64}, LossRaised, settings.float32_eps)
     else:
         side = twin.ScalarSide(penalty, {"w": w}, "float64")
     run = check_tensor(side.probe(settings), side.arrays["w"], alone, "w", "param", mode, settings, rng, where,

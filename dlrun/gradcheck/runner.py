@@ -26,7 +26,8 @@ def new_report(name: str, settings: Settings, keys=("dtype", "eps", "atol", "rto
     report = LayerReport(name, {k: getattr(settings, k) for k in keys})
     if settings.detect_kinks:
         report.settings["detect_kinks"] = True
-    if settings.dtype == "float32":
+    if settings.dtype == "float32":  # eps: the float64 copy's step; float32_eps: where none can stand in
+        report.settings["float32_eps"] = settings.float32_eps
         report.warnings.append(F32_WARNING)
     if settings.device != "cpu":
         report.settings["device"] = settings.device
@@ -162,7 +163,7 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
         runs.append(check_tensor(probe, side.arrays[name], grad, name, role, run_mode, settings, rng, where, extra,
                                  dtype=str(arr.dtype)))
     if side.dtype == "float32":
-        explain_rounding(runs, g64, out0, settings.eps)
+        explain_rounding(runs, g64, out0, probe.h)
 
     unwired = paths.unwired(h, trainable, grads, x, y, out0, rng)
     log.record("wiring", not unwired, f"perturbing {', '.join(unwired)} does not change the output "
@@ -234,7 +235,7 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
                 _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settings, rng, results, log,
                               dodge)
             finally:
-                twin.warn_fallback(report.warnings, name, h.twin_note)
+                twin.warn_fallback(report.warnings, name, h.twin_note, settings.float32_eps)
             if settings.phase == "auto" and phases == ("train",) and paths.reads_phase(h, inputs.draw_point(
                     spec, dims, shape, out_shape, n, layer, settings, np.random.default_rng(settings.seed + 1))):
                 report.settings["phase"] = "train+eval"  # checked in evaluation too, from this shape on

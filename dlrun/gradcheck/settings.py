@@ -13,7 +13,9 @@ from . import kinks
 from .inputs import DIM_CONFIGS
 
 # dtype -> (eps, atol, rtol). float64: PyTorch's defaults; float32: a step large enough to rise
-# above rounding noise, and loose tolerances (JAX f32 2e-3, MXNet rtol 1e-2).
+# above rounding noise, and loose tolerances (JAX f32 2e-3, MXNet rtol 1e-2). The step belongs to
+# the dtype the differences are taken in: a float32 check differences a float64 copy (gradcheck.twin)
+# with float64's step, and float32's only where no copy can stand in.
 DEFAULTS = {"float64": (1e-6, 1e-5, 1e-3), "float32": (1e-3, 1e-3, 1e-2)}
 # --strict (float64): cs231n's "1e-7 and less, you should be happy"; correct smooth layers
 # measure ≤ 4e-8 (docs/gradcheck.md)
@@ -30,7 +32,10 @@ class Settings:
 
     Args:
         dtype: float64 (default) or float32 (warned: rounding noise needs loose tolerances).
-        eps: central-difference step h.
+        eps: central-difference step h; by default float64's, 1e-6, also in a float32 check, whose
+            differences are taken on a float64 copy (gradcheck.twin).
+        float32_eps: the step where a float32 check must difference in float32 (no float64 copy
+            can stand in): ``eps`` when given, else 1e-3. Set by :meth:`resolved`.
         atol, rtol: an element passes when abs(a - n) <= atol + rtol * abs(n) (n = numeric).
         seed: seeds inputs, parameters, upstream gradients and every stochastic forward.
         mode: auto (exhaustive up to ``max_exhaustive`` elements, else fast + sampled),
@@ -51,7 +56,8 @@ class Settings:
             identical results. Default: 0 on the CPU (numpy is deterministic), 1e-12 on the GPU
             (atomic adds may sum in any order). PyTorch's ``nondet_tol``.
         kink_margin: a point where a declared ``kink_distance`` is at most this is redrawn (up
-            to ``resample`` times); default 10·eps; 0 redraws only points exactly on a kink.
+            to ``resample`` times); default 10 times the larger step (1e-5 in float64, 1e-2 in
+            float32); 0 redraws only points exactly on a kink.
         detect_kinks: also sample θ ± h/2 and skip elements where a quadratic does not fit the
             five values (a kink the layer declares no ``branch_signature`` for); twice the forwards.
         device: cpu, or gpu (CuPy): where the checked code runs; the comparison stays on the host.
@@ -59,6 +65,7 @@ class Settings:
 
     dtype: Literal["float64", "float32"] = "float64"
     eps: float | None = None
+    float32_eps: float | None = None
     atol: float | None = None
     rtol: float | None = None
     seed: int = 0
@@ -90,7 +97,7 @@ class Settings:
         self.dim_configs()  # raises UsageError for a bad --dims
         if self.strict and self.dtype != "float64":
             raise UsageError("--strict needs --dtype float64 (float32 rounding alone exceeds its tolerances)")
-        eps, atol, rtol = DEFAULTS[self.dtype]
+        eps, atol, rtol = DEFAULTS["float64"][0], *DEFAULTS[self.dtype][1:]
         if self.strict:
             atol, rtol = STRICT
         if self.device not in DEVICES:
@@ -100,14 +107,16 @@ class Settings:
         if not (nondet >= 0 and np.isfinite(nondet)):
             raise UsageError(f"--nondet-tol must be a non-negative number, got {nondet}")
         s = replace(self, nondet_tol=nondet, eps=eps if self.eps is None else self.eps,
+                    float32_eps=next(v for v in (self.float32_eps, self.eps, DEFAULTS[self.dtype][0]) if v is not None),
                     atol=atol if self.atol is None else self.atol,
                     rtol=rtol if self.rtol is None else self.rtol)
-        margin = float(f"{10 * s.eps:.12g}") if s.kink_margin is None else s.kink_margin  # 1e-05, not 9.99…e-06
+        widest = s.float32_eps if s.dtype == "float32" else s.eps  # (a float32 check may fall back to float32's)
+        margin = float(f"{10 * widest:.12g}") if s.kink_margin is None else s.kink_margin  # 1e-05, not 9.99…e-06
         s = replace(s, kink_margin=margin)
-        for name in ("eps", "atol", "rtol", "kink_margin"):
-            v = getattr(s, name)
-            if not (v >= 0 and np.isfinite(v)) or (name == "eps" and v == 0):
-                raise UsageError(f"--{name.replace('_', '-')} must be a {'positive' if name == 'eps' else 'non-negative'} "
+        for name in ("eps", "float32_eps", "atol", "rtol", "kink_margin"):
+            v, step = getattr(s, name), name.endswith("eps")
+            if not (v >= 0 and np.isfinite(v)) or (step and v == 0):
+                raise UsageError(f"--{name.replace('_', '-')} must be a {'positive' if step else 'non-negative'} "
                                  f"number, got {v}")
         return s
 
@@ -132,6 +141,11 @@ class Settings:
         if self.phase == "auto":
             return ("train", "eval") if has_phase else ("train",)
         return ("train", "eval") if self.phase == "both" else (self.phase,)
+
+    def step(self, dtype: str) -> float:
+        """The central-difference step for differences of outputs computed in ``dtype``: a float32
+        check's float64 copy takes ``eps``, its float32 fallback ``float32_eps`` (resolved)."""
+        return self.float32_eps if dtype == "float32" else self.eps
 
     def kink_test(self, dtype=None):
         """The test ``--detect-kinks`` asks for (resolved settings), or None; ``dtype``: of the

@@ -48,10 +48,10 @@ class Side:
 
     def probe(self, g64: np.ndarray, settings) -> Probe:
         """L = Σ G ⊙ out at this side (see :func:`noise` for the allowance added to atol)."""
-        h, x, y = self.harness, self.x, self.y
-        return Probe(lambda: h.loss(x, y, g64), h.signature if h.signed else None, self.sig0,
+        h, x, y, step = self.harness, self.x, self.y, settings.step(self.dtype)
+        return Probe(lambda: h.loss(x, y, g64), step, h.signature if h.signed else None, self.sig0,
                      settings.kink_test(self.dtype), lambda: h.parts(x, y, g64),
-                     noise=noise(self.dtype, g64, self.out0, settings.eps))
+                     noise=noise(self.dtype, g64, self.out0, step))
 
 
 def noise(dtype: str, g64, out, eps: float) -> float:
@@ -126,18 +126,19 @@ def as64(v):
 
 
 FALLBACK = ("{name}: a float64 copy cannot stand in for the float32 one ({why}); its finite differences are "
-            "taken in float32, whose rounding (about 2⁻²⁴·‖G ⊙ out‖₂ / eps) can fail correct code")
+            "taken in float32, with step {step:g}, whose rounding (about 2⁻²⁴·‖G ⊙ out‖₂ / eps) can fail correct code")
 
 
-def warn_fallback(warnings: list, name: str, why: str | None) -> None:
-    """Add FALLBACK for ``name`` once (the first reason found), when there is a reason."""
+def warn_fallback(warnings: list, name: str, why: str | None, step: float) -> None:
+    """Add FALLBACK for ``name`` once (the first reason found), when there is a reason; ``step``:
+    the float32 differences' (Settings.float32_eps)."""
     head = FALLBACK.split(" (")[0].format(name=name)
     if why and not any(w.startswith(head) for w in warnings):
-        warnings.append(FALLBACK.format(name=name, why=why))
+        warnings.append(FALLBACK.format(name=name, why=why, step=step))
 
 
-SCALAR_FALLBACK = ("differences taken in float32: a float64 copy cannot stand in ({why}), and float32 rounding of "
-                   "the value (about 2⁻²⁴·|value| / eps) can fail a correct gradient")
+SCALAR_FALLBACK = ("differences taken in float32 with step {step:g}: a float64 copy cannot stand in ({why}), "
+                   "and float32 rounding of the value (about 2⁻²⁴·|value| / eps) can fail a correct gradient")
 
 
 @dataclass
@@ -154,20 +155,21 @@ class ScalarSide:
     sig0: Any = None
 
     def probe(self, settings) -> Probe:
-        allowance = noise(self.dtype, np.ones(1), [self.value()], settings.eps)
-        return Probe(self.value, self.signature, self.sig0, settings.kink_test(self.dtype),
+        step = settings.step(self.dtype)
+        allowance = noise(self.dtype, np.ones(1), [self.value()], step)
+        return Probe(self.value, step, self.signature, self.sig0, settings.kink_test(self.dtype),
                      lambda: np.array([self.value()]), noise=allowance)
 
 
 def scalar_side(value32: Callable[[], float], value64: Callable[[], float], arrays32: dict, arrays64: dict,
-                raised: type[Exception]) -> ScalarSide:
+                raised: type[Exception], step: float) -> ScalarSide:
     """A float32 check's side: ``value64`` (a float64 copy, reading ``arrays64``) when its value
-    agrees with ``value32``'s; else ``value32`` itself, with a note. ``raised``: what the copy's
-    own code raises (its message is the reason)."""
+    agrees with ``value32``'s; else ``value32`` itself, with a note naming ``step`` (float32's).
+    ``raised``: what the copy's own code raises (its message is the reason)."""
     try:
         why = disagreement([value64()], [value32()])
     except raised as e:
         why = f"its float64 instance raised: {e}"
     if why is None:
         return ScalarSide(value64, arrays64, "float64")
-    return ScalarSide(value32, arrays32, "float32", [SCALAR_FALLBACK.format(why=why)])
+    return ScalarSide(value32, arrays32, "float32", [SCALAR_FALLBACK.format(why=why, step=step)])
