@@ -22,8 +22,7 @@ from ..errors import UsageError
 from ..backend import to_host
 from . import aux, device as devices, inputs, kinks, twin
 from .numeric import TensorRun, check_tensor
-from .report import FAIL, PASS, LayerReport, TensorResult, merge
-from .runner import choose_mode, new_report
+from .report import FAIL, PASS, LayerReport, TensorResult, merge, new_report
 from .settings import Settings
 
 
@@ -179,7 +178,7 @@ def _check_point(loss, dims: dict, settings: Settings, rng, where: str, log: aux
                                       f"(max diff {gap[1]:.3g})", where)
     moved = aux.changed({"z": z0, "y": y0}, {"z": dev.host(z), "y": dev.host(y)})
     log.record("inputs-unchanged", not moved, f"{', '.join(moved)} modified in place by forward/backward", where)
-    mode = choose_mode("exhaustive" if settings.mode == "jacobian" else settings.mode, z.size, settings)
+    mode = settings.mode_for(z.size, jacobian=False)
     if problem is not None:
         return TensorRun("z", "input", tuple(z.shape), str(z.dtype), mode, failed=True, notes=[problem])
     value = lambda: _value(loss, z, y)  # noqa: E731

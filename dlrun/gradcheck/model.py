@@ -21,8 +21,8 @@ from .harness import restore_state, snapshot_state
 from .losscheck import check_loss
 from .regcheck import check_regularizer
 from .numeric import check_tensor
-from .report import LayerReport, TensorResult, merge
-from .runner import check_layer, choose_mode, new_report
+from .report import LayerReport, TensorResult, merge, new_report
+from .runner import check_layer
 from .settings import Settings
 
 
@@ -144,9 +144,7 @@ def _check_model(report, model, loss, ds, idx, settings, rng, twin_of=None) -> d
         return None
     params = [(n, p) for n, p in model.named_parameters() if p.trainable]
     grads = {n: np.array(to_host(p.grad), dtype=np.float64) for n, p in params}
-    # the model's output is the scalar loss: its Jacobian is the gradient, checked exhaustively
-    mode = choose_mode("exhaustive" if settings.mode == "jacobian" else settings.mode,
-                       sum(p.size for _, p in params), settings)
+    mode = settings.mode_for(sum(p.size for _, p in params), jacobian=False)  # (the output: the scalar loss)
     signed = any(kinks.has_signature(la) for la in model.layers)
     side = None if twin_of is None else _float64_side(model, mp, *twin_of, signed, report, settings.float32_eps)
     if side is None:

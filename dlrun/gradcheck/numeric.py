@@ -22,7 +22,7 @@ import numpy as np
 from ..backend import array_module, to_host
 from ..errors import UsageError
 from . import kinks
-from .compare import TINY, TensorRun, compare, relative_rule, sym_rel  # noqa: F401  (TINY, sym_rel: re-exported)
+from .compare import TensorRun, compare, relative_rule, sym_rel
 
 
 @dataclass

@@ -18,7 +18,6 @@ from . import aux, device as devices, twin
 from .losscheck import LossRaised, kink_distance, scalar_report, user_call
 from .numeric import check_tensor
 from .report import LayerReport
-from .runner import choose_mode
 from .settings import Settings
 
 
@@ -62,7 +61,7 @@ def _check_point(reg, shape, settings: Settings, rng, where: str, log: aux.AuxLo
     penalty()
     log.record("inputs-unchanged", np.array_equal(dev.host(w), w0), "w modified in place by penalty/add_gradient", where)
 
-    mode = choose_mode("exhaustive" if settings.mode == "jacobian" else settings.mode, w.size, settings)
+    mode = settings.mode_for(w.size, jacobian=False)
     if settings.dtype == "float32":  # differences of the penalty at float64 weights (gradcheck.twin)
         w64 = dev.put(w0.astype(np.float64))
         side = twin.scalar_side(penalty, lambda: penalty(w64), {"w": w}, {"w": w64}, LossRaised, settings.float32_eps)

@@ -75,6 +75,12 @@ class AuxResult:
     detail: str = ""
 
 
+def new_report(name: str, settings, keys=None) -> "LayerReport":
+    """An empty report headed by the (resolved) settings that shape it, with their warnings."""
+    head = settings.header() if keys is None else settings.header(keys)
+    return LayerReport(name, head, warnings=settings.warnings())
+
+
 @dataclass
 class LayerReport:
     """Everything a check of one layer (or one whole model) found."""

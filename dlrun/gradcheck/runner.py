@@ -13,33 +13,8 @@ from .compare import explain_rounding
 from .dtypes import float32_problem
 from .jacobian import TooLarge, check_jacobians
 from .numeric import TensorRun, check_tensor
-from .report import LayerReport, TensorResult, merge
+from .report import LayerReport, TensorResult, merge, new_report
 from .settings import Settings
-
-F32_WARNING = ("float32 check: backward runs in float32 and is compared with central differences of a float64 "
-               "copy at the same point; tolerances are float32's, looser than float64's, so a PASS here is weaker")
-
-
-def new_report(name: str, settings: Settings, keys=("dtype", "eps", "atol", "rtol", "seed", "mode", "points")):
-    """A report headed by the settings that shaped it (and --detect-kinks when on), with the
-    float32 warning when it applies."""
-    report = LayerReport(name, {k: getattr(settings, k) for k in keys})
-    if settings.detect_kinks:
-        report.settings["detect_kinks"] = True
-    if settings.dtype == "float32":  # eps: the float64 copy's step; float32_eps: where none can stand in
-        report.settings["float32_eps"] = settings.float32_eps
-        report.warnings.append(F32_WARNING)
-    if settings.device != "cpu":
-        report.settings["device"] = settings.device
-    report.warnings += devices.warnings_for(settings.device, settings.dtype)
-    return report
-
-
-def choose_mode(mode: str, total: int, settings: Settings) -> str:
-    if mode != "auto":
-        return mode
-    return "exhaustive" if total <= settings.max_exhaustive else "fast+sampled"
-
 
 def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where: str, log: aux.AuxLog):
     """Forward/backward at one point, the aux checks, then the numeric check of each tensor.
@@ -144,7 +119,7 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     probe = side.probe(g64, settings)
     tensors = ([("x", "input", x, first["x"])] if differentiable else [])
     tensors += [(n, "param", p.data, grads[n]) for n, p in trainable.items()]
-    mode = choose_mode(settings.mode, sum(t[2].size for t in tensors), settings)
+    mode = settings.mode_for(sum(t[2].size for t in tensors))
     jac = {}
     if mode == "jacobian":
         checked = [(n, r, a) for n, r, a, _ in tensors if not bad.get(n)]

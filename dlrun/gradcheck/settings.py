@@ -7,6 +7,7 @@ from typing import Literal
 import numpy as np
 
 from ..backend import DEVICES
+from . import device as devices
 from ..errors import UsageError
 from ..options import did_you_mean
 from . import kinks
@@ -22,6 +23,9 @@ DEFAULTS = {"float64": (1e-6, 1e-5, 1e-3), "float32": (1e-3, 1e-3, 1e-2)}
 STRICT = (1e-7, 1e-6)
 # the reentrant check's default: numpy's backward is deterministic; CuPy's atomic adds are not
 NONDET_TOL = {"cpu": 0.0, "gpu": 1e-12}
+F32_WARNING = ("float32 check: backward runs in float32 and is compared with central differences of a float64 "
+               "copy at the same point; tolerances are float32's, looser than float64's, so a PASS here is weaker")
+REPORTED = ("dtype", "eps", "atol", "rtol", "seed", "mode", "points")
 MODES = ("auto", "exhaustive", "fast", "sampled", "jacobian")
 PHASES = ("auto", "train", "eval", "both")
 
@@ -141,6 +145,32 @@ class Settings:
         if self.phase == "auto":
             return ("train", "eval") if has_phase else ("train",)
         return ("train", "eval") if self.phase == "both" else (self.phase,)
+
+    def header(self, keys=REPORTED) -> dict:
+        """The settings a report is headed by (resolved): ``keys``, and float32's step, --detect-kinks
+        and the device where they apply."""
+        head = {k: getattr(self, k) for k in keys}
+        if self.dtype == "float32":  # eps: the float64 copy's step; float32_eps: where none can stand in
+            head["float32_eps"] = self.float32_eps
+        if self.detect_kinks:
+            head["detect_kinks"] = True
+        if self.device != "cpu":
+            head["device"] = self.device
+        return head
+
+    def warnings(self) -> list[str]:
+        """What a report should warn of because of these settings (float32, TF32 on the GPU)."""
+        return ([F32_WARNING] if self.dtype == "float32" else []) + devices.warnings_for(self.device, self.dtype)
+
+    def mode_for(self, total: int, jacobian: bool = True) -> str:
+        """The mode for ``total`` checked elements: ``mode``, or for auto exhaustive up to
+        ``max_exhaustive`` and fast+sampled above. ``jacobian=False``: a scalar function (a loss,
+        a penalty, a model's loss), whose Jacobian is its gradient: jacobian mode is exhaustive."""
+        if self.mode == "jacobian" and not jacobian:
+            return "exhaustive"
+        if self.mode != "auto":
+            return self.mode
+        return "exhaustive" if total <= self.max_exhaustive else "fast+sampled"
 
     def step(self, dtype: str) -> float:
         """The central-difference step for differences of outputs computed in ``dtype``: a float32
