@@ -85,7 +85,8 @@ def describe(hint) -> str:
             return f"{name} {rng.describe()}"
         return name
     if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
+        choices = typing.get_args(hint)
+        return repr(choices[0]) if len(choices) == 1 else "one of " + ", ".join(repr(a) for a in choices)
     if origin in (Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         text = " or ".join(describe(a) for a in args)
@@ -145,7 +146,7 @@ def check_value(value, hint, *, build_component=None):
             if type(None) in args:
                 return None
             raise OptionError(f"expected {describe(hint)}, got null")
-        errors = []
+        errors, lists = [], []
         for a in args:
             if a is type(None):
                 continue
@@ -153,9 +154,15 @@ def check_value(value, hint, *, build_component=None):
                 return check_value(value, a, build_component=build_component)
             except OptionError as e:
                 errors.append(str(e))
+                if typing.get_origin(a) in (list, tuple):
+                    lists.append(str(e))
         if len(errors) == 1:
             raise OptionError(errors[0])
-        raise OptionError(f"expected {describe(hint)}, got {_got(value)}")
+        if isinstance(value, (list, tuple)) and len(lists) == 1:  # a list: what is wrong inside it
+            raise OptionError(lists[0])
+        words = [c for a in args if typing.get_origin(a) is Literal for c in typing.get_args(a) if isinstance(c, str)]
+        near = did_you_mean(value, words) if isinstance(value, str) and words else ""
+        raise OptionError(f"expected {describe(hint)}, got {_got(value)}{near}")
     if origin in (tuple, list):
         args = typing.get_args(hint)
         if not isinstance(value, (list, tuple)):

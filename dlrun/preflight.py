@@ -1,13 +1,15 @@
 """Checks that the data, the model and the loss fit together, made before a run writes a file
 or a command reads a checkpoint's data: labels the model has outputs for, targets shaped like its
-outputs, and one class weight per class."""
+outputs, and one class weight per class (``balanced`` ones computed from the training labels)."""
 from __future__ import annotations
 
 import numpy as np
 
+from .backend import to_host
 from .data import Dataset
 from .errors import ConfigError, DataError
 from .losses import Loss
+from .losses.base import BALANCED
 from .model import Sequential
 
 
@@ -18,6 +20,22 @@ def check_class_weights(loss, model: Sequential, where=None) -> None:
     problem = check(model.output_shape[-1] if model.output_shape else 1) if check else None
     if problem:
         raise ConfigError(problem if where else f"loss.class_weights: {problem}", where)
+
+
+def balance_class_weights(loss, model: Sequential, y, config=None) -> None:
+    """Resolve ``class_weights: balanced`` from the training labels ``y`` (Loss.balance). With
+    ``config``, errors name its line, and the weights replace "balanced" in its loss spec
+    (``config.raw``), so the run directory and checkpoints hold the weights that were trained
+    with, and evaluate, predict and --resume use them whatever data they are given."""
+    if getattr(loss, "class_weights", None) != BALANCED:  # (labels stay on the device)
+        return
+    problem = loss.balance(to_host(y), model.output_shape[-1] if model.output_shape else 1)
+    where = config.locate("loss.class_weights") if config is not None else None
+    if problem:
+        raise ConfigError(problem if where else f"loss.class_weights: {problem}", where)
+    spec = config.raw.get("loss") if config is not None else None
+    if isinstance(spec, dict) and spec.get("class_weights") == BALANCED:
+        spec["class_weights"] = list(loss.class_weights)
 
 
 def check_labels(ds: Dataset, model: Sequential, loss) -> None:

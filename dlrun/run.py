@@ -22,7 +22,7 @@ from .errors import CheckpointError, ContractError, DataError, DlrunError, Inter
 from .faults import StopOnSignal, catch_signals
 from .model import Sequential
 from .plugins import relocate
-from .preflight import check_class_weights, check_labels
+from .preflight import balance_class_weights, check_class_weights, check_labels
 from .trainer import History, Trainer
 
 
@@ -87,6 +87,7 @@ def prepare(config: Config):
     loss = config.build("loss")
     check_class_weights(loss, model, config.locate("loss.class_weights"))
     check_labels(ds, model, loss)
+    balance_class_weights(loss, model, ds.y, config)  # (the training split's labels)
     trainer = Trainer(model, loss, config.build("optimizer"), config.build("regularizer"),
                       config.train.batch_size, config.train.shuffle, config.seed, config.train.drop_last,
                       config.train.accumulate_batches)

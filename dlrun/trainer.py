@@ -18,7 +18,7 @@ from .model import Sequential
 from .accumulate import GradAccumulator, windows
 from .hooks import Callback, History  # noqa: F401  (dlrun.trainer.Callback: what plugins and tests import)
 from .position import EpochPosition
-from .preflight import check_class_weights
+from .preflight import balance_class_weights, check_class_weights
 
 
 _NO_VALIDATION = {"loss": None, "accuracy": None}
@@ -111,6 +111,7 @@ class Trainer:
     def fit(self, x, y, x_val=None, y_val=None, epochs: int = 10, callbacks=(), history: History | None = None) -> History:
         """Train until ``epochs`` epochs have run in total (resumes from ``self.epoch``)."""
         xd, yd = self._to_device(x, y)
+        balance_class_weights(self.loss, self.model, yd)  # class_weights: balanced, from these labels
         has_val = x_val is not None and len(x_val) > 0
         val = self._to_device(x_val, y_val) if has_val else None
         n = len(xd)

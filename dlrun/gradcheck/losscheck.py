@@ -20,6 +20,7 @@ import numpy as np
 from .. import registry
 from ..errors import UsageError
 from ..backend import to_host
+from ..losses.base import BALANCED
 from . import aux, device as devices, inputs, kinks, twin
 from .numeric import TensorRun, check_tensor
 from .report import FAIL, PASS, LayerReport, TensorResult, merge, new_report
@@ -65,6 +66,10 @@ def _weighted_classes(loss, configs: list[dict], chosen: bool) -> list[dict]:
     """A loss with class_weights scores as many classes as it has weights: C is set to that
     (a C given with --dims must be it)."""
     weights = getattr(loss, "class_weights", None)
+    if weights == BALANCED:
+        raise UsageError("class_weights: balanced is computed from a run's training labels, and a loss check has none: "
+                         "give the weights, e.g. --set class_weights=[1,2,0.5,1], or check a config (dlrun gradcheck "
+                         "CONFIG.yaml computes them from its data)")
     if weights is None or loss.classes(len(weights)) != len(weights):  # (BinaryCrossEntropy: 2 with any C)
         return configs
     if chosen and configs[0]["C"] != len(weights):

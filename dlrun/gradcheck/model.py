@@ -16,6 +16,7 @@ from .. import registry
 from ..backend import to_host
 from ..config import load_config
 from ..model import Sequential
+from ..preflight import balance_class_weights
 from . import device as devices, kinks, twin
 from .harness import restore_state, snapshot_state
 from .losscheck import check_loss
@@ -73,6 +74,7 @@ def check_config(path, overrides=(), settings: Settings | None = None, batch: in
     ds = cfg.build("data")
     model = Sequential(cfg.build_layers(), ds.input_shape, dev.backend, settings.np_dtype, settings.seed, cfg.locate)
     loss = cfg.build("loss")
+    balance_class_weights(loss, model, ds.y, cfg)  # class_weights: balanced, from the data's labels
     twin_of = None
     if settings.dtype == "float32":  # differences of a float64 copy of model and loss (gradcheck.twin)
         twin_of = (Sequential(cfg.build_layers(), ds.input_shape, dev.backend, np.float64, settings.seed, cfg.locate),

@@ -1,21 +1,27 @@
 """The loss base class: ``forward(z, y) -> scalar`` (batch mean), ``backward() -> dz``."""
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
+
+import numpy as np
 
 from ..backend import array_module
 from ..buffers import BufferPool
+from ..errors import ConfigError
 from ..options import Range
 from ..registry import losses
 
-# the class_weights option of classification losses: w_k ≥ 0 per class k, not all 0
-ClassWeights = list[Annotated[float, Range(min=0)]] | None
+BALANCED = "balanced"
+# the class_weights option of classification losses: w_k ≥ 0 per class k, not all 0; or
+# "balanced", resolved from the training labels when training starts (Loss.balance)
+ClassWeights = list[Annotated[float, Range(min=0)]] | Literal["balanced"] | None
 
 
-def weights_option(values) -> tuple | None:
-    """The class_weights option as a tuple; ValueError when every weight is 0 (nothing to learn)."""
-    if values is None:
-        return None
+def weights_option(values) -> tuple | str | None:
+    """The class_weights option as a tuple (or "balanced"); ValueError when every weight is 0
+    (nothing to learn)."""
+    if values is None or values == BALANCED:
+        return values
     if not any(v > 0 for v in values):
         raise ValueError(f"class_weights must have at least one weight above 0, got {list(values)}")
     return tuple(float(v) for v in values)
@@ -72,15 +78,42 @@ class Loss:
     def check_weights(self, outputs: int) -> str | None:
         """Why ``class_weights`` cannot weight the classes ``outputs`` model outputs score, or None."""
         w, classes = self.class_weights, self.classes(outputs)
-        if w is not None and len(w) != classes:
+        if w is not None and w != BALANCED and len(w) != classes:
             scorer = "the model" if classes == outputs else type(self).__name__
             return f"{len(w)} weights, but {scorer} scores {classes} classes: give one weight per class"
         return None
 
+    def class_counts(self, y, classes: int) -> np.ndarray:
+        """How many samples of the labels ``y`` (host) each of ``classes`` classes has."""
+        y = np.asarray(y).ravel()
+        return np.bincount(y[(y >= 0) & (y < classes)], minlength=classes).astype(np.float64)
+
+    def balance(self, y, outputs: int) -> str | None:
+        """Resolve ``class_weights: balanced`` from the training labels ``y`` (host):
+        w_k = n / (C·n_k), so every class weighs as much in the loss as a class of the average
+        size (scikit-learn's ``compute_class_weight("balanced")``). Returns why it cannot (a class
+        without samples), or None; nothing changes unless the weights are "balanced"."""
+        if self.class_weights != BALANCED:
+            return None
+        counts = self.class_counts(y, self.classes(outputs))
+        empty = np.flatnonzero(counts == 0)
+        if empty.size:
+            return (f"balanced: class {int(empty[0])} has no training samples, so n / (C·n_k) has no value for it; "
+                    f"give the weights as a list, one per class")
+        self.class_weights = tuple(float(w) for w in counts.sum() / (len(counts) * counts))
+        return None
+
+    def resolved_weights(self) -> tuple | None:
+        """``class_weights`` for computing: a tuple or None, never the unresolved "balanced"."""
+        if self.class_weights == BALANCED:
+            raise ConfigError(f"{type(self).__name__}: class_weights: balanced is computed from the training labels "
+                             f"when training starts; train first, or give the weights as a list")
+        return self.class_weights
+
     def sample_weights(self, y, like, out=None):
         """w[y]: each sample's class weight as an array of ``like``'s dtype on its device (into
         ``out`` when given), or None without class_weights. The weights go to the device once."""
-        if self.class_weights is None:
+        if self.resolved_weights() is None:
             return None
         xp = array_module(like)
         table = self.__dict__.get("_weight_table")
@@ -89,7 +122,8 @@ class Loss:
         return table.take(y, out=out)
 
     def _weights_repr(self) -> str:
-        return f"class_weights={list(self.class_weights)}" if self.class_weights is not None else ""
+        w = self.class_weights
+        return "" if w is None else f"class_weights={w if w == BALANCED else list(w)}"
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._weights_repr()})"

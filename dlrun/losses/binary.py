@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..backend import array_module
 from ..errors import ShapeError
 from ..options import PositiveFloat
@@ -29,7 +31,8 @@ class BinaryCrossEntropy(Loss):
     Args:
         class_weights: ``[w0, w1]``: a sample of label 0 counts w0 times, one of label 1 w1 times
             (a target y in between, w0 + (w1 − w0)·y); the loss and its gradient are scaled per
-            sample, still divided by N. null weights every sample 1.
+            sample, still divided by N. ``balanced``: n / (2·n_k) from the training labels, a
+            soft target counting y towards class 1. null weights every sample 1.
     """
 
     task = "classification"
@@ -50,7 +53,7 @@ class BinaryCrossEntropy(Loss):
         self._shape, self._z, self._y = z.shape, zf, yf
         terms = xp.maximum(zf, 0) - zf * yf + xp.log1p(xp.exp(-xp.abs(zf)))
         self._wy = None
-        if self.class_weights is not None:  # w0 + (w1 − w0)·y: w[y] for labels 0 and 1
+        if self.resolved_weights() is not None:  # w0 + (w1 − w0)·y: w[y] for labels 0 and 1
             w0, w1 = self.class_weights
             self._wy = yf * (w1 - w0) + w0  # Python floats keep float32 float32
             terms *= self._wy
@@ -81,6 +84,10 @@ class BinaryCrossEntropy(Loss):
     def classes(self, outputs):
         return 2  # one logit scores labels 0 and 1
 
+    def class_counts(self, y, classes):
+        y = np.asarray(y, dtype=np.float64).ravel()  # a soft target y counts 1 − y for class 0 and y for class 1
+        return np.array([len(y) - y.sum(), y.sum()])
+
     def check_outputs(self, classes, outputs):
         if classes > 2:
             return (f"has labels up to {classes - 1}, but BinaryCrossEntropy takes labels 0 and 1 "
@@ -102,7 +109,8 @@ class Hinge(Loss):
     Args:
         margin: the score gap Δ the true class should keep over every other class.
         class_weights: one weight ≥ 0 per class: sample i's terms and gradient count w[y_i]
-            times (still divided by N); null weights every sample 1.
+            times (still divided by N); ``balanced``: n / (C·n_k) from the training labels; null
+            weights every sample 1.
     """
 
     task = "classification"

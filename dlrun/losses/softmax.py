@@ -36,7 +36,8 @@ class SoftmaxCrossEntropy(Loss):
         label_smoothing: ε in [0, 1], the share of each target spread evenly over all C classes
             (0.1 is common); 0 is plain cross-entropy. Accuracy and predictions are unchanged.
         class_weights: one weight ≥ 0 per class, e.g. ``[1, 5]`` to count the samples of a rare
-            class 1 five times; null weights every sample 1.
+            class 1 five times; ``balanced``: n / (C·n_k) from the training labels (written into
+            the run's config); null weights every sample 1.
     """
 
     task = "classification"
@@ -198,7 +199,8 @@ class NLL(Loss):
 
     Args:
         class_weights: one weight ≥ 0 per class: sample i counts w[y_i] times,
-            L = −(1/N) Σ_i w[y_i]·z_i[y_i] (as SoftmaxCrossEntropy's); null weights every sample 1.
+            L = −(1/N) Σ_i w[y_i]·z_i[y_i] (as SoftmaxCrossEntropy's, ``balanced`` too); null
+            weights every sample 1.
     """
 
     task = "classification"
