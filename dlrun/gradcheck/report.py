@@ -77,8 +77,7 @@ class AuxResult:
 
 def new_report(name: str, settings, keys=None) -> "LayerReport":
     """An empty report headed by the (resolved) settings that shape it, with their warnings."""
-    head = settings.header() if keys is None else settings.header(keys)
-    return LayerReport(name, head, warnings=settings.warnings())
+    return LayerReport(name, settings.header(keys), warnings=settings.warnings())
 
 
 @dataclass

@@ -7,10 +7,9 @@ from typing import Literal
 import numpy as np
 
 from ..backend import DEVICES
-from . import device as devices
 from ..errors import UsageError
 from ..options import did_you_mean
-from . import kinks
+from . import device as devices, kinks
 from .inputs import DIM_CONFIGS
 
 # dtype -> (eps, atol, rtol). float64: PyTorch's defaults; float32: a step large enough to rise
@@ -146,10 +145,10 @@ class Settings:
             return ("train", "eval") if has_phase else ("train",)
         return ("train", "eval") if self.phase == "both" else (self.phase,)
 
-    def header(self, keys=REPORTED) -> dict:
-        """The settings a report is headed by (resolved): ``keys``, and float32's step, --detect-kinks
-        and the device where they apply."""
-        head = {k: getattr(self, k) for k in keys}
+    def header(self, keys=None) -> dict:
+        """The settings a report is headed by (resolved): ``keys`` (default REPORTED), and float32's
+        step, --detect-kinks and the device where they apply."""
+        head = {k: getattr(self, k) for k in keys or REPORTED}
         if self.dtype == "float32":  # eps: the float64 copy's step; float32_eps: where none can stand in
             head["float32_eps"] = self.float32_eps
         if self.detect_kinks:

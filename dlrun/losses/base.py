@@ -107,7 +107,7 @@ class Loss:
         """``class_weights`` for computing: a tuple or None, never the unresolved "balanced"."""
         if self.class_weights == BALANCED:
             raise ConfigError(f"{type(self).__name__}: class_weights: balanced is computed from the training labels "
-                             f"when training starts; train first, or give the weights as a list")
+                              f"when training starts; train first, or give the weights as a list")
         return self.class_weights
 
     def sample_weights(self, y, like, out=None):
