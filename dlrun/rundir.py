@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 from .config import Config, dump_yaml
-from .errors import TrainingError
+from .errors import TrainingError, UsageError
 from .hooks import Callback
 
 METRIC_COLUMNS = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "learning_rate", "seconds")
@@ -26,7 +26,10 @@ def new_run_dir(runs_dir: str | Path, name: str) -> Path:
     runs_dir = Path(runs_dir)
     try:
         runs_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
+    except (FileExistsError, NotADirectoryError, PermissionError) as e:  # the path given: exit 2
+        why = "a file is in the way; give a directory" if not isinstance(e, PermissionError) else "choose a writable place"
+        raise UsageError(f"--runs-dir {runs_dir}: cannot create the runs directory: {e.strerror} ({why})") from None
+    except OSError as e:  # a full disk, an I/O error: the run failed
         raise TrainingError(f"cannot create the runs directory {runs_dir}: {e.strerror}") from None
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     for i in range(1000):

@@ -111,7 +111,7 @@ CASES = [
     ("show_unknown", ["show", "Relu"], 2, ["did you mean ReLU?"]),
     ("list_unknown_kind", ["list", "layer"], 2, ["unknown kind 'layer'", "did you mean layers?"]),
     ("plugin_flag_missing", ["check", f"{C}/valid.yaml", "--plugin", "nothere.py"], 2, ["plugin file not found: nothere.py"]),
-    ("runs_dir_is_file", ["train", f"{C}/valid.yaml", "--runs-dir", f"{D}/good.csv/runs"], 1, ["cannot create the runs directory", "good.csv"]),
+    ("runs_dir_is_file", ["train", f"{C}/valid.yaml", "--runs-dir", f"{D}/good.csv/runs"], 2, ["cannot create the runs directory", "good.csv", "a file is in the way"]),
 ]
 
 
