@@ -5,6 +5,7 @@ Nothing else in dlrun imports cupy. Layers take the array module from their inpu
 """
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -177,3 +178,29 @@ def to_host(x) -> np.ndarray:
     if type(x).__module__.startswith("cupy"):
         return x.get()
     return np.asarray(x)
+
+
+def host_memory_available() -> int | None:
+    """Bytes of host memory the OS can still give (Linux's MemAvailable, else free pages), or
+    None where it cannot say. Used to refuse, with a message, sizes that would get the process
+    killed by the OS (Linux overcommits: a 15 GiB numpy allocation succeeds, touching it does not)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes for people: 512 B, 7.4 KiB, 152.6 MiB, 37.3 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{int(n):,} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

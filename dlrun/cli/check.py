@@ -7,20 +7,13 @@ from typing import Optional
 import typer
 from rich.table import Table
 
+from ..backend import format_bytes
 from ..check import check_config
 from ..config import load_config
 from ..plugins import load_plugins
 from . import app, out
 from .catalog import PLUGIN
 from .train import SET_HELP
-
-
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:,} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 @app.command("check")
@@ -38,7 +31,7 @@ def check_cmd(
     r = check_config(cfg, checkpoint)
     t = Table(title="model", title_justify="left")
     rows = [(str(row.index), row.name, str(("N",) + row.output_shape).replace("'", ""), f"{row.params:,}",
-             _bytes(row.param_bytes), _bytes(row.grad_bytes), _bytes(row.activation_bytes)) for row in r.layers]
+             format_bytes(row.param_bytes), format_bytes(row.grad_bytes), format_bytes(row.activation_bytes)) for row in r.layers]
     # One line per layer: every other column keeps its widest cell (a header may wrap between
     # words), and the layer's options are cut with '…' to fit the terminal (the config has them all).
     headers = ("#", "layer", "output shape", "params", "param mem", "grad mem", "activation mem")
@@ -55,7 +48,7 @@ def check_cmd(
         name = cells[1] if len(cells[1]) <= room else cells[1][:room - 1] + "…"
         t.add_row(*cells[:1], name, *cells[2:])
     t.caption = (f"input (N, {', '.join(map(str, r.input_shape))}) · batch N={r.batch_size} · {r.device} · {r.dtype} · "
-                 f"memory {_bytes(r.total_bytes)} (parameters + gradients + activations)")
+                 f"memory {format_bytes(r.total_bytes)} (parameters + gradients + activations)")
     out.print(t)
     out.print(f"data {r.data!r}: {r.train_samples} training and {r.val_samples} validation samples")
     if r.checkpoint:

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..backend import CPU, Backend
+from ..backend import CPU, Backend, format_bytes, host_memory_available
 from ..buffers import BufferPool
 from ..errors import ConfigError, DlrunError, ShapeError
 
@@ -156,6 +156,7 @@ class Layer:
         """
         shape = tuple(int(s) for s in shape)
         drawn = value is None
+        _fits_in_memory(name, shape, self.dtype, drawn)
         if drawn:
             if initializer is None:
                 raise ValueError(f"parameter {name!r} needs an initializer or a value")
@@ -236,3 +237,15 @@ class Layer:
         spec = getattr(self, "spec", None) or {}
         opts = ", ".join(f"{k}={v!r}" for k, v in spec.items() if k != "type")
         return f"{type(self).__name__}({opts})"
+
+
+def _fits_in_memory(name: str, shape: tuple, dtype: np.dtype, drawn: bool) -> None:
+    """MemoryError, with the sizes, for a parameter the host cannot hold while it is made: the
+    initializer's float64 draw, its copy in ``dtype``, the parameter and its gradient. Linux
+    would otherwise grant the arrays and kill the process (no message, exit 137) on first touch."""
+    n = int(np.prod(shape, dtype=np.float64))
+    need = n * ((8 if drawn else 0) + 3 * dtype.itemsize)
+    free = host_memory_available()
+    if free is not None and need > free:
+        raise MemoryError(f"parameter {name!r} of shape {shape} needs {format_bytes(need)} while it is made "
+                          f"({n:,} values), more than the {format_bytes(free)} of memory available")
