@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import to_host
+from .backend import format_bytes, host_memory_available, to_host
 from .data import Dataset
 from .errors import ConfigError, DataError
 from .losses import Loss
@@ -36,6 +36,26 @@ def balance_class_weights(loss, model: Sequential, y, config=None) -> None:
     spec = config.raw.get("loss") if config is not None else None
     if isinstance(spec, dict) and spec.get("class_weights") == BALANCED:
         spec["class_weights"] = list(loss.class_weights)
+
+
+def check_batch_memory(model: Sequential, batch: int, where=None) -> None:
+    """ConfigError (at ``where``: train.batch_size) when one batch's activations cannot fit in the
+    host memory available. A training step holds each layer's output and the gradient it passes
+    back (fast mode keeps one buffer for each), so 2 × batch × Σ outputs × itemsize is a lower
+    bound of its peak; caches come on top (measured peaks: 2–3 times the bound). Over it, Linux
+    would grant the arrays and kill the process, with no message, when they are written. On the
+    GPU activations live in device memory, whose allocator refuses with an error instead."""
+    free = host_memory_available() if model.backend.name == "cpu" else None
+    if free is None:
+        return
+    per_sample = 2 * sum(int(np.prod(s, dtype=np.float64)) for s in model.shapes) * model.dtype.itemsize
+    if batch * per_sample > free:
+        fits = int(free // per_sample)
+        raise ConfigError(f"a batch of {batch} needs at least {format_bytes(batch * per_sample)} for the layers' "
+                          f"outputs and their gradients ({format_bytes(per_sample)} a sample), more than the "
+                          f"{format_bytes(free)} of memory available; "
+                          + (f"make train.batch_size at most {fits}" if fits else "make the model's layers smaller"),
+                          where)
 
 
 def check_labels(ds: Dataset, model: Sequential, loss) -> None:

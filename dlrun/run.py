@@ -22,7 +22,7 @@ from .errors import CheckpointError, ContractError, DataError, DlrunError, Inter
 from .faults import StopOnSignal, catch_signals
 from .model import Sequential
 from .plugins import relocate
-from .preflight import balance_class_weights, check_class_weights, check_labels
+from .preflight import balance_class_weights, check_batch_memory, check_class_weights, check_labels
 from .trainer import History, Trainer
 
 
@@ -91,6 +91,7 @@ def prepare(config: Config):
     trainer = Trainer(model, loss, config.build("optimizer"), config.build("regularizer"),
                       config.train.batch_size, config.train.shuffle, config.seed, config.train.drop_last,
                       config.train.accumulate_batches)
+    check_batch_memory(model, trainer.epoch_batches(len(ds.x))[0], config.locate("train.batch_size"))
     _monitor(config, ds, trainer)  # settings that depend on the data: dlrun check and time see them too
     train_controls_for(config, ds, trainer)
     return ds, trainer

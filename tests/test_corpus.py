@@ -275,3 +275,21 @@ def test_a_parameter_larger_than_memory_is_refused_before_the_os_kills_the_proce
                                "needs 152.6 MiB while it is made (8,000,000 values), more than the 64.0 MiB of "
                                "memory available")
     assert build_model(load_config("configs/spiral.yaml", ["model[0].units=400000"]), (2,))  # 15 MiB: fits
+
+
+def test_a_batch_whose_outputs_cannot_fit_is_refused_with_the_batch_size_that_would(monkeypatch):
+    # the same OS kill, from activations: the outputs and their gradients bound a step's peak
+    import dlrun.preflight as preflight
+    from dlrun import run
+    from dlrun.config import load_config
+    from dlrun.errors import ConfigError
+
+    monkeypatch.setattr(preflight, "host_memory_available", lambda: 2**30)  # 1 GiB left
+    cfg = load_config("configs/spiral.yaml", ["model[0].units=400000", "train.batch_size=null"])
+    with pytest.raises(ConfigError) as e:  # 2 × (400000 + 400000 + 3) float32 outputs = 6.1 MiB a sample
+        run.prepare(cfg)
+    assert e.value.exit_code == 2 and str(e.value.where) == "--set train.batch_size=null: train.batch_size"
+    assert e.value.message == ("a batch of 300 needs at least 1.8 GiB for the layers' outputs and "
+                               "their gradients (6.1 MiB a sample), more than the 1.0 GiB of memory available; make "
+                               "train.batch_size at most 167")
+    run.prepare(load_config("configs/spiral.yaml", ["model[0].units=400000", "train.batch_size=167"]))  # fits
