@@ -103,9 +103,17 @@ def _check_fields(cls, given: dict, path: str, locate) -> tuple[Any, list]:
             continue
         try:
             kwargs[k] = check_value(v, hints[k])
+            given[k] = _recorded(v, kwargs[k])
         except OptionError as e:
             errors.append(ConfigError(str(e), locate(p)))
     return cls(**kwargs), errors
+
+
+def _recorded(given, value):
+    """What the run directory records for a checked value: an integer given as 1e3 or 32.0 is
+    recorded as 1000 or 32, as it is used (not 1000.0); anything else as it was written."""
+    integral = isinstance(value, int) and not isinstance(value, bool) and isinstance(given, float)
+    return value if integral else given
 
 
 def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
@@ -127,7 +135,9 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
         if key not in raw:
             return default
         try:
-            return check_value(raw[key], hint)
+            value = check_value(raw[key], hint)
+            raw[key] = _recorded(raw[key], value)
+            return value
         except OptionError as e:
             errors.append(ConfigError(str(e), locate(key)))
             return default

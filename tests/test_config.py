@@ -123,3 +123,11 @@ def test_yaml_aliases_are_copies_and_cannot_loop_or_explode(tmp_path):
     with pytest.raises(ConfigError, match="expected a mapping for merging, but found scalar") as e:
         parse_yaml("model:\n  - {<<: [1, 2], type: Linear}\n", "m.yaml")
     assert "not allowed" not in str(e.value)
+
+
+def test_integers_given_as_floats_are_recorded_as_the_integers_used():
+    # `--set train.batch_size=1e3` trains with 1000; config.yaml said 1000.0
+    cfg = load_config("configs/spiral.yaml", ["train.batch_size=1e3", "seed=7.0", "train.validation_split=0.5"])
+    assert cfg.train.batch_size == 1000 and cfg.seed == 7
+    assert type(cfg.raw["train"]["batch_size"]) is int and type(cfg.raw["seed"]) is int
+    assert cfg.raw["train"]["validation_split"] == 0.5  # floats stay floats
