@@ -31,7 +31,7 @@ def check_cmd(
     r = check_config(cfg, checkpoint)
     t = Table(title="model", title_justify="left")
     rows = [(str(row.index), row.name, str(("N",) + row.output_shape).replace("'", ""), f"{row.params:,}",
-             format_bytes(row.param_bytes), format_bytes(row.grad_bytes), format_bytes(row.activation_bytes)) for row in r.layers]
+             *map(format_bytes, (row.param_bytes, row.grad_bytes, row.activation_bytes))) for row in r.layers]
     # One line per layer: every other column keeps its widest cell (a header may wrap between
     # words), and the layer's options are cut with '…' to fit the terminal (the config has them all).
     headers = ("#", "layer", "output shape", "params", "param mem", "grad mem", "activation mem")
