@@ -16,7 +16,7 @@ from typing import Any, Literal
 from . import registry
 from .config_yaml import Source, _join, apply_override, dump_yaml, parse_value, parse_yaml  # noqa: F401  (re-exported)
 from .errors import ConfigError, DlrunError, Location, collect
-from .options import FilePath, NonNegativeInt, OptionError, check_value, did_you_mean
+from .options import FilePath, NonNegativeInt, OptionError, check_value, did_you_mean, recorded
 from .settings import EarlyStoppingSettings, TrainSettings  # noqa: F401  (re-exported)
 
 
@@ -103,17 +103,10 @@ def _check_fields(cls, given: dict, path: str, locate) -> tuple[Any, list]:
             continue
         try:
             kwargs[k] = check_value(v, hints[k])
-            given[k] = _recorded(v, kwargs[k])
+            given[k] = recorded(v, kwargs[k])
         except OptionError as e:
             errors.append(ConfigError(str(e), locate(p)))
     return cls(**kwargs), errors
-
-
-def _recorded(given, value):
-    """What the run directory records for a checked value: an integer given as 1e3 or 32.0 is
-    recorded as 1000 or 32, as it is used (not 1000.0); anything else as it was written."""
-    integral = isinstance(value, int) and not isinstance(value, bool) and isinstance(given, float)
-    return value if integral else given
 
 
 def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
@@ -136,7 +129,7 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
             return default
         try:
             value = check_value(raw[key], hint)
-            raw[key] = _recorded(raw[key], value)
+            raw[key] = recorded(raw[key], value)
             return value
         except OptionError as e:
             errors.append(ConfigError(str(e), locate(key)))

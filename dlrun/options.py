@@ -116,6 +116,13 @@ def _plural(hint) -> str:
     return describe(hint).removeprefix("a ").removeprefix("an ") + "s"
 
 
+def recorded(given, value):
+    """What a run records for a checked value: an integer given as 1e3 or 32.0 is recorded as
+    1000 or 32, as it is used (not 1000.0); anything else as it was written."""
+    integral = isinstance(value, int) and not isinstance(value, bool) and isinstance(given, float)
+    return value if integral else given
+
+
 def check_value(value, hint, *, build_component=None):
     """Convert ``value`` to ``hint`` or raise OptionError.
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from . import docstrings
 from .docstrings import signature
 from .errors import ConfigError, DlrunError, Location, UsageError, collect
-from .options import OptionError, check_value, did_you_mean
+from .options import OptionError, check_value, did_you_mean, recorded
 
 Locate = Callable[[str], Location]
 _TYPE_ALIASES = {"name", "kind", "class", "layer", "cls"}  # keys users write where 'type' belongs
@@ -165,6 +165,8 @@ class Registry:
             try:
                 kwargs[key] = check_value(value, opts[key].hint,
                                           build_component=lambda r, v, kp=kpath: r.build(v, kp, locate))
+                if isinstance(spec, dict):  # the run records units: 1e3 as the 1000 it used
+                    spec[key] = recorded(value, kwargs[key])
             except OptionError as e:
                 errors.append(ConfigError(str(e), locate(kpath)))
             except DlrunError as e:

@@ -131,3 +131,12 @@ def test_integers_given_as_floats_are_recorded_as_the_integers_used():
     assert cfg.train.batch_size == 1000 and cfg.seed == 7
     assert type(cfg.raw["train"]["batch_size"]) is int and type(cfg.raw["seed"]) is int
     assert cfg.raw["train"]["validation_split"] == 0.5  # floats stay floats
+
+
+def test_integers_given_as_floats_inside_components_are_recorded_as_the_integers_used():
+    cfg = load_config("configs/spiral.yaml", ["model[0].units=1e2", "model[2].units=3.0",
+                                              "train.schedule={type: step, step_size: 1e1, gamma: 0.5}"])
+    assert cfg.model[0]["units"] == 100 and type(cfg.model[0]["units"]) is int
+    assert type(cfg.raw["model"][2]["units"]) is int
+    assert cfg.raw["train"]["schedule"] == {"type": "step", "step_size": 10, "gamma": 0.5}
+    assert type(cfg.raw["train"]["schedule"]["step_size"]) is int
