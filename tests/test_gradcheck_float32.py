@@ -11,7 +11,7 @@ from conftest import write
 from test_gradcheck_broken import registered
 
 from dlrun import registry
-from dlrun.gradcheck import FAIL, PASS, Settings, check_layer, twin
+from dlrun.gradcheck import FAIL, PASS, Settings, check_layer, kinks, twin
 from dlrun.gradcheck.losscheck import check_loss
 from dlrun.layers.batchnorm import BatchNorm
 
@@ -154,11 +154,40 @@ def test_whole_model_in_float32_is_differenced_in_float64(cli):
 def test_steps_follow_the_dtype_of_the_differences():
     s = F32.resolved()
     assert (s.eps, s.float32_eps, s.step("float64"), s.step("float32")) == (1e-6, 1e-3, 1e-6, 1e-3)
-    assert s.kink_margin == 1e-2  # 10 times the larger step: a layer may fall back to float32's
+    assert (s.kink_margin, s.float32_kink_margin) == (1e-5, 1e-2)  # 10 steps of each
     s = Settings(dtype="float32", eps=1e-4).resolved()  # --eps sets both
-    assert (s.step("float64"), s.step("float32"), s.kink_margin) == (1e-4, 1e-4, 1e-3)
+    assert (s.step("float64"), s.step("float32"), s.kink_margin, s.float32_kink_margin) == (1e-4, 1e-4, 1e-3, 1e-3)
+    s = Settings(dtype="float32", kink_margin=0.5).resolved()  # --kink-margin sets both
+    assert (s.kink_margin, s.float32_kink_margin) == (0.5, 0.5)
     s = Settings().resolved()
     assert (s.eps, s.float32_eps, s.kink_margin) == (1e-6, 1e-6, 1e-5)
+
+
+def test_the_kink_margin_widens_only_for_points_differenced_in_float32():
+    d = kinks.Dodge(1e-5, 1e-2)
+    assert not d.redraw(3e-3, final=False)  # beyond the float64 copy's margin
+    assert d.recheck(3e-3, final=False) and d.redrawn == 1  # ... but it fell back: within float32's
+    assert not d.recheck(3e-6, final=False) and d.redrawn == 1  # (redraw judged that one already)
+    assert d.redraw(3e-3, final=False, fallback=True) and d.redrawn == 2 and d.widened
+    assert not d.redraw(3e-3, final=True, fallback=True) and d.near == 1
+    assert not kinks.Dodge(1e-5).recheck(3e-3, final=False)  # a float64 check never falls back
+
+
+def test_float32_checks_redraw_only_for_the_float64_copys_step_unless_they_fall_back(monkeypatch):
+    # the float64 copy's 1e-6 steps need a 1e-5 margin: MaxPool2D redrew 51 points for 1e-2
+    report = check_layer("MaxPool2D", settings=F32)
+    assert report.verdict == PASS and report.kinks["redrawn"] == 0, report.kinks
+    assert report.settings["kink_margin"] == 1e-5 and "float32_margin" not in report.kinks
+    rechecked = []
+    recheck = kinks.Dodge.recheck
+    monkeypatch.setattr(kinks.Dodge, "recheck", lambda self, *a: rechecked.append(a) or recheck(self, *a))
+    with no_twin():  # differenced in float32 with step 1e-3: held to 1e-2
+        report = check_layer("MaxPool2D", settings=F32)
+    assert report.verdict == PASS and report.kinks["redrawn"] > 0, report.kinks
+    assert report.kinks["float32_margin"] == report.settings["float32_kink_margin"] == 1e-2
+    # the first point of each shape configuration (a new instance), before its fallback was known;
+    # later points are held to the wider margin when drawn
+    assert len(rechecked) == 2
 
 
 def test_float32_model_check_compares_a_conv_bias_that_float32_steps_skipped(cli):

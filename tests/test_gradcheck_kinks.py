@@ -143,7 +143,8 @@ def test_a_declared_kink_distance_redraws_points_near_the_kink(cli, tmp_path, mo
 def test_the_default_margin_is_ten_steps_and_is_reported(cli, tmp_path):
     plugin = write(tmp_path / "distanced.py", DISTANCED_RELU)
     assert Settings().resolved().kink_margin == 1e-5
-    assert Settings(dtype="float32").resolved().kink_margin == 1e-2
+    assert Settings(dtype="float32").resolved().kink_margin == 1e-5  # its float64 copy's step
+    assert Settings(dtype="float32").resolved().float32_kink_margin == 1e-2  # where it must be float32's
     # with eps 0.05 the default margin 0.5 cannot be met by 21 N(0,1) inputs: after --resample
     # redraws the point is checked anyway, said so, and fails on the kink as it would without
     r = cli("gradcheck", "DistancedReLU", "--plugin", plugin, "--eps", "0.05", "--resample", "3")

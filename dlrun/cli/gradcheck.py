@@ -106,7 +106,10 @@ def print_report(report, shown: set | None = None) -> None:
 
 def kinks_line(k: dict) -> str:
     """What redrawing away from declared kinks did (report.kinks)."""
-    line = f"kinks: {k['redrawn']} point draw(s) within --kink-margin {k['margin']:.1e} of a kink were redrawn"
+    margin = f"--kink-margin {k['margin']:.1e}"
+    if "float32_margin" in k:  # points differenced in float32 (no float64 copy) were held to the wider one
+        margin += f" ({k['float32_margin']:.1e} where differences were taken in float32)"
+    line = f"kinks: {k['redrawn']} point draw(s) within {margin} of a kink were redrawn"
     if k["near"]:
         line += (f"; {k['near']} point(s) still within it after --resample redraws were checked "
                  f"(elements whose difference crosses a kink are skipped when the layer has a branch_signature)")
@@ -171,7 +174,8 @@ def gradcheck_cmd(
     resample: int = typer.Option(20, "--resample", help="Redraws of a point within --kink-margin of a declared kink "
                                  "or with over 1% of elements skipped at one."),
     kink_margin: Optional[float] = typer.Option(None, "--kink-margin", help="Redraw points whose declared "
-                                                "kink_distance is at most this (default 10·eps)."),
+                                                "kink_distance is at most this (default 10 steps: 1e-5, or 1e-2 where a "
+                                                "float32 check must difference in float32)."),
     detect_kinks: bool = typer.Option(False, "--detect-kinks", help="Also sample at ±eps/2 and skip elements where "
                                       "a quadratic does not fit (kinks without a branch_signature); 2x the forwards."),
     nondet_tol: Optional[float] = typer.Option(None, "--nondet-tol", help="Allowed difference between two backward "

@@ -128,6 +128,7 @@ class Harness:
         self.fresh = None  # (dtype) -> a new, never called instance of the layer, when the check can make one
         self.twin = None  # float32 checks: the float64 copy differentiated in its place (gradcheck.twin)
         self.twin_note = None  # why no twin could stand in, when none could
+        self.fell_back = False  # whether the last point's differences were taken in float32 (no twin)
 
     def call(self, name: str, fn, *args):
         try:

@@ -42,23 +42,55 @@ def declares(obj, hook: str, base) -> bool:
 class Dodge:
     """Redrawing points that lie within ``margin`` of a declared kink, and the count of them.
 
+    ``fallback_margin`` (float32 checks): the wider margin for a point whose differences are
+    taken in float32 with float32's larger step, because no float64 copy could stand in. Whether
+    one can is known only once the point is evaluated, so such a point is checked against the
+    wider margin again afterwards (:meth:`recheck`).
+
     ``redrawn``: points drawn again for being too close; ``near``: points checked although
     still too close after every redraw (their crossing elements are then skipped, if the layer
     has a signature, or compared: a failure there may be the kink's).
     """
 
     margin: float
+    fallback_margin: float | None = None
     redrawn: int = 0
     near: int = 0
     declared: bool = False
+    widened: bool = False  # a point was held to fallback_margin
 
-    def redraw(self, distance, final: bool) -> bool:
-        """Whether to draw the point again, given its declared distance (None: smooth)."""
-        if distance is None:
+    def redraw(self, distance, final: bool, fallback: bool = False) -> bool:
+        """Whether to draw the point again, given its declared distance (None: smooth);
+        ``fallback``: its differences are known to be taken in float32."""
+        d = self._least(distance)
+        if d is None:
             return False
+        margin = self._margin(fallback)
+        return self._verdict(not d > margin, final)  # NaN counts as close
+
+    def recheck(self, distance, final: bool) -> bool:
+        """After the point turned out to fall back to float32 differences: whether to draw it
+        again for being within ``fallback_margin`` (beyond ``margin``, which :meth:`redraw`
+        already judged)."""
+        d = self._least(distance)
+        if d is None or self.fallback_margin is None:
+            return False
+        return self._verdict(d > self.margin and not d > self._margin(True), final)
+
+    def _least(self, distance) -> float | None:
+        if distance is None:
+            return None
         self.declared = True
         d = np.asarray(to_host(distance), dtype=np.float64)
-        close = d.size > 0 and not float(d.min()) > self.margin  # NaN counts as close
+        return float(d.min()) if d.size else float("inf")
+
+    def _margin(self, fallback: bool) -> float:
+        if fallback and self.fallback_margin is not None:
+            self.widened = True
+            return self.fallback_margin
+        return self.margin
+
+    def _verdict(self, close: bool, final: bool) -> bool:
         if close and not final:
             self.redrawn += 1
             return True
@@ -66,11 +98,13 @@ class Dodge:
         return False
 
     def annotate(self, report) -> None:
-        """Record the counts (``report.kinks``) and the margin (its settings) when something
+        """Record the counts (``report.kinks``) and the margins (its settings) when something
         declared a distance; a smooth layer's report stays as it was."""
         if self.declared:
             report.kinks = {"margin": self.margin, "redrawn": self.redrawn, "near": self.near}
             report.settings["kink_margin"] = self.margin
+            if self.widened:
+                report.kinks["float32_margin"] = report.settings["float32_kink_margin"] = self.fallback_margin
 
 
 def has_signature(layer) -> bool:

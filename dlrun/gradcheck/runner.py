@@ -116,6 +116,7 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
             h.twin_note = other
         else:
             side = other
+    h.fell_back = side.dtype == "float32"
     probe = side.probe(g64, settings)
     tensors = ([("x", "input", x, first["x"])] if differentiable else [])
     tensors += [(n, "param", p.data, grads[n]) for n, p in trainable.items()]
@@ -187,7 +188,7 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
     results: dict[str, TensorResult] = {}
     log = aux.AuxLog()
     rng = np.random.default_rng(settings.seed)
-    dodge = kinks.Dodge(settings.kink_margin)
+    dodge = settings.dodge()
     t0 = time.perf_counter()
     few: list = []  # per configuration: a note when its labels barely repeat
     for dims in configs:
@@ -248,7 +249,9 @@ def _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settin
             for attempt in range(settings.resample + 1):
                 inputs.redraw_params(layer, rng, h.device)
                 point = inputs.draw_point(spec, dims, shape, out_shape, n, layer, settings, rng)
-                if dodge.redraw(h.kink_distance(point.x, point.y), attempt == settings.resample):
+                final, known = attempt == settings.resample, h.twin_note is not None
+                distance = h.kink_distance(point.x, point.y)
+                if dodge.redraw(distance, final, fallback=known):  # (known: an earlier point fell back)
                     continue
                 attempt_log = aux.AuxLog()
                 try:
@@ -256,6 +259,8 @@ def _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settin
                 except ContractError:  # keep what it found before it had to stop (inputs-unchanged)
                     log.merge(attempt_log)
                     raise
+                if h.fell_back and not known and dodge.recheck(distance, final):
+                    continue
                 if not kinks.too_many_skipped(sum(r.skipped for r in runs), sum(r.checked for r in runs)):
                     break
             else:

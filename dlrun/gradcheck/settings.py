@@ -59,8 +59,12 @@ class Settings:
             identical results. Default: 0 on the CPU (numpy is deterministic), 1e-12 on the GPU
             (atomic adds may sum in any order). PyTorch's ``nondet_tol``.
         kink_margin: a point where a declared ``kink_distance`` is at most this is redrawn (up
-            to ``resample`` times); default 10 times the larger step (1e-5 in float64, 1e-2 in
-            float32); 0 redraws only points exactly on a kink.
+            to ``resample`` times); default 10 times the step of the differences taken (1e-5,
+            float32 checks included: their float64 copy's step); 0 redraws only points exactly on
+            a kink.
+        float32_kink_margin: the margin where a float32 check must difference in float32 (no
+            float64 copy can stand in): ``kink_margin`` when given, else 10 × ``float32_eps``
+            (1e-2). Set by :meth:`resolved`.
         detect_kinks: also sample θ ± h/2 and skip elements where a quadratic does not fit the
             five values (a kink the layer declares no ``branch_signature`` for); twice the forwards.
         device: cpu, or gpu (CuPy): where the checked code runs; the comparison stays on the host.
@@ -83,6 +87,7 @@ class Settings:
     dims: str | None = None
     nondet_tol: float | None = None
     kink_margin: float | None = None
+    float32_kink_margin: float | None = None
     detect_kinks: bool = False
     device: str = "cpu"
 
@@ -113,10 +118,11 @@ class Settings:
                     float32_eps=next(v for v in (self.float32_eps, self.eps, DEFAULTS[self.dtype][0]) if v is not None),
                     atol=atol if self.atol is None else self.atol,
                     rtol=rtol if self.rtol is None else self.rtol)
-        widest = s.float32_eps if s.dtype == "float32" else s.eps  # (a float32 check may fall back to float32's)
-        margin = float(f"{10 * widest:.12g}") if s.kink_margin is None else s.kink_margin  # 1e-05, not 9.99…e-06
-        s = replace(s, kink_margin=margin)
-        for name in ("eps", "float32_eps", "atol", "rtol", "kink_margin"):
+        tenfold = lambda step: float(f"{10 * step:.12g}")  # noqa: E731  (1e-05, not 9.99…e-06)
+        s = replace(s, kink_margin=tenfold(s.eps) if s.kink_margin is None else s.kink_margin,
+                    float32_kink_margin=next(v for v in (self.float32_kink_margin, self.kink_margin,
+                                                         tenfold(s.float32_eps)) if v is not None))
+        for name in ("eps", "float32_eps", "atol", "rtol", "kink_margin", "float32_kink_margin"):
             v, step = getattr(s, name), name.endswith("eps")
             if not (v >= 0 and np.isfinite(v)) or (step and v == 0):
                 raise UsageError(f"--{name.replace('_', '-')} must be a {'positive' if step else 'non-negative'} "
@@ -175,6 +181,10 @@ class Settings:
         """The central-difference step for differences of outputs computed in ``dtype``: a float32
         check's float64 copy takes ``eps``, its float32 fallback ``float32_eps`` (resolved)."""
         return self.float32_eps if dtype == "float32" else self.eps
+
+    def dodge(self):
+        """A :class:`kinks.Dodge` for a check with these (resolved) settings."""
+        return kinks.Dodge(self.kink_margin, self.float32_kink_margin if self.dtype == "float32" else None)
 
     def kink_test(self, dtype=None):
         """The test ``--detect-kinks`` asks for (resolved settings), or None; ``dtype``: of the
