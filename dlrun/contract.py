@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import traceback
 
 import numpy as np
@@ -86,13 +87,26 @@ def layer_raised(layers, e: Exception, call: str) -> Exception:
 
 
 def source_line(component, error: BaseException) -> str:
-    """' (file.py:LINE)' of the innermost traceback frame in ``component``'s source file, or ''."""
+    """' (file.py:LINE)' of the innermost traceback frame in ``component``'s source file, or '';
+    then a hint when numpy's message shows a transposed gradient (see :func:`transposed`)."""
     try:
         source = os.path.realpath(inspect.getsourcefile(type(component)) or "")
     except TypeError:
-        return ""
+        return transposed(error)
     lines = [f for f in traceback.extract_tb(error.__traceback__) if os.path.realpath(f.filename) == source]
-    return f" ({os.path.basename(source)}:{lines[-1].lineno})" if lines else ""
+    return (f" ({os.path.basename(source)}:{lines[-1].lineno})" if lines else "") + transposed(error)
+
+
+_BROADCAST = re.compile(r"from shape \((\d+),(\d+)\) into shape \((\d+),(\d+)\)")
+
+
+def transposed(error: BaseException) -> str:
+    """'; the two shapes are each other's transpose ...' when ``error`` is numpy's "could not
+    broadcast input array from shape (3,4) into shape (4,3)" (``p.grad[...] = x.T @ dy``), else ''."""
+    m = _BROADCAST.search(str(error)) if isinstance(error, ValueError) else None
+    if m is None or (m[1], m[2]) != (m[4], m[3]) or m[1] == m[2]:
+        return ""
+    return "; the two shapes are each other's transpose: a transposed gradient (xᵀ·dy where dyᵀ·x belongs?)"
 
 
 def mismatch(a, shape: tuple, dtypes, backend, model_dtype) -> str | None:
@@ -104,7 +118,9 @@ def mismatch(a, shape: tuple, dtypes, backend, model_dtype) -> str | None:
     got = "None" if a is None else f"shape {tuple(getattr(a, 'shape', ()))} {getattr(a, 'dtype', type(a).__name__)}"
     where = "" if a is None or here else f" on {array_module(a).__name__}"
     want = model_dtype if dtypes is None or model_dtype in dtypes else next(iter(dtypes))
-    return f"{got}{where}; expected shape {tuple(shape)} {want} on {backend.name}"
+    flipped = a is not None and len(getattr(a, "shape", ())) == 2 and tuple(a.shape) == tuple(shape)[::-1] != tuple(shape)
+    return (f"{got}{where}; expected shape {tuple(shape)} {want} on {backend.name}"
+            f"{' (transposed: xᵀ·dy where dyᵀ·x belongs?)' if flipped else ''}")
 
 
 # -- the trainer's first step: the loss, the regularizers and the optimizer ------------------------

@@ -197,7 +197,8 @@ class Sequential:
         problem = contract.mismatch(a, shape, dtypes, self.backend, self.dtype)
         if problem:
             verb = "left" if what.endswith(".grad") else "returned"
-            raise LayerContractError(f"model[{i}] {self.layers[i]!r}: {call} {verb} {what} as {problem}")
+            hint = " (a missing return statement?)" if a is None and verb == "returned" else ""
+            raise LayerContractError(f"model[{i}] {self.layers[i]!r}: {call} {verb} {what} as {problem}{hint}")
 
     def predict(self, x, batch_size: int | None = None) -> np.ndarray:
         """Raw outputs for host array ``x``, computed in evaluation mode, in batches (all at once

@@ -40,7 +40,8 @@ def _model(how):
     ("forward-dtype", "model[1] Wrong(): forward returned its output as shape (5, 4) float64; expected shape (5, 4) float32"),
     ("backward-dtype", "model[1] Wrong(): backward returned dx as shape (5, 4) float64; expected shape (5, 4) float32"),
     ("backward-shape", "model[1] Wrong(): backward returned dx as shape (5, 3) float32; expected shape (5, 4) float32"),
-    ("backward-none", "model[1] Wrong(): backward returned dx as None; expected shape (5, 4) float32"),
+    ("backward-none", "model[1] Wrong(): backward returned dx as None; expected shape (5, 4) float32 on cpu (a "
+                      "missing return statement?)"),
 ])
 def test_the_first_pass_names_a_layer_that_breaks_the_contract(how, message):
     model = _model(how)
@@ -127,3 +128,39 @@ def test_train_reports_a_broken_plugin_in_one_line(cli, tmp_path):
     r = cli("train", cfg, "--runs-dir", tmp_path / "runs")
     assert r.code == 2 and "Traceback" not in r.err, r.err
     assert "model[1] Doubler(): forward returned its output as shape (" in r.err and "float64; expected" in r.err
+
+
+class Transposed(Layer):
+    """y = x Wᵀ with a square-free W (4, 3); backward assigns or rebinds the transposed gradient."""
+
+    def __init__(self, how: str = "rebind"):
+        self.how = how
+
+    def build(self, input_shape):
+        self.w = self.add_param("w", (4, input_shape[0]), "xavier_uniform")
+        return (4,)
+
+    def forward(self, x, y=None):
+        self._x = x
+        return x @ self.w.data.T
+
+    def backward(self, dy):
+        if self.how == "rebind":
+            self.w.grad = self._x.T @ dy
+        else:
+            self.w.grad[...] = self._x.T @ dy
+        return dy @ self.w.data
+
+
+@pytest.mark.parametrize("how, message", [
+    ("rebind", "backward left w.grad as shape (3, 4) float32; expected shape (4, 3) float32 on cpu "),
+    ("assign", "backward raised ValueError: could not broadcast input array from shape (3,4) into shape (4,3) "),
+])
+def test_a_transposed_gradient_is_pointed_out_in_training(how, message):
+    model = Sequential([Transposed(how)], (3,), CPU, np.float32, seed=0)
+    model.forward(np.ones((5, 3), np.float32))
+    with pytest.raises(Exception) as e:
+        model.backward(np.ones((5, 4), np.float32))
+    text = str(e.value)
+    assert message in text and "transpose" in text.split(message)[1], text
+

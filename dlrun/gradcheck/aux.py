@@ -70,12 +70,14 @@ class AuxLog:
 def grad_problem(grad, ref, what: str) -> str | None:
     """Why ``grad`` cannot be the gradient of ``ref`` (None when it can)."""
     if grad is None:
-        return f"{what}: backward gave no gradient (None)"
+        return f"{what}: backward gave no gradient (None{': a missing return?' if what in ('x', 'z') else ''})"
     shape = getattr(grad, "shape", None)
     if shape is None:
         return f"{what}: gradient is a {type(grad).__name__}, not an array"
     if tuple(shape) != tuple(ref.shape):
-        return f"{what}: grad shape {tuple(shape)} != {'input' if what in ('x', 'z') else 'param'} shape {tuple(ref.shape)}"
+        flipped = len(shape) == 2 and tuple(shape) == tuple(ref.shape)[::-1]
+        return (f"{what}: grad shape {tuple(shape)} != {'input' if what in ('x', 'z') else 'param'} shape "
+                f"{tuple(ref.shape)}{' (transposed: xᵀ·dy where dyᵀ·x belongs?)' if flipped else ''}")
     if grad.dtype != ref.dtype:
         return f"{what}: grad dtype {grad.dtype} != tensor dtype {ref.dtype}"
     return None

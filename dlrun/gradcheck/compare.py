@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import diagnose
 from .report import Worst
 
 TINY = 1e-10  # cs231n: a numeric gradient this small everywhere is suspect, not a match
@@ -70,6 +71,9 @@ def compare(run: TensorRun, a: np.ndarray, n: np.ndarray, flat: np.ndarray, atol
         run.largest = _element(run, a, n, tol, flat, k, where)
     if (diff > tol).any():
         run.failed = True
+        pattern = diagnose.describe(run.name, run.shape, a, n, flat, diff > tol)
+        if pattern and pattern not in run.notes:
+            run.notes.append(pattern)
     elif not run.failed:
         relative_rule(run, sym, float(np.linalg.norm(a - n)), noise * np.sqrt(a.size), atol)
     if not n.any() and np.abs(a).max() > atol:

@@ -74,13 +74,12 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     hidden = aux.scalar_changes(before, public_scalars(layer), settings.dtype)
     hidden += [f"{k} (an array of shape {arrays[k].shape}: running statistics?) changed"
                for k in aux.changed(arrays, public_arrays(layer))]
-    left = aux.unwritten_by(h, trainable, x, y, g, grads)
-
-    problems = {}
+    problems = {n: aux.grad_problem(p.grad, p.data, n) for n, p in trainable.items()}  # (before the one-row
+    left = aux.unwritten_by(h, trainable, x, y, g, grads)  # backward: a rebound grad has that one's shape)
     if differentiable:
         problems["x"] = aux.grad_problem(dx, x, "x") or aux.float32_values(first["x"], "x")
-    for n, p in trainable.items():
-        problems[n] = aux.grad_problem(p.grad, p.data, n) or left.get(n) or aux.float32_values(grads[n], n)
+    for n in trainable:
+        problems[n] = problems[n] or left.get(n) or aux.float32_values(grads[n], n)
     bad = {k: v for k, v in problems.items() if v}
     log.record("grad-structure", not bad, "; ".join(bad.values()), where)
 
