@@ -18,6 +18,41 @@ from .backend import array_module
 from .errors import ContractError, LayerError, ShapeError
 
 
+def loose_arrays(layer) -> dict:
+    """The float arrays a layer keeps as public attributes outside its parameters and declared
+    state (neon-style ``self.W``; running statistics kept as plain attributes), by name: nothing
+    trains, checks or saves them."""
+    skip = {"training", "rng", "backend", "xp", "dtype", "params", "spec", *layer.state}
+    owned = {id(a) for p in layer.params.values() for a in (p.data, p.grad) if a is not None}
+    return {k: v for k, v in vars(layer).items()
+            if not k.startswith("_") and k not in skip and hasattr(v, "shape") and hasattr(v, "dtype")
+            and getattr(v.dtype, "kind", "") == "f" and id(v) not in owned}
+
+
+class GlobalDraws:
+    """Whether a layer's build drew from numpy's global generator (``np.random.randn``), made
+    before the build: such values differ in every process, whatever the run's seed."""
+
+    def __init__(self):
+        self._before = np.random.get_state()[1].copy(), np.random.get_state()[2]
+
+    def unsaved(self, layer) -> str | None:
+        """Why the built ``layer`` cannot be saved and restored, or None: it drew from the global
+        generator and keeps float arrays outside its parameters (a checkpoint holds neither, so
+        evaluate and predict would rebuild other values)."""
+        state = np.random.get_state()
+        if np.array_equal(state[1], self._before[0]) and state[2] == self._before[1]:
+            return None
+        loose = loose_arrays(layer)
+        if not loose:
+            return None
+        names = ", ".join(f"{k} {tuple(v.shape)}" for k, v in loose.items())
+        return (f"build drew {names} from numpy's global random generator (np.random.*) and keeps it outside "
+                f"the layer's parameters: it is not trained, and not saved in checkpoints, so evaluate and predict "
+                f"would draw other values; create it with self.add_param(name, shape, initializer) "
+                f"(trainable=False for a fixed random matrix)")
+
+
 def output_shape(layer, out, given) -> tuple[int, ...]:
     """What ``build`` returned, checked: a tuple of sizes >= 1 (ShapeError otherwise, which the
     caller locates), so a layer that cannot take its input is named, not the layer after it."""

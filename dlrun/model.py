@@ -51,6 +51,7 @@ class Sequential:
         shape = self.input_shape
         for i, layer in enumerate(self.layers):
             layer.setup(backend, self.dtype, init_rng, backend.rng(run_seqs[i]))
+            drawn = contract.GlobalDraws()
             try:
                 shape = contract.output_shape(layer, layer.build(shape), shape)
             except ShapeError as e:
@@ -73,6 +74,10 @@ class Sequential:
                 raise
             except Exception as e:  # a bug in the layer's build (IndexError, KeyError, ...): name it
                 raise self._raised(e, "build") from e
+            problem = drawn.unsaved(layer)
+            if problem:
+                raise LayerContractError(f"{layer!r}: {problem}",
+                                         locate(f"model[{i}]") if locate else Location(path=f"model[{i}]"))
             self.shapes.append(shape)
         self.output_shape = shape
         # forward runs layers[order[0]], layers[order[1]], ...; backward the reverse. Position k

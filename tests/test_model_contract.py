@@ -164,3 +164,38 @@ def test_a_transposed_gradient_is_pointed_out_in_training(how, message):
     text = str(e.value)
     assert message in text and "transpose" in text.split(message)[1], text
 
+
+
+class Projection(Layer):
+    """y = x Pᵀ with a fixed matrix P (4, D): drawn from numpy's global generator and kept as a plain
+    attribute (neon style), kept as a non-trainable parameter, or a deterministic constant."""
+
+    def __init__(self, how: str = "loose"):
+        self.how = how
+
+    def build(self, input_shape):
+        shape = (4, input_shape[0])
+        if self.how == "loose":
+            self.P = np.random.randn(*shape)
+        elif self.how == "param":
+            self.P = self.add_param("P", shape, value=np.random.randn(*shape), trainable=False).data
+        else:
+            self.P = np.ones(shape)  # the same in every process: nothing is lost
+        return (4,)
+
+    def forward(self, x, y=None):
+        return x @ self.P.T.astype(x.dtype)
+
+    def backward(self, dy):
+        return dy @ self.P.astype(dy.dtype)
+
+
+def test_an_unsaved_random_array_drawn_in_build_is_refused():
+    # it trained, then `dlrun evaluate` drew another matrix on every call (two calls: accuracy 0.36, 0.45)
+    with pytest.raises(LayerContractError) as e:
+        Sequential([Projection("loose")], (3,), CPU, np.float32, seed=0)
+    assert e.value.where.path == "model[0]"
+    assert "build drew P (4, 3) from numpy's global random generator" in e.value.message
+    assert "not saved in checkpoints" in e.value.message
+    for how in ("param", "constant"):  # saved as a parameter, or rebuilt the same: accepted
+        Sequential([Projection(how)], (3,), CPU, np.float32, seed=0)

@@ -12,6 +12,7 @@ import numbers
 import numpy as np
 
 from ..backend import to_host
+from .. import contract
 from ..contract import output_shape, source_line
 from ..errors import ShapeError
 from ..layers.base import Layer
@@ -83,11 +84,7 @@ def public_scalars(layer) -> dict:
 def public_arrays(layer) -> dict:
     """Host copies of undeclared public float arrays that are not parameters (running statistics
     kept as plain attributes): a step that changes them is hidden state, not saved in checkpoints."""
-    skip = {"training", "rng", "backend", "xp", "dtype", "params", "spec", *layer.state}
-    owned = {id(a) for p in layer.params.values() for a in (p.data, p.grad) if a is not None}
-    return {k: np.array(to_host(v)) for k, v in vars(layer).items()
-            if not k.startswith("_") and k not in skip and hasattr(v, "shape") and hasattr(v, "dtype")
-            and getattr(v.dtype, "kind", "") == "f" and id(v) not in owned}
+    return {k: np.array(to_host(v)) for k, v in contract.loose_arrays(layer).items()}
 
 
 def loose_arrays(name: str, layer) -> str | None:
