@@ -23,10 +23,49 @@ from ..plugins import blame
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Train, gradient-check and use neural networks defined in YAML.")
+
+
+class _Stream:
+    """sys.stdout or sys.stderr (looked up at each write, as pytest's capture needs), where a
+    reader that went away (`dlrun train x.yaml | head -1`) silences the output instead of
+    stopping the command: the run goes on to its end, as it would written to a file, and
+    leaves a whole run directory. The stream's descriptor is pointed at /dev/null, so the
+    interpreter's own flush at exit finds no broken pipe either (Python's documented remedy)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def _stream(self):
+        return getattr(sys, self._name)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream().write(text)
+        except BrokenPipeError:
+            self._silence()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream().flush()
+        except BrokenPipeError:
+            self._silence()
+
+    def _silence(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream().fileno())
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name):  # isatty, fileno, encoding: the stream's own
+        return getattr(self._stream(), name)
+
+
 # soft_wrap: lines (paths, error messages, resume commands) are never broken by inserted
 # newlines, so they copy-paste whole at any terminal width; tables still fit the width
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(file=_Stream("stdout"), highlight=False, soft_wrap=True)
+err = Console(file=_Stream("stderr"), highlight=False, soft_wrap=True)
 
 
 _argv: list[str] = []
