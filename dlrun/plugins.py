@@ -48,7 +48,8 @@ def load_plugin(path: str | Path) -> None:
         check_contract(origin)
     except SyntaxError as e:
         _forget(name, origin)
-        raise PluginError(f"{e.filename or p}:{e.lineno}: syntax error in plugin: {e.msg}") from None
+        own = not e.filename or Path(e.filename).resolve() == p.resolve()  # (else a module it imports)
+        raise PluginError(f"{p if own else e.filename}:{e.lineno}: syntax error in plugin: {e.msg}") from None
     except DlrunError as e:
         _forget(name, origin)
         raise PluginError(f"{p}{_line(e, p)}: {e.message}") from None

@@ -55,6 +55,12 @@ class Registry:
                     f"{self.kind} {key!r} is already registered (by {self._origin[key]}); "
                     f"choose another name"
                 )
+            twin = next((k for k in self._entries if k.lower() == key.lower() and k != key), None)
+            if twin is not None:  # `type: linear` would silently pick the other one of the two
+                raise RegistryError(
+                    f"{self.kind} {key!r} differs from the registered {twin!r} (by {self._origin[twin]}) only in "
+                    f"case, which a config could mistype without notice; choose another name"
+                )
             sig = signature(obj)
             for p in sig.parameters.values():
                 if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):

@@ -35,6 +35,9 @@ BAD = {
                   "kwargs.py:4: layer 'Foo': options must be explicit keyword parameters"),
     "duplicate.py": ("from dlrun.registry import layers\nfrom dlrun.layers import Layer\n\n@layers.register()\n"
                      "class ReLU(Layer):\n    pass\n", "duplicate.py:4: layer 'ReLU' is already registered (by builtin)"),
+    "caseclash.py": ("from dlrun.registry import layers\nfrom dlrun.layers import Layer\n\n@layers.register()\n"
+                     "class linear(Layer):\n    pass\n",
+                     "caseclash.py:4: layer 'linear' differs from the registered 'Linear' (by builtin) only in case"),
     "syntax.py": ("def f(:\n", "syntax.py:1: syntax error in plugin"),
     "raises.py": ("x = 1\nraise RuntimeError('boom')\n", "raises.py:2: plugin raised RuntimeError: boom"),
 }
@@ -43,8 +46,9 @@ BAD = {
 @pytest.mark.parametrize("file", list(BAD))
 def test_plugin_errors_name_the_file_and_line(cli, tmp_path, file):
     text, expected = BAD[file]
-    r = cli("list", "layers", "--plugin", write(tmp_path / file, text))
-    assert r.code == 2 and expected in r.err, r.err
+    write(tmp_path / file, text)
+    r = cli("list", "layers", "--plugin", file, cwd=tmp_path)  # named as given, relative, like the other errors
+    assert r.code == 2 and r.err.startswith(f"error: {expected}"), r.err
     assert "Traceback" not in r.err
 
 
