@@ -45,10 +45,10 @@ def tensor_table(report) -> Table:
                  ("result", "left")):
         t.add_column(c, justify=j, no_wrap=c != "shape", overflow="fold", min_width=widest if c == "shape" else None)
     for r in report.tensors:
-        elementwise = r.mode != "fast"  # directions alone give no per-element errors
+        elementwise = r.mode != "fast" and r.checked  # directions alone give no per-element errors
         t.add_row(r.name, r.shape_text, r.mode, str(r.checked), str(r.skipped),
                   _fmt(r.max_abs) if elementwise else "-", _fmt(r.max_rel) if elementwise else "-",
-                  _fmt(r.sym_rel), _status(r.status))
+                  _fmt(r.sym_rel) if r.checked else "-", _status(r.status))  # (nothing compared: no figures)
     s = report.settings
     t.caption = " ".join(f"{k}={v}" for k, v in s.items())
     return t

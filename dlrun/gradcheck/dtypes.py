@@ -29,7 +29,9 @@ def float32_problem(name: str, options: dict, spec, dims, shape, n: int, dev, se
     if not wrong:
         return None
     return (f"with float32 inputs and parameters (training's default) it returns {', '.join(wrong)}: dlrun train "
-            f"refuses that; keep the dtype (a Python scalar times a bool or int array promotes to float64)")
+            f"refuses that; keep the dtype (float64 comes from a Python scalar times a bool or int array, "
+            f"np.float64(c) or np.array([c]) constants, float64 scratch arrays: write x.dtype.type(c), "
+            f"dy.astype(x.dtype), np.zeros(shape, x.dtype))")
 
 
 def _off(a, x) -> bool:

@@ -15,6 +15,7 @@ import numpy as np
 from .. import registry
 from ..backend import to_host
 from ..config import load_config
+from ..errors import DlrunError
 from ..model import Sequential
 from ..preflight import balance_class_weights
 from . import device as devices, kinks, twin
@@ -142,7 +143,8 @@ def _check_model(report, model, loss, ds, idx, settings, rng, twin_of=None) -> d
             return None
         model.backward(dz)
     except Exception as e:
-        report.error = f"model forward/backward raised {type(e).__name__}: {e}"
+        # a layer's error names itself (model[2] X: backward raised ...); anything else its type
+        report.error = str(e) if isinstance(e, DlrunError) else f"model forward/backward raised {type(e).__name__}: {e}"
         return None
     params = [(n, p) for n, p in model.named_parameters() if p.trainable]
     grads = {n: np.array(to_host(p.grad), dtype=np.float64) for n, p in params}

@@ -27,10 +27,11 @@ def _call(h, x, y, g) -> tuple:
     return out, None if dx is None or getattr(dx, "dtype", None) is None else host(dx), grads
 
 
-def _gap(a: tuple, b: tuple, rtol: float) -> str | None:
-    """The first of output, dx and gradients that differs between two calls beyond rounding."""
-    pairs = [("the output", a[0], b[0]), ("dx", a[1], b[1])]
-    pairs += [(f"{n}.grad", a[2][n], b[2].get(n)) for n in a[2]]
+def _gap(a: tuple, b: tuple, rtol: float, skip=frozenset()) -> str | None:
+    """The first of output, dx and gradients (but those named in ``skip``) that differs between
+    two calls beyond rounding."""
+    pairs = [("the output", a[0], b[0])] + ([("dx", a[1], b[1])] if "x" not in skip else [])
+    pairs += [(f"{n}.grad", a[2][n], b[2].get(n)) for n in a[2] if n not in skip]
     for what, u, v in pairs:
         if u is None or v is None or u.dtype.kind not in "fc":
             continue
@@ -47,11 +48,11 @@ def _rows(a, rows):
     return None if a is None else a[rows]
 
 
-def fast_mode_problem(h, x, y, g: np.ndarray, dtype: str) -> str | None:
+def fast_mode_problem(h, x, y, g: np.ndarray, dtype: str, skip=frozenset()) -> str | None:
     """What differs when the layer runs with its buffers enabled, as in training, over three
     calls: the point, its rows reversed, and one row fewer (the last, smaller batch of an epoch).
     Each must equal the same call in plain mode: a buffer that keeps the last call's values or
-    accumulates shows as a difference."""
+    accumulates shows as a difference. ``skip``: tensors ("x", parameter names) not compared."""
     n = x.shape[0]
     cases = [(slice(None), "the point"), (slice(None, None, -1), "its rows reversed")]
     if n > 1:
@@ -78,7 +79,7 @@ def fast_mode_problem(h, x, y, g: np.ndarray, dtype: str) -> str | None:
     finally:
         h.layer.buffers.enabled = False
     for (_, _, _, what), a, b in zip(calls, plain, fast):
-        gap = _gap(a, b, _RTOL[dtype])
+        gap = _gap(a, b, _RTOL[dtype], skip)
         if gap:
             return (f"with its buffers enabled (training's fast mode), at {what} after {len(calls)} calls, {gap} "
                     f"from the plain call: a reused buffer keeps or accumulates values")
@@ -110,10 +111,10 @@ def _fortran(xp, a):
     return xp.asfortranarray(a)
 
 
-def layout_problem(h, x, y, g: np.ndarray, dtype: str) -> str | None:
+def layout_problem(h, x, y, g: np.ndarray, dtype: str, skip=frozenset()) -> str | None:
     """What differs when forward gets x and backward its upstream gradient as non-contiguous
     views, then in Fortran order (same values): ``ravel()`` or ``reshape`` of such an array is a
-    copy, so a layer that writes through one loses the writes."""
+    copy, so a layer that writes through one loses the writes. ``skip``: as fast_mode_problem."""
     xp = h.device.backend.xp
     if x.ndim < 2 or x.shape[-1] == 0:
         return None
@@ -123,7 +124,7 @@ def layout_problem(h, x, y, g: np.ndarray, dtype: str) -> str | None:
             b = _call(h, make(xp, x), y, make(xp, h.device.put(g.copy())))
         except LayerRaised as e:
             return f"with the input and the upstream gradient as {how} (same values), {e.what}"
-        gap = _gap(a, b, _RTOL[dtype])
+        gap = _gap(a, b, _RTOL[dtype], skip)
         if gap:
             return (f"with the input and the upstream gradient as {how} (same values), {gap} from C-contiguous "
                     f"ones: the layer writes through a copy (ravel, reshape, .flat) or assumes C order")

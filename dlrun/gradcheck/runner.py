@@ -87,7 +87,10 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     again = h.backward(g.copy())
     second = {n: _host(p.grad) for n, p in trainable.items()}
     second["x"] = _host(again) if differentiable else None
-    gap = aux.max_gap(first, second)
+    # a gradient grad-structure already failed (+= into it, a wrong shape) fails the checks below
+    # too, each with its own misleading hint: they judge the others
+    sound = lambda grads: {k: v for k, v in grads.items() if k not in bad}  # noqa: E731
+    gap = aux.max_gap(sound(first), sound(second))
     log.record("reentrant", gap is None or gap[1] <= settings.nondet_tol * aux.magnitude(first[gap[0]]),
                "" if gap is None else f"{gap[0]} differs between two forward/backward passes at the same point (max diff "
                        f"{gap[1]:.3g}): a buffer accumulated, or undeclared state changed", where)
@@ -95,7 +98,7 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     zx = h.backward(np.zeros_like(g))
     zeros = {n: _host(p.grad) for n, p in trainable.items()}
     zeros["x"] = _host(zx) if differentiable else None
-    nz = aux.nonzero(zeros)
+    nz = aux.nonzero(sound(zeros))
     log.record("zero-upstream", not nz,
                f"backward(0) gives a non-zero or non-finite gradient for {', '.join(nz)} (not multiplied by the "
                f"upstream gradient?)",
@@ -144,7 +147,7 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     log.record("wiring", not unwired, f"perturbing {', '.join(unwired)} does not change the output "
                f"(parameter not used, or the layer reads a copy)", where)
     for check, problem in (("fast-mode", paths.fast_mode_problem), ("non-contiguous", paths.layout_problem)):
-        found = problem(h, x, y, g, settings.dtype)
+        found = problem(h, x, y, g, settings.dtype, skip=set(bad))
         log.record(check, found is None, found or "", where)
     restore_state(layer, h.frozen)
     return runs
