@@ -1,4 +1,4 @@
 """``python -m dlrun`` is the same as the ``dlrun`` command."""
-from .cli import main
+from .console import main
 
 main()

@@ -1,5 +1,6 @@
-"""A reader that goes away (`dlrun train x.yaml | head -1`) silences the output; the command runs
-to its end and leaves a whole run directory."""
+"""The console around a command: a reader that goes away (`dlrun train x.yaml | head -1`)
+silences the output, and the command runs to its end and leaves a whole run directory; Ctrl-C
+while the CLI loads ends with one line."""
 from __future__ import annotations
 
 import os
@@ -38,3 +39,23 @@ def test_training_goes_on_when_the_reader_of_its_output_goes_away(tmp_path, stde
 def test_a_gradient_check_keeps_its_verdict_when_its_output_is_not_read():
     code, err = _closed_stdout("gradcheck", "ReQU")
     assert code == 0 and "BrokenPipe" not in err, err  # a PASS, not a failure (it exited 1)
+
+
+def test_ctrl_c_while_the_cli_loads_is_one_line_and_exit_130(monkeypatch, capsys):
+    # a SIGINT in the first few hundred ms (numpy, rich and the registries importing) printed
+    # the import's traceback
+    import builtins
+
+    from dlrun import console
+
+    real = builtins.__import__
+
+    def interrupted(name, globals=None, locals=None, fromlist=(), level=0):
+        if name == "cli" and level == 1:
+            raise KeyboardInterrupt
+        return real(name, globals, locals, fromlist, level)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    with pytest.raises(SystemExit) as e:
+        console.main()
+    assert e.value.code == 130 and capsys.readouterr().err == "interrupted\n"
