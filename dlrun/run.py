@@ -148,8 +148,10 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
                 raise
             seconds = time.perf_counter() - t0 + seconds_before
     except OSError as e:
-        raise TrainingError(f"cannot write {e.filename or run_dir}: {e.strerror or e} (errno {e.errno}); "
-                            f"any earlier checkpoint in {run_dir} is intact") from None
+        kept = (f"the checkpoint {ckpt} is intact: once there is room, resume with: dlrun train --resume {run_dir}"
+                if ckpt.is_file() else f"no checkpoint had been written yet, so the run cannot be resumed "
+                                       f"(its metrics.csv keeps the epochs run)")
+        raise TrainingError(f"cannot write {e.filename or run_dir}: {e.strerror or e} (errno {e.errno}); {kept}") from None
     last = history.last
     summary = {k: last.get(k) for k in ("train_loss", "train_accuracy", "val_loss", "val_accuracy")}
     final = trainer.evaluate(ds.x, ds.y)  # the saved weights, in evaluation mode (what predict sees)

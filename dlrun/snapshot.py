@@ -154,9 +154,11 @@ class CheckpointWriter(Callback):
             self.flush()
 
     def flush(self, extra: dict | None = None) -> None:
-        """Write the pending best.npz, then last.npz (``extra`` adds to its metadata)."""
+        """Write last.npz (``extra`` adds to its metadata), then the pending best.npz: a disk that
+        fills between the two leaves the run resumable (a resume whose best.npz is older than
+        last.npz's record of the best has lost those weights only)."""
+        write(self.folder / "last.npz", self.trainer, self.config, {**self.extra, "best": self.best, **(extra or {})})
+        self._written_epoch = self.trainer.epoch
         if self._pending is not None:
             checkpoint.save(self.folder / "best.npz", *self._pending)
             self._pending = None
-        write(self.folder / "last.npz", self.trainer, self.config, {**self.extra, "best": self.best, **(extra or {})})
-        self._written_epoch = self.trainer.epoch

@@ -140,6 +140,28 @@ def test_full_disk_gives_clear_error(tmp_path):
     assert "No space left on device" in p.stderr and ".npz" in p.stderr and "Traceback" not in p.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert not list(run_dir.rglob("*tmp*"))  # the partial file was removed
+    # the first checkpoint failed: nothing can be resumed, and the message says so (it claimed
+    # "any earlier checkpoint is intact")
+    assert "no checkpoint had been written yet, so the run cannot be resumed" in p.stderr
+
+
+FULL_AT_BEST = FULL_DISK.replace("def full(f, **arrays):\n",
+                                 "def full(f, **arrays):\n    if not f.name.rsplit('/', 1)[-1].startswith('.best'):\n        return real(f, **arrays)\n")
+
+
+def test_a_disk_full_at_best_npz_leaves_a_resumable_run(tmp_path):
+    # best.npz was written before last.npz, so a disk that filled at the first checkpoint left a
+    # best.npz, or nothing, and no last.npz to resume from
+    cfg = ROOT / "tests/corpus/configs/valid.yaml"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200")
+    p = subprocess.run([sys.executable, "-c", FULL_AT_BEST, "train", str(cfg), "--runs-dir", str(tmp_path / "runs")],
+                       env=env, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 1 and "best.npz: No space left on device" in p.stderr, p.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert f"is intact: once there is room, resume with: dlrun train --resume {run_dir}" in p.stderr
+    r = run_cli("train", "--resume", run_dir, "--set", "train.epochs=2")
+    assert r.code == 0, r.err
+    assert (run_dir / "summary.json").is_file() and (run_dir / "checkpoints" / "best.npz").is_file()
 
 
 def test_failed_write_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
