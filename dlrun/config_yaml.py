@@ -15,16 +15,33 @@ from .errors import ConfigError, DlrunError, Location, collect
 
 class _Loader(yaml.SafeLoader):
     """SafeLoader whose numbers follow YAML 1.2 rather than 1.1: ``1e-3`` is a float (1.1 insists
-    on ``1.0e-3``), while ``010`` and ``1:30`` are not numbers (1.1 reads them as octal 8 and
-    base-60 90: in a config they are typos, and become errors naming the value)."""
+    on ``1.0e-3``), ``0o17`` is octal, while ``010`` and ``1:30`` are not numbers (1.1 reads them as
+    octal 8 and base-60 90: in a config they are typos, and become errors naming the value).
+    Beyond 1.2, ``_`` separates digits as in Python (``60_000``)."""
 
 
 _INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
 _Loader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_Loader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F_]+|0b[01_]+)$"),
+_Loader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F_]+|0o[0-7_]+|0b[01_]+)$"),
                               list("-+0123456789"))
+
+
+def _construct_int(loader, node) -> int:
+    """An integer as the resolver above reads it (``0o17`` is 1.2's octal); one too long for any
+    setting (Python refuses to convert over 4300 digits) is a YAML error at its line."""
+    text = loader.construct_scalar(node).replace("_", "")
+    body = text.lstrip("+-")
+    base = {"0x": 16, "0o": 8, "0b": 2}.get(body[:2].lower(), 10)
+    digits = body if base == 10 else body[2:]
+    if base == 10 and len(digits) > 4300:
+        raise yaml.constructor.ConstructorError(None, None, f"an integer of {len(digits)} digits is larger than any "
+                                                f"setting can take", node.start_mark)
+    return (-1 if text.startswith("-") else 1) * int(digits, base)
+
+
+_Loader.add_constructor(_INT, _construct_int)
 _Loader.add_implicit_resolver(_FLOAT, re.compile(
     r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?"
     r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
@@ -150,7 +167,7 @@ def _split_path(path: str) -> list:
 
 def apply_override(raw: dict, item: str, source: Source) -> None:
     """Apply one ``--set key.path=value``; the value is parsed as YAML (``5``, ``0.1``, ``[1, 2]``)."""
-    flag = f"--set {item}"
+    flag = f"--set {item}" if len(item) <= 120 else f"--set {item.partition('=')[0]}=(a value of {len(item)} characters)"
     if "=" not in item:
         raise ConfigError(f"expected KEY=VALUE (for example train.epochs=5), got {item!r}", Location("--set"))
     key, _, text = item.partition("=")
@@ -167,8 +184,10 @@ def apply_override(raw: dict, item: str, source: Source) -> None:
             raise ConfigError(f"{errors[0].message} in the value", Location(flag, None, key.strip()))
         value = yaml.load(text, Loader=_Loader) if node is not None else None
     except yaml.YAMLError as e:
-        if text.strip().startswith(("{", "[")):  # meant as a mapping or list: a plain string would mislead
-            raise ConfigError(f"cannot parse the value {text.strip()!r} as YAML: {getattr(e, 'problem', None) or e}",
+        # meant as a mapping or list, or a tag or a number no setting takes: a plain string would mislead
+        if text.strip().startswith(("{", "[")) or isinstance(e, yaml.constructor.ConstructorError):
+            shown = text.strip() if len(text.strip()) <= 60 else text.strip()[:57] + "..."
+            raise ConfigError(f"cannot parse the value {shown!r} as YAML: {getattr(e, 'problem', None) or e}",
                               Location(flag, None, key.strip())) from None
         value = text
     target = raw

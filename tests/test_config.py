@@ -140,3 +140,26 @@ def test_integers_given_as_floats_inside_components_are_recorded_as_the_integers
     assert type(cfg.raw["model"][2]["units"]) is int
     assert cfg.raw["train"]["schedule"] == {"type": "step", "step_size": 10, "gamma": 0.5}
     assert type(cfg.raw["train"]["schedule"]["step_size"]) is int
+
+
+def test_numbers_follow_yaml_1_2_with_python_digit_separators():
+    from dlrun.config_yaml import parse_yaml
+
+    values = parse_yaml("a: 0o17\nb: 0x1F\nc: 60_000\nd: 010\ne: 1e-3\nf: 0b101\n", "n.yaml")[0]
+    assert values == {"a": 15, "b": 31, "c": 60000, "d": "010", "e": 0.001, "f": 5}
+
+
+def test_an_integer_too_long_to_convert_is_an_error_at_its_line_not_an_internal_error(cli, tmp_path):
+    # Python refuses int() of over 4300 digits: it was "internal error: ValueError", exit 1
+    huge = "9" * 5000
+    with pytest.raises(ConfigError, match="an integer of 5000 digits is larger than any setting can take") as e:
+        load_config(write(tmp_path / "h.yaml", f"model:\n  - {{type: Linear, units: {huge}}}\n"))
+    assert "h.yaml:2" in str(e.value)
+    r = cli("train", "configs/spiral.yaml", "--set", f"optimizer.learning_rate={huge}", "--runs-dir", tmp_path)
+    assert r.code == 2 and "an integer of 5000 digits" in r.err and huge not in r.err, r.err[:300]
+    assert "Traceback" not in r.err and not list(tmp_path.glob("spiral-*"))
+
+
+def test_a_yaml_tag_in_a_set_value_is_refused_not_taken_as_a_string(tmp_path):
+    with pytest.raises(ConfigError, match="could not determine a constructor for the tag"):
+        load_config("configs/spiral.yaml", ["seed=!!python/object/apply:os.system [ls]"])
