@@ -158,3 +158,29 @@ def test_zeros_ones_and_constant_closed_forms():
     for spec, value in (("zeros", 0.0), ("ones", 1.0), ({"type": "constant", "value": -2.5}, -2.5)):
         w = registry.initializers.build(spec)((3, 4), 4, 3, rng)
         assert w.shape == (3, 4) and np.all(w == value), spec
+
+
+def test_an_initializer_that_overflows_the_model_dtype_is_a_config_error_at_the_layer():
+    # constant 1e300 became inf in float32: a RuntimeWarning, then "NaN in forward" at the first step
+    from dlrun import registry
+    from dlrun.backend import CPU
+    from dlrun.errors import DlrunError
+    from dlrun.layers.base import Layer
+    from dlrun.model import Sequential
+
+    def linear():
+        return registry.layers.build({"type": "Linear", "units": 2,
+                                      "weight_initializer": {"type": "constant", "value": 1e300}})
+
+    with pytest.raises(DlrunError) as e:
+        Sequential([linear()], (3,), CPU, np.float32)
+    assert e.value.where.path == "model[0]" and "not finite in float32" in e.value.message
+    assert "largest magnitude given 1e+300" in e.value.message
+    Sequential([linear()], (3,), CPU, np.float64)  # float64 holds it
+
+    class Masked(Layer):  # a given -inf (a mask) is meant
+        def build(self, input_shape):
+            self.add_param("mask", input_shape, value=np.full(input_shape, -np.inf), trainable=False)
+            return input_shape
+
+    Sequential([Masked()], (3,), CPU, np.float32)

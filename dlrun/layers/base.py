@@ -173,10 +173,12 @@ class Layer:
             fi = fan_in if fan_in is not None else (int(np.prod(shape[1:])) if len(shape) > 1 else shape[0])
             fo = fan_out if fan_out is not None else shape[0] * int(np.prod(shape[2:]))
             value = initializer(shape, fi, fo, rng)
-        host = np.asarray(value, dtype=self.dtype)
+        with np.errstate(over="ignore", invalid="ignore"):  # (an overflow is the error below, not a warning)
+            host = np.asarray(value, dtype=self.dtype)
+        made = f"the initializer {initializer!r} returned an array that" if drawn else "value"
         if host.shape != shape:
-            made = f"the initializer {initializer!r} returned an array that" if drawn else "value"
             raise ConfigError(f"add_param({name!r}): {made} has shape {host.shape}, expected {shape}")
+        _check_finite(name, made, value, host, drawn)
         data = self.backend.asarray(np.ascontiguousarray(host))
         grad = self.xp.zeros_like(data) if trainable else None
         p = Parameter(data, grad, trainable, regularizer, regularize and trainable)
@@ -237,6 +239,24 @@ class Layer:
         spec = getattr(self, "spec", None) or {}
         opts = ", ".join(f"{k}={v!r}" for k, v in spec.items() if k != "type")
         return f"{type(self).__name__}({opts})"
+
+
+def _check_finite(name: str, made: str, value, host: np.ndarray, drawn: bool) -> None:
+    """A drawn parameter must be finite in the model's dtype (``constant: 1e300`` overflows float32
+    to inf, and training fails at its first forward with NaN); a given value may hold inf or NaN
+    on purpose (a mask), but not from an overflow of the cast."""
+    if host.dtype.kind != "f":
+        return
+    bad = ~np.isfinite(host)
+    if not bad.any():
+        return
+    given = np.asarray(value)
+    if not drawn and not (given.dtype.kind in "fiu" and np.isfinite(given[bad] if given.shape == host.shape
+                                                                          else given).all()):
+        return
+    big = float(np.max(np.abs(given[np.isfinite(given)]), initial=0.0)) if given.dtype.kind in "fiu" else float("nan")
+    raise ConfigError(f"add_param({name!r}): {made} holds values that are not finite in {host.dtype} (largest "
+                      f"magnitude given {big:.3g}; {host.dtype} holds up to {np.finfo(host.dtype).max:.3g})")
 
 
 def _fits_in_memory(name: str, shape: tuple, dtype: np.dtype, drawn: bool) -> None:
