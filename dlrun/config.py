@@ -176,11 +176,11 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
     optimizer = component(registry.optimizers, "optimizer")
     regularizer = component(registry.regularizers, "regularizer")
     model = raw.get("model")
-    if "model" in raw:
-        if not isinstance(model, list) or not model:
+    if "model" in raw:  # (null was reported above)
+        if model is not None and (not isinstance(model, list) or not model):
             errors.append(ConfigError(f"expected a non-empty list of layers, got {model!r}", locate("model")))
             model = []
-        for i, spec in enumerate(model):
+        for i, spec in enumerate(model or []):
             try:
                 registry.layers.build(spec, f"model[{i}]", locate)
             except DlrunError as e:

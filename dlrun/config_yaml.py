@@ -171,6 +171,9 @@ def apply_override(raw: dict, item: str, source: Source) -> None:
     if "=" not in item:
         raise ConfigError(f"expected KEY=VALUE (for example train.epochs=5), got {item!r}", Location("--set"))
     key, _, text = item.partition("=")
+    if re.search(r"\[\s*-\d+\s*\]", key):
+        raise ConfigError(f"{key.strip()!r}: a negative index does not count from the end here; give the position "
+                          f"from 0 (model[0] is the first layer)", Location("--set"))
     if not _KEY_PATH.fullmatch(key.strip()):
         raise ConfigError(f"expected a key path such as train.epochs or model[0].units before '=', got {key!r}",
                           Location("--set"))

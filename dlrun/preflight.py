@@ -58,8 +58,12 @@ def check_batch_memory(model: Sequential, batch: int, where=None) -> None:
                           where)
 
 
-def check_labels(ds: Dataset, model: Sequential, loss) -> None:
-    """Fail early when labels cannot index the model's outputs, or targets do not match them."""
+def check_labels(ds: Dataset, model: Sequential, loss, locate=None) -> None:
+    """Fail early when labels cannot index the model's outputs, or targets do not match them.
+    ``locate`` (a config's): the error is placed at the last layer, or the loss, that the
+    message asks to change (the data row, when there is one, stays in the message)."""
+    at = (lambda path: locate(path)) if locate else (lambda path: None)  # noqa: E731
+    last = at(f"model[{len(model.layers) - 1}]")
     if getattr(loss, "task", "classification") != "classification":
         outputs = int(np.prod(model.output_shape)) if model.output_shape else 1
         targets = int(np.prod(ds.y.shape[1:])) if ds.y.ndim > 1 else 1
@@ -68,12 +72,12 @@ def check_labels(ds: Dataset, model: Sequential, loss) -> None:
                             f"outputs with its {targets} target value(s); make the last layer output {targets} "
                             f"(units: {targets}) or give {outputs} target columns"
                             + (" (integer class labels want a classification loss such as SoftmaxCrossEntropy)"
-                               if ds.y.dtype.kind in "iu" else ""))
+                               if ds.y.dtype.kind in "iu" else ""), at("loss") if ds.y.dtype.kind in "iu" else last)
         return
     if ds.y.dtype.kind not in "iu":
         raise DataError(f"data {ds.name!r}: a classification loss needs integer labels, got {ds.y.dtype} targets"
                         f" (use a regression loss such as MSE; a loss of your own for regression sets "
-                        f"task = \"regression\")")
+                        f"task = \"regression\")", at("loss"))
     out = model.output_shape[-1] if model.output_shape else 1
     classes = ds.num_classes or 0
     check = getattr(loss, "check_outputs", None)  # plugin losses need not subclass Loss
@@ -86,5 +90,5 @@ def check_labels(ds: Dataset, model: Sequential, loss) -> None:
             i = int(np.flatnonzero(y >= limit)[0])
             raise DataError(f"{ds.where(i, val)}: label {int(y[i])} is out of range: the model outputs {out} "
                             f"scores, so labels must lie in 0..{limit - 1} (set the last layer's units to "
-                            f"{ds.num_classes})")
-    raise DataError(f"data {ds.name!r} {problem}")
+                            f"{ds.num_classes})", last)
+    raise DataError(f"data {ds.name!r} {problem}", at("loss"))

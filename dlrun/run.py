@@ -86,7 +86,7 @@ def prepare(config: Config):
         check_indices(ds, f"model[0] {type(model.layers[0]).__name__}")
     loss = config.build("loss")
     check_class_weights(loss, model, config.locate("loss.class_weights"))
-    check_labels(ds, model, loss)
+    check_labels(ds, model, loss, config.locate)
     balance_class_weights(loss, model, ds.y, config)  # (the training split's labels)
     trainer = Trainer(model, loss, config.build("optimizer"), config.build("regularizer"),
                       config.train.batch_size, config.train.shuffle, config.seed, config.train.drop_last,

@@ -2,7 +2,7 @@ import pytest
 
 from conftest import write
 from dlrun.config import load_config, parse_yaml
-from dlrun.errors import ConfigError, ConfigErrors
+from dlrun.errors import ConfigError, ConfigErrors, DlrunError
 
 GOOD = """\
 seed: 3
@@ -163,3 +163,28 @@ def test_an_integer_too_long_to_convert_is_an_error_at_its_line_not_an_internal_
 def test_a_yaml_tag_in_a_set_value_is_refused_not_taken_as_a_string(tmp_path):
     with pytest.raises(ConfigError, match="could not determine a constructor for the tag"):
         load_config("configs/spiral.yaml", ["seed=!!python/object/apply:os.system [ls]"])
+
+
+def test_a_null_model_is_one_error_not_two(tmp_path):
+    with pytest.raises(ConfigError) as e:  # a single error is raised as itself (ConfigErrors: several)
+        load_config(write(tmp_path / "m.yaml", "data: spiral\nmodel:\nloss: MSE\noptimizer: SGD\n"))
+    assert str(e.value) == f"{tmp_path / 'm.yaml'}:2: model: expected a value (list of layers), got null"
+
+
+@pytest.mark.parametrize("overrides, where, message", [
+    (["model[2].units=2"], "spiral.yaml:12: model[2]: spiral: sample ", "label 2 is out of range"),
+    (["loss=BinaryCrossEntropy"], "--set loss=BinaryCrossEntropy: loss: ", "takes labels 0 and 1"),
+    (["loss=MSE"], "--set loss=MSE: loss: ", "the loss MSE compares each sample's 3 model outputs"),
+])
+def test_labels_the_model_or_loss_cannot_take_are_placed_at_what_to_change(tmp_path, overrides, where, message):
+    # they named the data only ("spiral: sample 201: ..."), no file:line and no config key
+    from dlrun.run import prepare
+
+    with pytest.raises(DlrunError) as e:
+        prepare(load_config("configs/spiral.yaml", overrides))
+    assert where in str(e.value) and message in str(e.value), str(e.value)
+
+
+def test_a_negative_set_index_is_explained():
+    with pytest.raises(ConfigError, match=r"'model\[-1\].units': a negative index does not count from the end here"):
+        load_config("configs/spiral.yaml", ["model[-1].units=3"])
