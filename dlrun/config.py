@@ -70,9 +70,13 @@ TOP_LEVEL = {
 
 
 def _safe_name(name: str) -> bool:
-    """A run name stays one directory level inside the runs directory."""
+    """A run name stays one directory level inside the runs directory, and leaves room in a file
+    name (255 bytes) for the ``-YYYYmmdd-HHMMSS-N`` dlrun appends."""
     return bool(name.strip()) and name == name.strip() and name not in (".", "..") and not any(
-        c in name for c in ("/", "\\", "\0", os.sep))
+        c in name for c in ("/", "\\", "\0", os.sep)) and len(name.encode(errors="replace")) <= MAX_NAME
+
+
+MAX_NAME = 200  # bytes
 
 
 def _settings_class(hint):
@@ -137,8 +141,10 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
 
     name = check("name", str, Path(source.file).stem if source.file else "run")
     if "name" in raw and isinstance(name, str) and not _safe_name(name):
-        errors.append(ConfigError(f"expected a run name without path separators or surrounding spaces (it names a "
-                                  f"directory inside the runs directory), got {name!r}", locate("name")))
+        shown = name if len(name) <= 60 else f"{name[:57]}... ({len(name)} characters)"
+        errors.append(ConfigError(f"expected a run name of at most {MAX_NAME} bytes without path separators or "
+                                  f"surrounding spaces (it names a directory inside the runs directory), got "
+                                  f"{shown!r}", locate("name")))
     seed = check("seed", NonNegativeInt | None, None)
     device = check("device", Literal["cpu", "gpu"], "cpu")
     dtype = check("dtype", Literal["float32", "float64"], "float32")

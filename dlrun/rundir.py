@@ -9,6 +9,7 @@ Layout of ``RUNS_DIR/<name>-<YYYYmmdd-HHMMSS>/`` (checkpoints are :mod:`dlrun.sn
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import os
 from datetime import datetime
@@ -21,16 +22,23 @@ from .hooks import Callback
 METRIC_COLUMNS = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "learning_rate", "seconds")
 
 
+# errors of the machine, not of the path given: the run failed (exit 1); any other is a usage error
+FAULTS = {errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.ENOMEM}
+
+
 def new_run_dir(runs_dir: str | Path, name: str) -> Path:
     """Create ``runs_dir/<name>-<timestamp>``; never reuse an existing folder."""
     runs_dir = Path(runs_dir)
     try:
         runs_dir.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError, PermissionError) as e:  # the path given: exit 2
-        why = "a file is in the way; give a directory" if not isinstance(e, PermissionError) else "choose a writable place"
+    except OSError as e:
+        if e.errno in FAULTS:  # a full disk, an I/O error: the run failed
+            raise TrainingError(f"cannot create the runs directory {runs_dir}: {e.strerror}") from None
+        why = {errno.EACCES: "choose a writable place", errno.EPERM: "choose a writable place",
+               errno.EROFS: "choose a writable place", errno.ENAMETOOLONG: "give a shorter path"}.get(
+            e.errno, "a file is in the way; give a directory" if isinstance(e, (FileExistsError, NotADirectoryError))
+            else "give a directory that can be created")
         raise UsageError(f"--runs-dir {runs_dir}: cannot create the runs directory: {e.strerror} ({why})") from None
-    except OSError as e:  # a full disk, an I/O error: the run failed
-        raise TrainingError(f"cannot create the runs directory {runs_dir}: {e.strerror}") from None
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     for i in range(1000):
         d = runs_dir / (f"{name}-{stamp}" + (f"-{i + 1}" if i else ""))

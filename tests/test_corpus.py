@@ -112,6 +112,11 @@ CASES = [
     ("list_unknown_kind", ["list", "layer"], 2, ["unknown kind 'layer'", "did you mean layers?"]),
     ("plugin_flag_missing", ["check", f"{C}/valid.yaml", "--plugin", "nothere.py"], 2, ["plugin file not found: nothere.py"]),
     ("runs_dir_is_file", ["train", f"{C}/valid.yaml", "--runs-dir", f"{D}/good.csv/runs"], 2, ["cannot create the runs directory", "good.csv", "a file is in the way"]),
+    # paths and names longer than a file name may be (255 bytes): they were internal errors or exit 1
+    ("config_path_too_long", ["check", f"{C}/{'a' * 300}.yaml"], 2, ["(326 characters): File name too long"]),
+    ("runs_dir_too_long", ["train", f"{C}/valid.yaml", "--runs-dir", f"{D}/{'r' * 300}"], 2, ["cannot create the runs directory", "give a shorter path"]),
+    ("run_name_too_long", ["check", f"{C}/valid.yaml", "--set", f"name={'n' * 300}"], 2, ["name: expected a run name of at most 200 bytes", "(300 characters)"]),
+    ("initializer_overflows", ["check", f"{C}/valid.yaml", "--set", "model[0].weight_initializer={type: constant, value: 1e300}"], 2, ["model[0]", "not finite in float32"]),
 ]
 
 
