@@ -64,6 +64,10 @@ def load(path: str | Path) -> tuple[dict, dict, dict]:
                     model[k[6:]] = z[k]
                 elif k.startswith("optimizer/"):
                     optim[k[10:]] = z[k]
+                elif k != "meta":  # read, so that a pickled record is refused as such (below)
+                    z[k]
+                    raise CheckpointError(f"{path}: not a dlrun checkpoint: unexpected record {k!r} (it holds "
+                                          f"model/*, optimizer/* and meta only)")
             meta = json.loads(bytes(z["meta"]).decode())
     except CheckpointError:
         raise

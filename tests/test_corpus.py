@@ -180,6 +180,14 @@ def _pickled(src, dst):
     np.savez(dst, **{"model/0.weight": np.array([{"x": 1}], dtype=object), "meta": np.frombuffer(b"{}", np.uint8)})
 
 
+def _add_record(value):
+    def make(src, dst):  # a good checkpoint plus a record no dlrun checkpoint has (it loaded unnoticed)
+        with np.load(src) as z:
+            arrays = {k: z[k] for k in z.files}
+        np.savez(dst, **arrays, evil=value)
+    return make
+
+
 def _no_meta(src, dst):
     np.savez(dst, **{"model/0.weight": np.zeros((4, 2), np.float32)})
 
@@ -205,6 +213,8 @@ CHECKPOINT_CASES = [
     ("ckpt_flipped_bytes", _flip, [], 2, ["corrupt or truncated"]),
     ("ckpt_text", _text, [], 2, ["corrupt or truncated"]),
     ("ckpt_pickled", _pickled, [], 2, ["pickled objects; refusing"]),
+    ("ckpt_pickled_extra", _add_record(np.array([{"x": 1}], dtype=object)), [], 2, ["pickled objects; refusing"]),
+    ("ckpt_extra_record", _add_record(np.zeros(3)), [], 2, ["not a dlrun checkpoint: unexpected record 'evil'"]),
     ("ckpt_no_meta", _no_meta, [], 2, ["not a dlrun checkpoint"]),
     ("ckpt_meta_not_record", _meta_list, [], 2, ["record is not a JSON object"]),
     ("ckpt_meta_shape", _edit_meta(input_shape="abc"), [], 2, ["corrupt checkpoint: meta.input_shape: expected a list "
