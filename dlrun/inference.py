@@ -83,7 +83,8 @@ def shape_features(x: np.ndarray, input_shape: tuple, where: str) -> np.ndarray:
                         f"{tuple(input_shape)} (or flat rows of {want} values)")
     got = int(np.prod(x.shape[1:]))
     if got != want:
-        hint = " (if the last column holds labels, drop it, or use dlrun evaluate)" if got == want + 1 else ""
+        use = "" if where.startswith("--data") else ", or use dlrun evaluate"  # (evaluate's own --data)
+        hint = f" (if the last column holds labels, drop it{use})" if got == want + 1 else ""
         raise DataError(f"{where}: {got} features per sample, but the model expects {want} "
                         f"(input shape {tuple(input_shape)}){hint}")
     return x.reshape((len(x),) + tuple(input_shape))

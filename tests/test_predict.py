@@ -239,6 +239,24 @@ def test_predict_to_an_unwritable_output_is_a_usage_error(trained, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_predict_to_a_full_disk_fails_like_a_run_not_like_usage(trained, tmp_path, monkeypatch, capsys):
+    # it exited 2 ("usage"), where train's full disk exits 1
+    from dlrun import inference
+    from dlrun.cli import main
+
+    run, tmp, _ = trained
+
+    def full(table, f):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(inference, "write_csv", full)
+    with pytest.raises(SystemExit) as e:
+        main(["predict", str(run), "--input", str(tmp / "x.npy"), "--output", str(tmp_path / "p.csv")])
+    assert e.value.code == 1
+    assert "cannot write the file (No space left on device); nothing was written" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_predict_refuses_empty_archive_and_out_of_range_inputs(trained, tmp_path):
     run, _, _ = trained
     np.save(tmp_path / "empty.npy", np.zeros((0, 2)))
@@ -260,3 +278,14 @@ def test_shaped_samples_are_never_recut():
     assert shape_features(np.zeros((3, 64)), (1, 8, 8), "x").shape == (3, 1, 8, 8)  # flat rows
     with pytest.raises(DataError, match=r"samples of shape \(1, 4, 16\), but the model expects \(1, 8, 8\)"):
         shape_features(np.zeros((3, 1, 4, 16)), (1, 8, 8), "x")
+
+
+def test_a_label_column_hint_suggests_evaluate_only_outside_evaluate():
+    from dlrun.errors import DataError
+    from dlrun.inference import shape_features
+
+    x = np.zeros((4, 3))
+    with pytest.raises(DataError, match=r"drop it, or use dlrun evaluate\)"):
+        shape_features(x, (2,), "in.csv")
+    with pytest.raises(DataError, match=r"\(if the last column holds labels, drop it\)$"):
+        shape_features(x, (2,), "--data {type: file, path: in.csv}")

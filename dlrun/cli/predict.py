@@ -8,7 +8,8 @@ from typing import Optional
 import typer
 
 from .. import inference
-from ..errors import UsageError
+from ..errors import TrainingError, UsageError
+from ..rundir import FAULTS
 from . import app, err
 from .catalog import PLUGIN
 from .restored import BATCH_SIZE, DEVICE, TARGET, open_trained
@@ -33,6 +34,7 @@ def predict_cmd(
         return
     try:
         inference.save_csv(table, output)
-    except OSError as e:
-        raise UsageError(f"--output {output}: cannot write the file ({e.strerror or e})") from None
+    except OSError as e:  # a full disk or I/O fault fails the command (1), as in train; a bad path is usage (2)
+        kind = TrainingError if e.errno in FAULTS else UsageError
+        raise kind(f"--output {output}: cannot write the file ({e.strerror or e}); nothing was written") from None
     err.print(f"{len(x)} predictions written to {output}", highlight=False)
