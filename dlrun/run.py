@@ -149,7 +149,7 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
             seconds = time.perf_counter() - t0 + seconds_before
     except OSError as e:
         kept = (f"the checkpoint {ckpt} is intact: once there is room, resume with: dlrun train --resume {run_dir}"
-                if ckpt.is_file() else f"no checkpoint had been written yet, so the run cannot be resumed "
+                if ckpt.is_file() else "no checkpoint had been written yet, so the run cannot be resumed "
                                        f"(its metrics.csv keeps the epochs run)")
         raise TrainingError(f"cannot write {e.filename or run_dir}: {e.strerror or e} (errno {e.errno}); {kept}") from None
     last = history.last
@@ -257,7 +257,7 @@ def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, cal
     position.check_resume(trainer, ds.x, ds.y, ckpt.meta.get("data_digest"), str(ckpt.path))
     rundir.truncate_metrics(run_dir / "metrics.csv", trainer.epoch)
     kept = rundir.write_config(run_dir, config)
-    before = rundir.previous_seconds(run_dir)
+    before = rundir.previous_seconds(run_dir, trainer.epoch, trainer.position.seconds if trainer.position else 0.0)
     extra = {k: ckpt.meta[k] for k in ("init_from",) if k in ckpt.meta}
     extra["resumed_from_epoch"] = trainer.epoch
     if trainer.position is not None:

@@ -134,9 +134,19 @@ def truncate_metrics(path: Path, epoch: int) -> None:
     os.replace(tmp, path)
 
 
-def previous_seconds(run_dir: Path) -> float:
-    """Training seconds a resumed run already spent (from its summary.json; 0 if unreadable)."""
+def previous_seconds(run_dir: Path, epochs: int, partial: float = 0.0) -> float:
+    """Training seconds a resumed run already spent: the ``seconds`` of its first ``epochs`` rows
+    of metrics.csv, plus ``partial``, those of the batches done in an interrupted epoch. (An
+    interrupted run has no summary.json to read them from; 0 for rows it cannot read.)"""
+    total = partial
     try:
-        return float(json.loads((run_dir / "summary.json").read_text()).get("seconds") or 0.0)
-    except (OSError, ValueError, AttributeError):
-        return 0.0
+        with open(run_dir / "metrics.csv", newline="") as f:
+            for row in csv.DictReader(f):
+                try:
+                    if int(row["epoch"]) <= epochs:
+                        total += float(row["seconds"])
+                except (KeyError, TypeError, ValueError):
+                    continue
+    except OSError:
+        pass
+    return total

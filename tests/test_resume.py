@@ -328,3 +328,18 @@ def test_a_resume_that_fails_before_a_good_step_leaves_config_yaml_as_the_checkp
     assert (run / "config.yaml").read_bytes() == before
     r = run_cli("train", "--resume", run, "--set", "train.epochs=3")
     assert r.code == 0 and "edited by hand" not in r.err, r.err
+
+
+def test_a_resumed_run_counts_the_seconds_of_its_earlier_sessions(tmp_path):
+    # summary.json's seconds came from the summary of the session before, which an interrupted
+    # run does not have: 6 epochs run as 3 + interrupt + 3 reported the last session's 3.6 s, not 14 s
+    run = train(spiral_config(tmp_path, epochs=2), tmp_path / "runs")
+    rows = (run / "metrics.csv").read_text().splitlines()
+    head = rows[0].split(",")
+    at = head.index("seconds")
+    long = [",".join(c if i != at else "100.0" for i, c in enumerate(r.split(","))) for r in rows[1:]]
+    (run / "metrics.csv").write_text("\n".join([rows[0], *long]) + "\n")  # two epochs of 100 s each
+    (run / "summary.json").unlink()  # as after an interrupt
+    r = run_cli("train", "--resume", run, "--set", "train.epochs=3")
+    assert r.code == 0, r.err
+    assert 200.0 <= summary(run)["seconds"] < 260.0
