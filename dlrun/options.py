@@ -69,7 +69,13 @@ def did_you_mean(name: str, choices) -> str:
 
 
 def _got(value) -> str:
-    return f"{value!r}" if not isinstance(value, (dict, list)) else type(value).__name__
+    """A received value as a config writes it (true, null, [16]), cut to 60 characters."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    text = repr(value)
+    if isinstance(value, (dict, list)):
+        text = f"a {'list' if isinstance(value, list) else 'mapping'} {text}"
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def describe(hint) -> str:

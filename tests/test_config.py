@@ -188,3 +188,12 @@ def test_labels_the_model_or_loss_cannot_take_are_placed_at_what_to_change(tmp_p
 def test_a_negative_set_index_is_explained():
     with pytest.raises(ConfigError, match=r"'model\[-1\].units': a negative index does not count from the end here"):
         load_config("configs/spiral.yaml", ["model[-1].units=3"])
+
+
+@pytest.mark.parametrize("value, shown", [("[16]", "got a list [16]"), ("yes", "got true"), ("", "got null"),
+                                          ("{a: 1}", "got a mapping {'a': 1}")])
+def test_a_wrong_value_is_shown_as_a_config_writes_it(value, shown):
+    # "got list", "got True", "got None": the type or Python's spelling, not the value
+    with pytest.raises(ConfigError) as e:
+        load_config("configs/spiral.yaml", [f"model[0].units={value}"])
+    assert str(e.value).endswith(f"model[0].units: expected a positive integer, {shown}"), str(e.value)
