@@ -235,4 +235,7 @@ def parse_value(text: str, where: str) -> Any:
     try:
         return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
-        raise ConfigError(f"cannot parse {text!r} as YAML ({type(e).__name__})", Location(where)) from None
+        mark = getattr(e, "problem_mark", None)
+        at = f" at column {mark.column + 1}" if mark is not None else ""
+        why = getattr(e, "problem", None) or type(e).__name__
+        raise ConfigError(f"cannot parse {text!r} as YAML: {why}{at}", Location(where)) from None

@@ -246,7 +246,7 @@ def load_file(path: FilePath, label_column: int = -1, header: bool | None = None
     if task not in ("classification", "regression"):
         raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
     if not p.is_file():
-        raise DataError(f"data file not found: {p}" + (" (it is a folder)" if p.is_dir() else ""))
+        raise DataError(f"data file not found: {p}" + (" (it is a folder)" if p.is_dir() else " (not a regular file)" if p.exists() else ""))
     suffix = p.suffix.lower()
     lines = None
     try:

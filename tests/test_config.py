@@ -197,3 +197,11 @@ def test_a_wrong_value_is_shown_as_a_config_writes_it(value, shown):
     with pytest.raises(ConfigError) as e:
         load_config("configs/spiral.yaml", [f"model[0].units={value}"])
     assert str(e.value).endswith(f"model[0].units: expected a positive integer, {shown}"), str(e.value)
+
+
+def test_a_command_line_value_that_is_not_yaml_says_why_and_where():
+    from dlrun.config_yaml import parse_value
+
+    with pytest.raises(ConfigError, match=r"cannot parse '\{type: spiral' as YAML: expected ',' or '\}', but got "
+                                          r"'<stream end>' at column 14"):
+        parse_value("{type: spiral", "--data")

@@ -76,3 +76,11 @@ def test_shipped_iris_and_digits():
     d = registry.data.build("digits")
     assert d.x.shape == (1797, 1, 8, 8) and d.x.max() == 1.0 and d.num_classes == 10
     assert registry.data.build({"type": "digits", "flatten": True}).x.shape == (1797, 64)
+
+
+def test_a_data_path_that_is_not_a_regular_file_says_so(tmp_path):
+    from dlrun.data import load_file
+    from dlrun.errors import DataError
+
+    with pytest.raises(DataError, match=r"data file not found: /dev/null \(not a regular file\)"):
+        load_file("/dev/null")
