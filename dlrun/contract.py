@@ -34,14 +34,15 @@ class GlobalDraws:
     before the build: such values differ in every process, whatever the run's seed."""
 
     def __init__(self):
-        self._before = np.random.get_state()[1].copy(), np.random.get_state()[2]
+        _, keys, pos, *_ = np.random.get_state()
+        self._before = keys.copy(), pos
 
     def unsaved(self, layer) -> str | None:
         """Why the built ``layer`` cannot be saved and restored, or None: it drew from the global
         generator and keeps float arrays outside its parameters (a checkpoint holds neither, so
         evaluate and predict would rebuild other values)."""
-        state = np.random.get_state()
-        if np.array_equal(state[1], self._before[0]) and state[2] == self._before[1]:
+        _, keys, pos, *_ = np.random.get_state()
+        if np.array_equal(keys, self._before[0]) and pos == self._before[1]:
             return None
         loose = loose_arrays(layer)
         if not loose:

@@ -125,33 +125,24 @@ def main(argv: list[str] | None = None) -> None:
         err.print(f"[bold red]error:[/] out of memory{': ' + escape(str(e)) if str(e) else ''}; reduce the sizes "
                   "given (batch size, units, --dims)", soft_wrap=True, markup=True)
         sys.exit(2)
-    except OSError as e:
-        if debug_enabled():
-            traceback.print_exc()
-        if e.errno in PATH_ERRNOS and e.filename:  # a path given on the command line or in a config
-            name = str(e.filename)
-            shown = name if len(name) <= 80 else f"{name[:77]}... ({len(name)} characters)"
-            err.print(f"[bold red]error:[/] {escape(shown)}: {escape(e.strerror or str(e))}", soft_wrap=True)
-            sys.exit(2)
-        _internal(e)
     except Exception as e:  # a bug in dlrun or in a plugin: one line unless --debug
         named = blame(e)  # a plugin's own code: name the component and its file:line
         if debug_enabled():
             traceback.print_exc()
         if named is not None:
             sys.exit(fail(named))
-        _internal(e)
+        if isinstance(e, OSError) and e.errno in PATH_ERRNOS and e.filename:  # a path given: usage
+            name = str(e.filename)
+            shown = name if len(name) <= 80 else f"{name[:77]}... ({len(name)} characters)"
+            err.print(f"[bold red]error:[/] {escape(shown)}: {escape(e.strerror or str(e))}", soft_wrap=True)
+            sys.exit(2)
+        if not debug_enabled():
+            err.print(f"[bold red]error:[/] internal error: {type(e).__name__}: {escape(str(e))} "
+                      "(run with --debug for the traceback)",
+                      soft_wrap=True, markup=True)
+        sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
 
 
 # a path that cannot name a file (too long, a loop of links): the path given is wrong, exit 2
 PATH_ERRNOS = {errno.ENAMETOOLONG, errno.ELOOP}
-
-
-def _internal(e: BaseException) -> None:
-    """A bug in dlrun or in a plugin: one line unless --debug (which printed the traceback); exit 1."""
-    if not debug_enabled():
-        err.print(f"[bold red]error:[/] internal error: {type(e).__name__}: {escape(str(e))} "
-                  "(run with --debug for the traceback)",
-                  soft_wrap=True, markup=True)
-    sys.exit(1)
