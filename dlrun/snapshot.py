@@ -133,6 +133,19 @@ class CheckpointWriter(Callback):
     def on_train_begin(self, trainer):
         self.trainer = trainer
         self._written_epoch = trainer.epoch
+        if self._best_lost(trainer):  # resumed at the best epoch, whose best.npz a full disk refused
+            self._pending = capture(trainer, self.config, {**self.extra, "best": self.best})
+
+    def _best_lost(self, trainer) -> bool:
+        """Whether the state resumed from is the recorded best epoch's and best.npz does not hold
+        it (last.npz is written first: a disk that filled after it left best.npz missing or older)."""
+        if self.best is None or self.best.get("epoch") != trainer.epoch or trainer.position is not None:
+            return False
+        try:
+            kept = checkpoint.read(self.folder / "best.npz").meta.get("best") or {}
+        except CheckpointError:  # missing or unreadable
+            return True
+        return kept.get("epoch") != self.best["epoch"] or kept.get("monitor") != self.best["monitor"]
 
     def _improved(self, value) -> bool:
         if value is None or not math.isfinite(value):
