@@ -15,7 +15,8 @@ import numpy as np
 
 from . import checkpoint, registry, snapshot
 from .config import Config, config_from_dict, parse_value
-from .data import Dataset, expect_npy, check_range, read_csv
+from .data import Dataset, check_range
+from .datafile import expect_npy, read_csv
 from .losses import Loss
 from .errors import CheckpointError, DataError, DlrunError, PluginError, UsageError
 from .model import Sequential

@@ -223,8 +223,8 @@ REGISTRIES = {
 
 _loading_origin: str | None = None  # set by dlrun.plugins while a plugin file runs
 
-_BUILTIN_MODULES = ("layers", "initializers", "losses", "regularizers", "optimizers", "data", "datasets",
-                    "generators", "schedules")
+_BUILTIN_MODULES = ("layers", "initializers", "losses", "regularizers", "optimizers", "data", "datafile",
+                    "datasets", "generators", "schedules")
 _loaded = False
 
 

@@ -1,0 +1,179 @@
+"""The ``file`` data loader: features and labels from a CSV, .npy or .npz file, with errors that
+name the file and line (a row of a CSV, the array of an archive)."""
+from __future__ import annotations
+
+import csv
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from .data import Dataset
+from .errors import DataError
+from .options import FilePath, did_you_mean
+from .registry import data
+
+
+def read_csv(path: Path, label_column: int | None, header: bool | None):
+    """(features, labels or None, file line of each row); errors name the file and line."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # (-sig: a spreadsheet's BOM)
+            reader = csv.reader(f)
+            rows, lines = [], []
+            for r in reader:
+                if r and any(c.strip() for c in r):
+                    rows.append(r)
+                    lines.append(reader.line_num)
+    except UnicodeDecodeError:
+        raise DataError(_not_utf8(path)) from None
+    if not rows:
+        raise DataError(f"{path}: the file has no rows")
+    if header is None:  # sniff: a first row that is not all numbers is a header
+        header = not all(_is_number(c) for c in rows[0])
+    start = 1 if header else 0
+    if len(rows) <= start:
+        raise DataError(f"{path}: the file has a header row but no data rows")
+    width = len(rows[start])
+    if label_column is not None and width < 2:
+        raise DataError(f"{path}:{lines[start]}: expected at least 2 columns (features and a label), got {width}")
+    if label_column is not None and not -width <= label_column < width:
+        raise DataError(f"{path}: label_column {label_column} is out of range for {width} columns")
+    values = np.empty((len(rows) - start, width))
+    for k, (row, line) in enumerate(zip(rows[start:], lines[start:])):
+        if len(row) != width:
+            raise DataError(f"{path}:{line}: expected {width} columns (as in line {lines[start]}), got {len(row)}")
+        for j, cell in enumerate(row):
+            try:
+                values[k, j] = float(cell)
+            except ValueError:
+                raise DataError(f"{path}:{line}: column {j + 1}: expected a number, got {cell.strip()!r}") from None
+    line_of = np.asarray(lines[start:], dtype=np.int64)
+    if label_column is None:
+        return values, None, line_of
+    lc = label_column % width
+    return np.delete(values, lc, axis=1), values[:, lc], line_of
+
+
+def _not_utf8(path: Path) -> str:
+    """'FILE:LINE: ...' for the first line of a CSV that is not UTF-8 text."""
+    for n, raw in enumerate(Path(path).read_bytes().split(b"\n"), 1):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return (f"{path}:{n}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); save the file "
+                    f"as UTF-8 (or plain ASCII)")
+    return f"{path}: not UTF-8 text; save the file as UTF-8"
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+MAX_LABEL = 2 ** 31 - 1  # class indices beyond int32 are not classes anyone has outputs for
+
+
+def _labels(y: np.ndarray, task: str, where) -> np.ndarray:
+    if task == "regression":
+        bad = ~np.isfinite(y)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise DataError(f"{where(i)}: the target is {y[i]}, expected a finite number")
+        return y.astype(np.float64)
+    bad = ~np.isfinite(y) | (y != np.round(y)) | (y < 0) | (y > MAX_LABEL)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise DataError(f"{where(i)}: class labels must be integers from 0 to {MAX_LABEL}, got {y[i]:g}")
+    return y.astype(np.int64)
+
+
+def expect_npy(p: Path) -> None:
+    """An .npy file starts with the magic b'\\x93NUMPY' (an .npz is a zip); anything else would
+    reach numpy's pickle fallback and be misreported as pickled objects."""
+    with open(p, "rb") as f:
+        head = f.read(6)
+    if head != b"\x93NUMPY" and not head.startswith(b"PK"):
+        raise DataError(f"{p}: not an .npy file (no NumPy header); save arrays with numpy.save, or use a CSV")
+
+
+def _real(a: np.ndarray, p: Path, what: str) -> np.ndarray:
+    if np.iscomplexobj(a):
+        raise DataError(f"{p}: {what} holds complex numbers; expected real numbers")
+    return np.asarray(a)
+
+
+@data.register("file")
+def load_file(path: FilePath, label_column: int = -1, header: bool | None = None,
+              task: str = "classification", features_key: str = "x", labels_key: str = "y") -> Dataset:
+    """Features and labels from a CSV, .npy or .npz file.
+
+    CSV: one sample per row; the label is column ``label_column`` (default the last); a header
+    row is detected automatically unless ``header`` is given. ``.npz``: arrays ``features_key``
+    and ``labels_key``. ``.npy``: a 2-D array whose ``label_column`` holds the labels.
+
+    Args:
+        path: the file, relative to the config file.
+        label_column: index of the label column in CSV/.npy (negative counts from the end).
+        header: whether the CSV's first row is a header (default: detect).
+        task: "classification" (integer labels) or "regression" (float targets).
+        features_key: name of the feature array in an .npz file.
+        labels_key: name of the label array in an .npz file.
+    """
+    p = Path(path)
+    if task not in ("classification", "regression"):
+        raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
+    if not p.is_file():
+        raise DataError(f"data file not found: {p}" + (" (it is a folder)" if p.is_dir() else " (not a regular file)" if p.exists() else ""))
+    suffix = p.suffix.lower()
+    lines = None
+    try:
+        if suffix == ".npz":
+            if not zipfile.is_zipfile(p):
+                raise DataError(f"{p}: not an .npz archive (not a zip file); expected arrays saved with numpy.savez")
+            with np.load(p, allow_pickle=False) as z:
+                missing = [k for k in (features_key, labels_key) if k not in z.files]
+                if missing:
+                    raise DataError(f"{p}: no array {missing[0]!r} in the file{did_you_mean(missing[0], z.files)}; "
+                                    f"it holds {', '.join(z.files) or 'nothing'}")
+                x, y = _real(z[features_key], p, features_key), _real(z[labels_key], p, labels_key)
+                if x.ndim == 0:
+                    raise DataError(f"{p}: array {features_key!r} is a single number; expected one sample per row")
+                x = (x[:, None] if x.ndim == 1 else x).astype(np.float64)  # 1-D: one feature per sample
+        elif suffix == ".npy":
+            expect_npy(p)
+            arr = np.load(p, allow_pickle=False)
+            if not isinstance(arr, np.ndarray):  # an .npz archive under an .npy name
+                raise DataError(f"{p}: holds an .npz archive, not one array; rename it to .npz and name its "
+                                f"arrays with features_key and labels_key")
+            arr = _real(arr, p, "the array")
+            if arr.ndim != 2 or arr.shape[1] < 2:
+                raise DataError(f"{p}: expected a 2-D array (samples x columns, at least 2), got shape {arr.shape}")
+            lc = label_column % arr.shape[1]
+            x, y = np.delete(arr, lc, axis=1).astype(np.float64), arr[:, lc]
+        else:
+            x, y, lines = read_csv(p, label_column, header)
+    except DataError:
+        raise
+    except (ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile) as e:
+        hint = " (it holds pickled objects, which dlrun never loads)" if "pickle" in str(e) else ""
+        raise DataError(f"{p}: cannot read the file{hint}: {e}") from None
+    if y.ndim != 1 or len(x) != len(y):
+        raise DataError(f"{p}: {len(x)} feature rows but labels of shape {y.shape}; expected ({len(x)},)")
+    if len(x) == 0:
+        raise DataError(f"{p}: the file holds no samples")
+    ds = Dataset(x, np.zeros(len(x), dtype=np.int64), name=str(p), rows=lines)
+    bad = ~np.isfinite(x).reshape(len(x), -1).all(axis=1)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        kind = "NaN" if np.isnan(x[i]).any() else "inf"
+        raise DataError(f"{ds.where(i)}: features contain {kind} ({int(bad.sum())} sample"
+                        f"{'s' if bad.sum() > 1 else ''} in all)")
+    try:
+        y = np.asarray(y, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise DataError(f"{p}: labels of dtype {y.dtype} are not numbers") from None
+    ds.y = _labels(y, task, ds.where)
+    return ds
