@@ -98,7 +98,13 @@ def prepare(config: Config):
 
 
 def _monitor(config: Config, ds: Dataset, trainer: Trainer) -> tuple[str, str]:
+    """best.npz's metric and mode: ``train.monitor``; unset, early stopping's (so that the weights
+    restore_best_weights puts back are the ones saved), else val_loss or train_loss."""
     has_val = ds.x_val is not None and len(ds.x_val) > 0
+    stopping = config.train.early_stopping
+    if config.train.monitor is None and stopping is not None:
+        return snapshot.resolve_monitor(stopping.monitor, has_val, trainer.classification, config.locate,
+                                        stopping.mode)
     return snapshot.resolve_monitor(config.train.monitor, has_val, trainer.classification, config.locate)
 
 
@@ -118,8 +124,10 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
     deferred = [c for c in train_controls if isinstance(c, controls.EarlyStopping)]
     for c in deferred:
         c.restore_at_end = False
+    # best.npz holds the weights early stopping restores when both watch one metric: the same test
+    restoring = [c for c in deferred if c.restore_best_weights and c.monitor == monitor and c.mode == mode]
     writer = snapshot.CheckpointWriter(run_dir / "checkpoints", config, config.train.checkpoint_every,
-                                       monitor, mode, best, extra)
+                                       monitor, mode, best, extra, restoring[0].min_delta if restoring else 0.0)
     ckpt = run_dir / "checkpoints" / "last.npz"
     stop = StopOnSignal()
     start_step = trainer.step  # a resumed run that diverges before a good step leaves its checkpoint as it was
@@ -150,7 +158,7 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
     except OSError as e:
         kept = (f"the checkpoint {ckpt} is intact: once there is room, resume with: dlrun train --resume {run_dir}"
                 if ckpt.is_file() else "no checkpoint had been written yet, so the run cannot be resumed "
-                                       f"(its metrics.csv keeps the epochs run)")
+                                       "(its metrics.csv keeps the epochs run)")
         raise TrainingError(f"cannot write {e.filename or run_dir}: {e.strerror or e} (errno {e.errno}); {kept}") from None
     last = history.last
     summary = {k: last.get(k) for k in ("train_loss", "train_accuracy", "val_loss", "val_accuracy")}

@@ -50,7 +50,8 @@ class TrainSettings:
         early_stopping: stop when a metric stops improving (see EarlyStoppingSettings).
         checkpoint_every: write checkpoints/last.npz (and best.npz) every N epochs, and at the end.
         monitor: metric that picks checkpoints/best.npz (lowest loss, highest accuracy); null means
-            val_loss with a validation split, else train_loss.
+            early_stopping's monitor when it is set, else val_loss with a validation split, else
+            train_loss.
     """
 
     epochs: PositiveInt = 10

@@ -18,6 +18,7 @@ from . import __version__, checkpoint, registry
 from .config import Config
 from .errors import CheckpointError
 from .callbacks import check_monitor, control_states
+from .schedules import improved
 from .plugins import source_hash
 from .position import EpochPosition
 from .hooks import Callback
@@ -106,12 +107,14 @@ def restore(trainer: Trainer, ckpt: checkpoint.Checkpoint, seed: int) -> None:
 MODES = {"val_loss": "min", "train_loss": "min", "val_accuracy": "max", "train_accuracy": "max"}
 
 
-def resolve_monitor(monitor: str | None, has_val: bool, classification: bool, locate=None) -> tuple[str, str]:
-    """The metric that picks best.npz and whether lower ("min") or higher ("max") is better;
-    a ConfigError located by ``locate`` (config.locate) when the run will not produce it."""
+def resolve_monitor(monitor: str | None, has_val: bool, classification: bool, locate=None,
+                    mode: str = "auto") -> tuple[str, str]:
+    """The metric that picks best.npz and whether lower ("min") or higher ("max") is better
+    (``mode``: early stopping's, when best.npz follows it); a ConfigError located by ``locate``
+    (config.locate) when the run will not produce it."""
     name = monitor or ("val_loss" if has_val else "train_loss")
     check_monitor(name, "train.monitor", has_val, classification, locate or (lambda path: None))
-    return name, MODES[name]
+    return name, MODES[name] if mode == "auto" else mode
 
 
 class CheckpointWriter(Callback):
@@ -122,9 +125,9 @@ class CheckpointWriter(Callback):
     """
 
     def __init__(self, folder: Path, config: Config, every: int, monitor: str, mode: str,
-                 best: dict | None = None, extra: dict | None = None):
+                 best: dict | None = None, extra: dict | None = None, min_delta: float = 0.0):
         self.folder, self.config, self.every = Path(folder), config, every
-        self.monitor, self.mode = monitor, mode
+        self.monitor, self.mode, self.min_delta = monitor, mode, min_delta
         self.best = best if best and best.get("monitor") == monitor else None
         self.extra = extra or {}
         self._pending = None
@@ -152,7 +155,7 @@ class CheckpointWriter(Callback):
             return False
         if self.best is None:
             return True
-        return value < self.best["value"] if self.mode == "min" else value > self.best["value"]
+        return improved(value, self.best["value"], self.mode, self.min_delta)
 
     def on_epoch_end(self, epoch, metrics):
         value = metrics.get(self.monitor)
