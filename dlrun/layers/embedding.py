@@ -1,6 +1,8 @@
 """Embedding: a lookup table of learned vectors indexed by integer tokens."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..backend import Kernel, array_module
 from ..errors import DataError
 from ..initializers import Initializer
@@ -75,8 +77,9 @@ class Embedding(Layer):
             return gather(self.weight.data, x[..., None], self._columns(), self.input_dim, self.output_dim,
                           float("nan"), out)
         idx = x.astype(xp.int64) if x.dtype.kind != "i" else x
-        if idx.size:
-            lo, hi = int(idx.min()), int(idx.max())
+        if idx.size:  # (on the GPU one read of both ends, not two: evaluation runs here per batch)
+            ends = (idx.min(), idx.max())
+            lo, hi = (int(v) for v in (ends if xp is np else self.backend.to_host(xp.stack(ends))))
             if lo < 0 or hi >= self.input_dim:
                 bad = lo if lo < 0 else hi
                 raise DataError(f"Embedding: index {bad} is outside [0, {self.input_dim}); "
