@@ -136,13 +136,22 @@ def source_line(component, error: BaseException) -> str:
 _BROADCAST = re.compile(r"from shape \((\d+),(\d+)\) into shape \((\d+),(\d+)\)")
 
 
+TRANSPOSED = "a transposed gradient (xᵀ·dy where dyᵀ·x belongs?)"
+
+
 def transposed(error: BaseException) -> str:
     """'; the two shapes are each other's transpose ...' when ``error`` is numpy's "could not
     broadcast input array from shape (3,4) into shape (4,3)" (``p.grad[...] = x.T @ dy``), else ''."""
     m = _BROADCAST.search(str(error)) if isinstance(error, ValueError) else None
     if m is None or (m[1], m[2]) != (m[4], m[3]) or m[1] == m[2]:
         return ""
-    return "; the two shapes are each other's transpose: a transposed gradient (xᵀ·dy where dyᵀ·x belongs?)"
+    return f"; the two shapes are each other's transpose: {TRANSPOSED}"
+
+
+def transposed_shape(got, want) -> str:
+    """' (transposed: ...)' when the 2-D shape ``got`` is ``want`` reversed (and not square), else ''."""
+    got, want = tuple(got), tuple(want)
+    return f" (transposed: {TRANSPOSED})" if len(got) == 2 and got == want[::-1] != want else ""
 
 
 def mismatch(a, shape: tuple, dtypes, backend, model_dtype) -> str | None:
@@ -154,9 +163,8 @@ def mismatch(a, shape: tuple, dtypes, backend, model_dtype) -> str | None:
     got = "None" if a is None else f"shape {tuple(getattr(a, 'shape', ()))} {getattr(a, 'dtype', type(a).__name__)}"
     where = "" if a is None or here else f" on {array_module(a).__name__}"
     want = model_dtype if dtypes is None or model_dtype in dtypes else next(iter(dtypes))
-    flipped = a is not None and len(getattr(a, "shape", ())) == 2 and tuple(a.shape) == tuple(shape)[::-1] != tuple(shape)
-    return (f"{got}{where}; expected shape {tuple(shape)} {want} on {backend.name}"
-            f"{' (transposed: xᵀ·dy where dyᵀ·x belongs?)' if flipped else ''}")
+    hint = transposed_shape(getattr(a, "shape", ()), shape) if a is not None else ""
+    return f"{got}{where}; expected shape {tuple(shape)} {want} on {backend.name}{hint}"
 
 
 # -- the trainer's first step: the loss, the regularizers and the optimizer ------------------------

@@ -62,7 +62,7 @@ def check_labels(ds: Dataset, model: Sequential, loss, locate=None) -> None:
     """Fail early when labels cannot index the model's outputs, or targets do not match them.
     ``locate`` (a config's): the error is placed at the last layer, or the loss, that the
     message asks to change (the data row, when there is one, stays in the message)."""
-    at = (lambda path: locate(path)) if locate else (lambda path: None)  # noqa: E731
+    at = locate or (lambda path: None)  # noqa: E731
     last = at(f"model[{len(model.layers) - 1}]")
     if getattr(loss, "task", "classification") != "classification":
         outputs = int(np.prod(model.output_shape)) if model.output_shape else 1

@@ -32,7 +32,7 @@ import numbers
 
 import numpy as np
 
-from ..contract import UNWRITTEN_HINT, mark_unwritten, unwritten
+from ..contract import UNWRITTEN_HINT, mark_unwritten, transposed_shape, unwritten
 from .harness import LayerRaised
 from .report import FAIL, NA, PASS, AuxResult
 
@@ -75,9 +75,8 @@ def grad_problem(grad, ref, what: str) -> str | None:
     if shape is None:
         return f"{what}: gradient is a {type(grad).__name__}, not an array"
     if tuple(shape) != tuple(ref.shape):
-        flipped = len(shape) == 2 and tuple(shape) == tuple(ref.shape)[::-1]
         return (f"{what}: grad shape {tuple(shape)} != {'input' if what in ('x', 'z') else 'param'} shape "
-                f"{tuple(ref.shape)}{' (transposed: xᵀ·dy where dyᵀ·x belongs?)' if flipped else ''}")
+                f"{tuple(ref.shape)}{transposed_shape(shape, ref.shape)}")
     if grad.dtype != ref.dtype:
         return f"{what}: grad dtype {grad.dtype} != tensor dtype {ref.dtype}"
     return None
