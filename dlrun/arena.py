@@ -66,7 +66,7 @@ class ParamArena:
     def adopt(self) -> None:
         """Bring back into the flat arrays any ``data``/``grad`` a layer replaced by a new array.
 
-        Free when nothing was rebound: :class:`~dlrun.layers.base.Parameter` sets ``dirty``
+        Free when nothing was rebound: :class:`~dlrun.layers.parameter.Parameter` sets ``dirty``
         on assignment to ``data`` or ``grad``, so the usual call is one attribute test."""
         if not self.dirty:
             return

@@ -50,7 +50,7 @@ class Sequential:
         self.shapes: list[tuple[int, ...]] = []
         shape = self.input_shape
         for i, layer in enumerate(self.layers):
-            layer.setup(backend, self.dtype, init_rng, backend.rng(run_seqs[i]))
+            layer.setup(backend, self.dtype, init_rng, run_seqs[i])
             drawn = contract.GlobalDraws()
             try:
                 shape = contract.output_shape(layer, layer.build(shape), shape)

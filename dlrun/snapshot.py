@@ -52,8 +52,8 @@ def capture(trainer: Trainer, config: Config, extra: dict | None = None) -> tupl
             "config": config.raw, "input_shape": list(model.input_shape), "dtype": str(model.dtype),
             "device": model.backend.name,
             "rng": {"shuffle": rng_state(trainer.shuffle_rng),
-                    "layers": {str(i): rng_state(layer.rng) for i, layer in enumerate(model.layers)
-                               if layer.rng is not None}},
+                    "layers": {str(i): rng_state(layer.rng_made) for i, layer in enumerate(model.layers)
+                               if layer.rng_made is not None}},
             "position": trainer.position.to_meta() if trainer.position is not None else None,
             "plugins": plugin_records(config),
             "controls": control_states(getattr(trainer, "controls", ())), **(extra or {})}
@@ -95,13 +95,13 @@ def restore(trainer: Trainer, ckpt: checkpoint.Checkpoint, seed: int) -> None:
     layers = trainer.model.layers
     reseed = np.random.SeedSequence([seed, trainer.step]).spawn(len(layers))
     for i, layer in enumerate(layers):
-        if layer.rng is None:
-            continue
         state = states.get(str(i))
-        if state is not None and isinstance(layer.rng, np.random.Generator):
+        if b.xp is not np:  # a CuPy generator has no exportable state: a fresh, deterministic stream
+            layer.seed_rng(reseed[i])
+        elif state is not None and layer.rng is not None:
             layer.rng.bit_generator.state = state
-        else:  # a CuPy generator (no exportable state): a fresh, deterministic stream
-            layer.rng = b.rng(reseed[i])
+        # else: no generator made before the checkpoint; the one the model's seed makes later
+        # draws what it would have drawn in an uninterrupted run
 
 
 MODES = {"val_loss": "min", "train_loss": "min", "val_accuracy": "max", "train_accuracy": "max"}

@@ -84,3 +84,48 @@ def test_scatter_add_accepts_what_numpy_add_at_accepts():
         np.testing.assert_array_equal(a, ref)
     with pytest.raises(IndexError, match="index 5 is out of bounds for axis 0 with size 4"):
         CPU.scatter_add(np.zeros((4, 3)), np.array([5]), np.ones((1, 3)))
+
+
+class _CountingBackend(type(CPU)):
+    """The CPU backend, counting the generators it makes."""
+
+    def __init__(self):
+        super().__init__("cpu", np)
+        self.made = 0
+
+    def rng(self, seed):
+        self.made += 1
+        return super().rng(seed)
+
+
+def test_a_layer_generator_is_made_only_when_the_layer_draws():
+    """A CuPy generator holds per-thread state in device memory and costs a kernel launch to
+    seed: layers that never draw (all but Dropout here) must not make one."""
+    backend = _CountingBackend()
+    layers = [registry.layers.build(s) for s in ({"type": "Linear", "units": 5}, "ReLU",
+                                                 {"type": "Dropout", "rate": 0.5}, {"type": "Linear", "units": 3})]
+    model = Sequential(layers, (4,), backend, np.float32, seed=7)
+    assert backend.made == 0 and all(layer.rng_made is None for layer in model.layers)
+    x = np.ones((6, 4), np.float32)
+    model.train(True)
+    out = model.forward(x)
+    assert backend.made == 1 and [layer.rng_made is not None for layer in model.layers] == [False, False, True, False]
+    # made late or early, a layer's generator draws the same numbers for the same seed
+    eager = Sequential([registry.layers.build(s) for s in ({"type": "Linear", "units": 5}, "ReLU",
+                                                           {"type": "Dropout", "rate": 0.5},
+                                                           {"type": "Linear", "units": 3})], (4,), CPU, np.float32, seed=7)
+    assert all(layer.rng is not None for layer in eager.layers)  # reading rng makes each one
+    eager.train(True)
+    np.testing.assert_array_equal(eager.forward(x), out)
+
+
+def test_seed_rng_drops_the_generator_and_a_given_generator_is_kept():
+    layer = registry.layers.build({"type": "Dropout", "rate": 0.5})
+    assert layer.rng is None  # outside a model: no seed, no generator
+    layer.seed_rng(3)
+    first = layer.rng.random(4)
+    layer.seed_rng(3)
+    np.testing.assert_array_equal(layer.rng.random(4), first)
+    own = np.random.default_rng(5)
+    layer.rng = own
+    assert layer.rng is own and layer.rng_made is own

@@ -12,7 +12,7 @@ from . import inputs
 def float32_problem(name: str, options: dict, spec, dims, shape, n: int, dev, seed: int) -> str | None:
     """What a float32 forward/backward of the layer returns in another dtype, or None."""
     layer = inputs.build_layer(name, inputs.layer_options(spec, dims, options), name)
-    layer.setup(dev.backend, np.float32, np.random.default_rng(seed), dev.backend.rng(seed))
+    layer.setup(dev.backend, np.float32, np.random.default_rng(seed), seed)
     out_shape = tuple(layer.build(shape))
     rng = np.random.default_rng(seed)
     high = inputs.index_high(spec, dims, layer) if spec.kind == "index" else None

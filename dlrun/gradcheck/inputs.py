@@ -145,7 +145,7 @@ def label_count(spec, dims: dict | None, out_shape: tuple, layer=None) -> int:
 def fresh_layer(name: str, spec, dims, options: dict, shape: tuple, device, dtype, seed: int):
     """A new instance of the layer, set up and built as the checked one was (nothing called yet)."""
     layer = build_layer(name, layer_options(spec, dims, options), name)
-    layer.setup(device.backend, dtype, np.random.default_rng(seed), device.backend.rng(seed))
+    layer.setup(device.backend, dtype, np.random.default_rng(seed), seed)
     layer.build(shape)
     return layer
 

@@ -199,8 +199,7 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
         where_dims = inputs.dims_label(spec, dims, input_shape)
         try:
             shape = tuple(input_shape) if dims is None else inputs.per_sample_shape(spec, dims)
-            layer.setup(dev.backend, settings.np_dtype, np.random.default_rng(settings.seed),
-                        dev.backend.rng(settings.seed))
+            layer.setup(dev.backend, settings.np_dtype, np.random.default_rng(settings.seed), settings.seed)
             out_shape = build(layer, shape, where_dims)
             note = loose_arrays(name, layer)
             if note and note.split(":")[0] not in "".join(report.warnings):  # once, from the first shape

@@ -26,44 +26,7 @@ import numpy as np
 from ..backend import CPU, Backend, format_bytes, host_memory_available
 from ..buffers import BufferPool
 from ..errors import ConfigError, DlrunError, ShapeError
-
-
-@dataclass(eq=False)  # identity, not an elementwise comparison of arrays
-class Parameter:
-    """A tensor of a layer with its gradient.
-
-    Attributes:
-        data: the values (numpy or cupy array, the model's dtype).
-        grad: the gradient written by the layer's ``backward`` (same shape and dtype), or None
-            for a constant.
-        trainable: False for constants that training must never change.
-        regularizer: the layer's own regularizer for this tensor, or None.
-        regularize: whether the run-wide default regularizer applies (weights yes, biases no).
-    """
-
-    data: Any
-    grad: Any = None
-    trainable: bool = True
-    regularizer: Any = None
-    regularize: bool = True
-
-    def __setattr__(self, name, value):
-        # rebinding data or grad to another array (not writing into them, and not ``p.data -= g``,
-        # which assigns the same array back) tells the arena holding this tensor, so its
-        # per-step ``adopt`` is one flag test instead of a loop over every tensor
-        if (name == "data" or name == "grad") and value is not self.__dict__.get(name):
-            arena = self.__dict__.get("_arena")
-            if arena is not None:
-                arena.dirty = True
-        object.__setattr__(self, name, value)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.data.shape)
-
-    @property
-    def size(self) -> int:
-        return int(self.data.size)
+from .parameter import Parameter
 
 
 @dataclass(frozen=True)
@@ -121,7 +84,7 @@ class Layer:
         self = super().__new__(cls)
         self.params = {}
         self.training = True
-        self.rng = None
+        self._rng = self._rng_seed = None
         self.backend = CPU
         self.xp = np
         self.dtype = np.dtype(np.float32)
@@ -135,12 +98,41 @@ class Layer:
 
     # -- set by the framework --------------------------------------------------------------
     def setup(self, backend: Backend, dtype, init_rng: np.random.Generator, rng=None) -> None:
-        """Attach the device, dtype and generators before ``build`` (called by the model)."""
+        """Attach the device, dtype and generators before ``build`` (called by the model).
+
+        ``rng`` is a generator, or a seed (an int or a numpy SeedSequence) for :meth:`seed_rng`."""
         self.backend = backend
         self.xp = backend.xp
         self.dtype = np.dtype(dtype)
         self._init_rng = init_rng
-        self.rng = rng
+        if isinstance(rng, (int, np.integer, np.random.SeedSequence)):
+            self.seed_rng(rng)
+        else:
+            self.rng = rng
+
+    @property
+    def rng(self):
+        """The layer's seeded generator on its device, or None. Made on first use from the seed
+        the framework gave (:meth:`seed_rng`): most layers never draw, and a CuPy generator
+        holds per-thread state in device memory and takes a kernel launch to seed."""
+        if self._rng is None and self._rng_seed is not None:
+            self._rng = self.backend.rng(self._rng_seed)
+        return self._rng
+
+    @rng.setter
+    def rng(self, generator) -> None:
+        self._rng, self._rng_seed = generator, None
+
+    def seed_rng(self, seed) -> None:
+        """Drop the generator; the next use of :attr:`rng` makes one from ``seed`` on the layer's
+        device. Same seed, same draws: making it later changes nothing."""
+        self._rng, self._rng_seed = None, seed
+
+    @property
+    def rng_made(self):
+        """The generator if :attr:`rng` has made or been given one, else None (reading this never
+        makes one: checkpoints record the state of the generators that exist)."""
+        return self._rng
 
     def add_param(self, name: str, shape, initializer=None, *, fan_in: int | None = None,
                   fan_out: int | None = None, trainable: bool = True, regularizer=None,
