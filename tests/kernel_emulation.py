@@ -103,6 +103,11 @@ def _gelu_grad(v):
     v.dx[...] = v.dy * (v.p + v.x * v.x.dtype.type(INV_SQRT_2PI) * np.exp(v.x.dtype.type(-0.5) * v.x * v.x))
 
 
+def _dropout(v):
+    v.mask[...] = np.where(v.u >= v.rate, v.scale, v.x.dtype.type(0))
+    v.y[...] = v.x * v.mask
+
+
 def _in_range(v):
     x = v.x.astype(np.float64)
     ok = (x > -1.0) & (x < float(v.D))
@@ -201,6 +206,7 @@ def _adagrad(v):
 
 EMULATORS = {
     "dlrun_relu": _relu, "dlrun_relu_grad": _relu_grad, "dlrun_gelu": _gelu, "dlrun_gelu_grad": _gelu_grad,
+    "dlrun_dropout": _dropout,
     "dlrun_embedding": _gather, "dlrun_embedding_grad": _scatter,
     "dlrun_sce_exp": _sce_exp, "dlrun_sce_nll": _sce_nll, "dlrun_sce_grad": _sce_grad,
     "dlrun_maxpool": _maxpool, "dlrun_maxpool_grad": _maxpool_grad,

@@ -53,6 +53,8 @@ LAYER_CASES = {
     "GELU": ("GELU", (5,), lambda n, rng, dt: rng.standard_normal((n, 5)).astype(dt), ["dlrun_gelu"]),
     "MaxPool2D": ({"type": "MaxPool2D", "pool_size": 2}, (2, 6, 8), _pool_input, ["dlrun_maxpool"]),
     "MaxPool2D-3x2": ({"type": "MaxPool2D", "pool_size": [3, 2]}, (2, 6, 8), _pool_input, ["dlrun_maxpool"]),
+    "Dropout": ({"type": "Dropout", "rate": 0.3}, (5,), lambda n, rng, dt: rng.standard_normal((n, 5)).astype(dt),
+                ["dlrun_dropout"]),
     "Embedding": ({"type": "Embedding", "input_dim": 10, "output_dim": 4}, (5,),
                   lambda n, rng, dt: rng.integers(0, 10, (n, 5)).astype(dt), ["dlrun_embedding"]),
 }
@@ -75,6 +77,20 @@ def test_layer_gpu_path_matches_the_cpu_path(case, dtype, monkeypatch):
         assert g1.keys() == g0.keys()
         for k in g0:
             np.testing.assert_allclose(g1[k], g0[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["Dropout", "ReLU", "GELU"])
+def test_layer_gpu_path_without_training_buffers_matches_the_cpu_path(case, monkeypatch):
+    """Outside the training loop (gradcheck, a plugin's own use) no buffer is given: a kernel
+    with two outputs must still be passed both, or CuPy refuses the call."""
+    spec, shape, make, kernels = LAYER_CASES[case]
+    x = [make(4, np.random.default_rng(0), np.float64)]
+    cpu = _layer_run(spec, shape, x, np.float64)
+    with emulate(monkeypatch) as calls:
+        gpu = _layer_run(spec, shape, x, np.float64)
+    assert all(calls[k] == 1 for k in kernels), calls
+    for a, b in zip(cpu[0][:2], gpu[0][:2]):
+        np.testing.assert_allclose(b, a, rtol=1e-13, atol=1e-15)  # GELU: CUDA's erfc, not the CPU's
 
 
 def test_maxpool_gpu_path_marks_nan_windows_like_the_cpu(monkeypatch):

@@ -3,9 +3,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import Kernel
 from ..options import Fraction
 from ..registry import layers
 from .base import InputSpec, Layer
+
+# the mask is scale where u ≥ rate, else 0, and y = x·mask: bit for bit the CPU's three passes
+_DROPOUT = Kernel("float32 u, T x, float32 rate, T scale", "T mask, T y",
+                  "mask = u >= rate ? scale : (T)0; y = x * mask;", "dlrun_dropout")
 
 
 @layers.register()
@@ -37,16 +42,25 @@ class Dropout(Layer):
             return x
         if self.rng is None:  # a layer used outside a model: still reproducible
             self.rng = self.backend.rng(0)
+        xp, shape = self.xp, x.shape
         # drawn in float32 whatever x's dtype: the same seed gives the same mask in float32 and
         # float64 (gradcheck differentiates a float64 copy of a float32 model), and half the bits
-        u = self.rng.random(x.shape, dtype=np.float32)
-        mask = (u >= self.rate).astype(x.dtype)
-        mask *= 1.0 / (1.0 - self.rate)
+        u = self.rng.random(shape, dtype=np.float32, out=self.buffer("u", shape, np.float32))
+        mask = self.output_array("mask", shape, x.dtype)  # kept for backward: 0 or 1/(1 − rate)
+        scale = 1.0 / (1.0 - self.rate)
+        fused = _DROPOUT.on(xp)
+        if fused is not None:  # GPU: one launch for what the CPU does in three passes
+            self._mask = mask
+            return fused(u, x, self.rate, x.dtype.type(scale), mask, self.output_array("y", shape, x.dtype))[1]
+        xp.greater_equal(u, self.rate, out=mask)  # the rate is compared in float32 (a Python float)
+        mask *= scale
         self._mask = mask
-        return x * mask
+        return xp.multiply(x, mask, out=self.buffer("y", shape, x.dtype))
 
     def backward(self, dy):
-        return dy if self._mask is None else dy * self._mask
+        if self._mask is None:
+            return dy
+        return self.xp.multiply(dy, self._mask, out=self.buffer("dx", dy.shape, dy.dtype))
 
     def __repr__(self) -> str:
         return f"Dropout(rate={self.rate})"
