@@ -1,12 +1,15 @@
 """Weight penalties added to the loss: attach per layer (``weight_regularizer``) or run-wide.
 
 A regularizer gives ``penalty(w)`` (a scalar added to the reported loss) and adds its gradient
-into an existing gradient buffer with ``add_gradient(w, grad)`` (in place, no temporaries beyond
-one per call).
+into an existing gradient buffer with ``add_gradient(w, grad)``, in place: the built-ins compute
+into one reused scratch array on the CPU and run one fused kernel on the GPU, so a training step
+allocates nothing for them.
 """
 from __future__ import annotations
 
-from .backend import array_module
+import numpy as np
+
+from .backend import Kernel, array_module
 from .options import NonNegativeFloat
 from .registry import regularizers
 
@@ -28,8 +31,22 @@ class Regularizer:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(strength={self.strength})"
 
+    def scratch(self, w):
+        """A host array shaped like ``w`` to compute into: a view of one flat buffer as large as
+        the largest tensor seen, shared by every tensor this regularizer serves (one per step
+        each would be a fresh allocation, page faults included, per tensor per step)."""
+        buf = self.__dict__.get("_scratch")
+        if buf is None or buf.size < w.size or buf.dtype != w.dtype:
+            buf = self._scratch = np.empty(w.size, w.dtype)
+        return buf[:w.size].reshape(w.shape)
+
 
 regularizers.base = Regularizer
+
+
+# GPU: grad += c·w and grad += c·sign(w) in one launch each (sign(NaN) stays NaN, as numpy's)
+_L2_GRAD = Kernel("T w, T c", "T grad", "grad += c * w;", "dlrun_l2_grad")
+_L1_GRAD = Kernel("T w, T c", "T grad", "grad += w > (T)0 ? c : (w < (T)0 ? -c : w * (T)0);", "dlrun_l1_grad")
 
 
 @regularizers.register()
@@ -49,7 +66,12 @@ class L2(Regularizer):
 
     def add_gradient(self, w, grad) -> None:
         # grad += 2λw without a float64 up-cast: a Python float keeps the array's dtype
-        grad += (2.0 * self.strength) * w
+        xp = array_module(w)
+        fused = _L2_GRAD.on(xp)
+        if fused is not None:
+            fused(w, 2.0 * self.strength, grad)
+            return
+        grad += xp.multiply(w, 2.0 * self.strength, out=self.scratch(w))
 
 
 @regularizers.register()
@@ -67,7 +89,14 @@ class L1(Regularizer):
         return self.strength * float(abs(w).sum(dtype="float64"))
 
     def add_gradient(self, w, grad) -> None:
-        grad += self.strength * array_module(w).sign(w)
+        xp = array_module(w)
+        fused = _L1_GRAD.on(xp)
+        if fused is not None:
+            fused(w, self.strength, grad)
+            return
+        step = xp.sign(w, out=self.scratch(w))
+        step *= self.strength  # a Python float keeps the array's dtype
+        grad += step
 
     def kink_distance(self, w):
         return abs(w)  # |w| has its kink at 0

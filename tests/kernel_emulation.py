@@ -108,6 +108,14 @@ def _dropout(v):
     v.y[...] = v.x * v.mask
 
 
+def _l2_grad(v):
+    v.grad += v.c * v.w
+
+
+def _l1_grad(v):
+    v.grad += np.where(v.w > 0, v.c, np.where(v.w < 0, -v.c, v.w * v.w.dtype.type(0)))
+
+
 def _in_range(v):
     x = v.x.astype(np.float64)
     ok = (x > -1.0) & (x < float(v.D))
@@ -206,7 +214,7 @@ def _adagrad(v):
 
 EMULATORS = {
     "dlrun_relu": _relu, "dlrun_relu_grad": _relu_grad, "dlrun_gelu": _gelu, "dlrun_gelu_grad": _gelu_grad,
-    "dlrun_dropout": _dropout,
+    "dlrun_dropout": _dropout, "dlrun_l2_grad": _l2_grad, "dlrun_l1_grad": _l1_grad,
     "dlrun_embedding": _gather, "dlrun_embedding_grad": _scatter,
     "dlrun_sce_exp": _sce_exp, "dlrun_sce_nll": _sce_nll, "dlrun_sce_grad": _sce_grad,
     "dlrun_maxpool": _maxpool, "dlrun_maxpool_grad": _maxpool_grad,

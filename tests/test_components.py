@@ -113,6 +113,25 @@ def test_regularizers(name, pen, grad):
     assert reg.penalty(big) == pytest.approx(pen(big.astype(np.float64)), rel=1e-6) and np.isfinite(reg.penalty(big))
 
 
+@pytest.mark.parametrize("name,grad", [("L2", lambda w: 0.2 * w), ("L1", lambda w: 0.1 * np.sign(w))])
+def test_a_regularizer_serves_tensors_of_every_shape_from_one_scratch_buffer(name, grad):
+    """One regularizer, shared by the run's tensors: each call computes into a view of one
+    buffer (no array per tensor per step), and a call never sees what an earlier one left."""
+    reg = registry.regularizers.build({"type": name, "strength": 0.1})
+    rng = np.random.default_rng(0)
+    ws = [rng.standard_normal(s).astype(np.float32) for s in ((7,), (4, 3), (2, 3, 2), (3,))]
+    buffers = set()
+    for w in ws:
+        g = np.ones_like(w)
+        reg.add_gradient(w, g)
+        np.testing.assert_array_equal(g, np.float32(1) + grad(w).astype(np.float32))
+        buffers.add(id(reg._scratch))
+    assert len(buffers) == 2 and reg._scratch.size == 12  # grown once, for the 12-element tensor
+    g = np.ones((5,))  # another dtype gets its own buffer, and float64 stays float64
+    reg.add_gradient(np.full(5, 2.0), g)
+    assert reg._scratch.dtype == np.float64 and g.dtype == np.float64
+
+
 def test_an_epoch_whose_reported_loss_is_not_finite_stops_training():
     """The guard checks the loss as reported (data loss plus penalty), not the data loss alone."""
     model = Sequential([registry.layers.build({"type": "Linear", "units": 2})], (2,), seed=0, dtype=np.float64)

@@ -93,6 +93,23 @@ def test_layer_gpu_path_without_training_buffers_matches_the_cpu_path(case, monk
         np.testing.assert_allclose(b, a, rtol=1e-13, atol=1e-15)  # GELU: CUDA's erfc, not the CPU's
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("name", ["L1", "L2"])
+def test_regularizer_gpu_gradient_matches_the_cpu_gradient(name, dtype, monkeypatch):
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((6, 5)).astype(dtype)
+    w[0, :3] = 0.0, -0.0, np.nan  # sign(0) = 0 and sign(NaN) = NaN on both paths
+    g = rng.standard_normal((6, 5)).astype(dtype)
+    reg = registry.regularizers.build({"type": name, "strength": 0.3})
+    cpu = g.copy()
+    reg.add_gradient(w, cpu)
+    with emulate(monkeypatch) as calls:
+        gpu = g.copy()
+        reg.add_gradient(w, gpu)
+    assert calls[f"dlrun_{name.lower()}_grad"] == 1 and gpu.dtype == dtype
+    np.testing.assert_array_equal(gpu, cpu)
+
+
 def test_maxpool_gpu_path_marks_nan_windows_like_the_cpu(monkeypatch):
     x = _pool_input(2, np.random.default_rng(3), np.float64)
     x[1, 0, 2, 3] = np.nan
