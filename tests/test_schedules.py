@@ -196,3 +196,91 @@ def test_schedule_interval_is_checked(tmp_path):
         assert lrs("halving_test", n=3) == [0.1, 0.05, 0.025]  # per epoch it works
     finally:
         registry.schedules.unregister("halving_test")
+
+
+def test_multistep_drops_after_each_milestone_epoch():
+    got = lrs({"type": "multistep", "milestones": [2, 5], "gamma": 0.5}, base=1.0, epochs=7)
+    assert got == [1.0, 1.0, 0.5, 0.5, 0.5, 0.25, 0.25]  # epochs 1-2, 3-5, 6-7
+    assert per_step_rates({"type": "multistep", "milestones": [1]}, epochs=2, batches=3) == pytest.approx(
+        [0.1] * 3 + [0.01] * 3, rel=1e-12)  # within an epoch the rate holds, as step decay
+
+
+def onecycle_reference(T, pct=0.3, div=25.0, final=1e4, cos=True, three=False):
+    init, peak = 1.0 / div, 1.0
+    end_rate = init / final
+    ends = [pct * T - 1] + ([2 * pct * T - 2, T - 1] if three else [T - 1])
+    rates = [(init, peak)] + ([(peak, init), (init, end_rate)] if three else [(peak, end_rate)])
+    out = []
+    for s in range(T):
+        start = 0.0
+        for k, (end, (a, b)) in enumerate(zip(ends, rates)):
+            if s <= end or k == len(ends) - 1:
+                f = (s - start) / (end - start)
+                out.append(b + (a - b) / 2 * (math.cos(math.pi * f) + 1) if cos else a + (b - a) * f)
+                break
+            start = end
+    return out
+
+
+@pytest.mark.parametrize("options,ref", [
+    ({}, {}),
+    ({"anneal": "linear", "pct_start": 0.25}, {"cos": False, "pct": 0.25}),
+    ({"three_phase": True, "div_factor": 10, "final_div_factor": 100}, {"three": True, "div": 10.0, "final": 100.0})])
+def test_onecycle_per_step_is_pytorch_onecycle(options, ref):
+    """Over T = 3 epochs x 7 batches: the start at lr₀/div, the rise until step pct·T − 1, the last
+    step at lr₀/(div·final_div); checked against PyTorch's formula written out step by step."""
+    got = per_step_rates({"type": "onecycle", **options}, base=1.0, epochs=3, batches=7)
+    want = onecycle_reference(21, **ref)
+    assert got == pytest.approx(want, rel=1e-12)
+    div = ref.get("div", 25.0)
+    assert got[0] == pytest.approx(1 / div) and got[-1] == pytest.approx(1 / div / ref.get("final", 1e4))
+
+
+def test_onecycle_and_multistep_match_torch_schedulers():
+    torch = pytest.importorskip("torch")
+
+    def torch_rates(make, steps):
+        p = torch.nn.Parameter(torch.zeros(1))
+        opt = torch.optim.SGD([p], lr=0.1)
+        sched = make(opt)
+        out = []
+        for _ in range(steps):
+            out.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        return out
+
+    for kw, opts in [({}, {}), ({"anneal_strategy": "linear", "pct_start": 0.4}, {"anneal": "linear", "pct_start": 0.4}),
+                     ({"three_phase": True, "div_factor": 5.0}, {"three_phase": True, "div_factor": 5})]:
+        want = torch_rates(lambda o: torch.optim.lr_scheduler.OneCycleLR(
+            o, max_lr=0.1, total_steps=4 * 9, cycle_momentum=False, **kw), 36)
+        assert per_step_rates({"type": "onecycle", **opts}, epochs=4, batches=9) == pytest.approx(want, rel=1e-12)
+    want = torch_rates(lambda o: torch.optim.lr_scheduler.MultiStepLR(o, milestones=[3, 7], gamma=0.3), 10)
+    assert lrs({"type": "multistep", "milestones": [3, 7], "gamma": 0.3}, epochs=10) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule,message", [
+    ("{type: multistep, milestones: [5, 5]}", "milestones must be a non-empty, strictly increasing list of epochs, got [5, 5]"),
+    ("{type: multistep, milestones: []}", "milestones must be a non-empty"),
+    ("{type: multistep}", "milestones"),
+    ("{type: multistep, milestones: [0, 3]}", "train.schedule.milestones: item [0]: expected a positive integer, got 0"),
+    ("{type: onecycle, three_phase: true, pct_start: 0.6}", "three_phase needs pct_start < 0.5"),
+    ("{type: onecycle, pct_start: 1}", "train.schedule.pct_start"),
+    ("{type: onecycle, anneal: cosine}", "train.schedule.anneal"),
+])
+def test_multistep_and_onecycle_options_are_checked(tmp_path, schedule, message):
+    p = write(tmp_path / "c.yaml", CONFIG % schedule)
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert message in str(e.value) and "c.yaml:8" in str(e.value), str(e.value)
+
+
+def test_onecycle_per_step_trains_and_records_the_last_steps_rate(tmp_path, cli):
+    import csv
+
+    p = write(tmp_path / "c.yaml", CONFIG % "onecycle" + "  schedule_interval: step\n  batch_size: 20\n")
+    r = cli("train", p, "--runs-dir", tmp_path / "runs")
+    assert r.code == 0, r.err
+    rows = list(csv.DictReader(open(next((tmp_path / "runs").iterdir()) / "metrics.csv")))
+    want = onecycle_reference(9)  # 3 epochs x 3 batches of 20; each row has its epoch's last step
+    assert [float(row["learning_rate"]) for row in rows] == pytest.approx([0.1 * want[k] for k in (2, 5, 8)], rel=1e-6)

@@ -11,6 +11,6 @@ absolute, so a resumed run continues the schedule where it stopped.
 """
 
 from .base import Mode, Monitor, Schedule, improved, resolve_mode
-from . import decay, warmup, plateau  # noqa: F401  (registration side effects)
+from . import decay, warmup, plateau, onecycle  # noqa: F401  (registration side effects)
 
 __all__ = ["Schedule", "Monitor", "Mode", "improved", "resolve_mode"]

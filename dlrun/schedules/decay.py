@@ -24,6 +24,29 @@ class StepDecay(Schedule):
         return self.base_lr * self.gamma ** math.floor(u / self.step_size + 1e-9)  # at epoch starts
 
 
+@schedules.register("multistep")
+class MultiStepDecay(Schedule):
+    """lr = lr₀ · gamma^m, m the number of milestones ≤ epoch − 1: multiply by gamma once each milestone epoch is done.
+
+    PyTorch's MultiStepLR: milestones [30, 80] give lr₀ in epochs 1–30, lr₀·γ in epochs 31–80
+    and lr₀·γ² from epoch 81 on.
+
+    Args:
+        milestones: strictly increasing epoch numbers after which the rate drops.
+        gamma: the factor applied at each milestone.
+    """
+
+    def __init__(self, milestones: list[PositiveInt], gamma: PositiveFloat = 0.1):
+        milestones = [int(m) for m in milestones]
+        if not milestones or any(b <= a for a, b in zip(milestones, milestones[1:])):
+            raise ValueError(f"milestones must be a non-empty, strictly increasing list of epochs, got {milestones}")
+        self.milestones, self.gamma = milestones, gamma
+
+    def at(self, u, delta):
+        passed = sum(1 for m in self.milestones if u + 1e-9 >= m)  # at epoch starts, as step
+        return self.base_lr * self.gamma ** passed
+
+
 @schedules.register("exponential")
 class ExponentialDecay(Schedule):
     """lr = lr₀ · gamma^(epoch − 1): multiply by gamma after every epoch.
