@@ -43,7 +43,12 @@ class Config:
 
     def build_layers(self) -> list:
         """Fresh layer instances (a model owns its layers)."""
-        return [registry.layers.build(s, f"model[{i}]", self.locate) for i, s in enumerate(self.model)]
+        return [build_layer(s, i, self.locate)[0] for i, s in enumerate(self.model)]
+
+    @property
+    def frozen(self) -> list[int]:
+        """Indexes of the layers marked ``trainable: false`` (their parameters are not trained)."""
+        return [i for i, s in enumerate(self.model) if isinstance(s, dict) and s.get("trainable") is False]
 
     def build(self, kind: str):
         """A fresh instance of the component of section ``kind`` (loss, optimizer, regularizer, data)."""
@@ -52,6 +57,21 @@ class Config:
             return None
         reg = registry.data if kind == "data" else getattr(registry, kind + ("es" if kind == "loss" else "s"))
         return reg.build(spec, kind, self.locate)
+
+
+def build_layer(spec, i: int, locate) -> tuple:
+    """The layer of model entry ``i`` and whether it is frozen. ``trainable: false`` is a model
+    setting that any entry may carry (Keras' ``layer.trainable = False``), not a layer option."""
+    if not (isinstance(spec, dict) and "trainable" in spec):
+        return registry.layers.build(spec, f"model[{i}]", locate), False
+    try:
+        trainable = check_value(spec["trainable"], bool)
+    except OptionError as e:
+        raise ConfigError(str(e), locate(f"model[{i}].trainable")) from None
+    options = {k: v for k, v in spec.items() if k != "trainable"}
+    layer = registry.layers.build(options, f"model[{i}]", locate)
+    spec.update(options)  # options as recorded (units: 1e3 is written as 1000)
+    return layer, not trainable
 
 
 TOP_LEVEL = {
@@ -188,7 +208,7 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
             model = []
         for i, spec in enumerate(model or []):
             try:
-                registry.layers.build(spec, f"model[{i}]", locate)
+                build_layer(spec, i, locate)
             except DlrunError as e:
                 errors.append(e)
     train, errs = _check_fields(TrainSettings, {} if raw.get("train") is None else raw["train"], "train", locate)

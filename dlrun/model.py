@@ -8,7 +8,7 @@ import numpy as np
 from . import contract
 from .arena import ParamArena
 from .backend import CPU, Backend
-from .errors import DlrunError, LayerContractError, Location, ShapeError
+from .errors import ConfigError, DlrunError, LayerContractError, Location, ShapeError
 from .layers.activations import ReLU
 from .layers.base import Layer
 from .layers.maxpool2d import MaxPool2D
@@ -35,10 +35,11 @@ class Sequential:
         locate: maps ``"model[i]"`` to a config location for shape errors.
         reorder: run a ReLU that directly precedes a MaxPool2D after it (see
             :func:`execution_order`); False runs the layers strictly in list order.
+        frozen: indexes of layers whose parameters are not trained (``trainable: false``).
     """
 
     def __init__(self, layers: list[Layer], input_shape, backend: Backend = CPU, dtype=np.float32,
-                 seed: int = 0, locate=None, reorder: bool = True):
+                 seed: int = 0, locate=None, reorder: bool = True, frozen=()):
         self.layers = list(layers)
         self.input_shape = tuple(int(s) for s in input_shape)
         self.backend = backend
@@ -80,6 +81,12 @@ class Sequential:
                                          locate(f"model[{i}]") if locate else Location(path=f"model[{i}]"))
             self.shapes.append(shape)
         self.output_shape = shape
+        for i in frozen:  # before the arena: a frozen tensor stays out of it and out of the optimizer
+            where = locate(f"model[{i}].trainable") if locate else Location(path=f"model[{i}].trainable")
+            if not any(p.trainable for p in self.layers[i].params.values()):
+                raise ConfigError(f"{type(self.layers[i]).__name__} has no trainable parameters to freeze", where)
+            for p in self.layers[i].params.values():
+                p.trainable = False
         # forward runs layers[order[0]], layers[order[1]], ...; backward the reverse. Position k
         # outputs order_shapes[k]: order only swaps neighbours, so the layers run by then are
         # layers[0..max(order[:k+1])]

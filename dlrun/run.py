@@ -64,7 +64,8 @@ def load_data(config: Config) -> Dataset:
 def build_model(config: Config, input_shape, backend=None) -> Sequential:
     """Layers from the config, built for ``input_shape`` on the config's device."""
     backend = backend or get_backend(config.device)
-    return Sequential(config.build_layers(), input_shape, backend, config.dtype, config.seed, config.locate)
+    return Sequential(config.build_layers(), input_shape, backend, config.dtype, config.seed, config.locate,
+                      frozen=config.frozen)
 
 
 @dataclass
