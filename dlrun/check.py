@@ -34,6 +34,7 @@ class LayerReport:
     param_bytes: int
     grad_bytes: int
     activation_bytes: int
+    fixed: int = 0  # parameters that training does not change (constants, frozen layers)
 
     @property
     def total_bytes(self) -> int:
@@ -153,7 +154,8 @@ def check_config(config: Config, checkpoint_path: str | Path | None = None) -> C
         ps = list(layer.params.values())
         rows.append(LayerReport(i, repr(layer), model.shapes[i], sum(p.size for p in ps),
                                 sum(int(p.data.nbytes) for p in ps),
-                                sum(int(p.grad.nbytes) for p in ps if p.grad is not None), act))
+                                sum(int(p.grad.nbytes) for p in ps if p.grad is not None), act,
+                                sum(p.size for p in ps if not p.trainable)))
     return CheckReport(ds.name, n, 0 if ds.x_val is None else len(ds.x_val), model.input_shape, bs, rows,
                        float(value), b.name, str(model.dtype), ckpt)
 

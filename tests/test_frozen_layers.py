@@ -86,3 +86,10 @@ def test_trainable_true_is_the_default_and_recorded_options_survive(tmp_path):
     assert cfg2.frozen == [0] and cfg2.model[0] == {"type": "Linear", "units": 16, "trainable": False}
     result = train(cfg2, runs_dir=tmp_path / "runs")
     assert [p.trainable for p in result.trainer.model.layers[0].params.values()] == [False, False]
+
+
+def test_check_counts_the_frozen_parameters_as_fixed(tmp_path, cli):
+    p = write(tmp_path / "c.yaml", CONFIG % ", trainable: false")
+    r = cli("check", p)
+    assert r.code == 0, r.err
+    assert "48 (48 fixed)" in r.out and "51 " in r.out

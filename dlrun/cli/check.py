@@ -30,7 +30,8 @@ def check_cmd(
     cfg = load_config(config, set_, device=device)
     r = check_config(cfg, checkpoint)
     t = Table(title="model", title_justify="left")
-    rows = [(str(row.index), row.name, str(("N",) + row.output_shape).replace("'", ""), f"{row.params:,}",
+    rows = [(str(row.index), row.name, str(("N",) + row.output_shape).replace("'", ""),
+             f"{row.params:,}" + (f" ({row.fixed:,} fixed)" if row.fixed else ""),
              *map(format_bytes, (row.param_bytes, row.grad_bytes, row.activation_bytes))) for row in r.layers]
     # One line per layer: every other column keeps its widest cell (a header may wrap between
     # words), and the layer's options are cut with '…' to fit the terminal (the config has them all).
