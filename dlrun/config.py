@@ -183,10 +183,11 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
             errors.append(e)
             plugin_failed = e
 
-    if base_dir is not None and isinstance(raw.get("data"), dict) and isinstance(raw["data"].get("path"), str):
-        p = Path(raw["data"]["path"])
-        # absolute, so the recorded config reads the same file from any directory (evaluate, --resume)
-        raw["data"]["path"] = str(p if p.is_absolute() else os.path.abspath(base_dir / p))
+    for key in ("path", "validation_path"):
+        if base_dir is not None and isinstance(raw.get("data"), dict) and isinstance(raw["data"].get(key), str):
+            p = Path(raw["data"][key])
+            # absolute, so the recorded config reads the same file from any directory (evaluate, --resume)
+            raw["data"][key] = str(p if p.is_absolute() else os.path.abspath(base_dir / p))
 
     def component(reg, key):
         if raw.get(key) is None:

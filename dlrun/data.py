@@ -28,6 +28,7 @@ class Dataset:
     name: str = "data"
     rows: np.ndarray | None = None  # for a CSV file: the file line of each sample in x
     rows_val: np.ndarray | None = None  # ... and of each sample in x_val
+    name_val: str | None = None  # the file of x_val when it is not ``name`` (file's validation_path)
 
     def __post_init__(self):  # a (plugin's) data generator that pairs samples and labels wrongly
         for x, y, part in ((self.x, self.y, ""), (self.x_val, self.y_val, "validation ")):
@@ -39,7 +40,7 @@ class Dataset:
         """'file:line' for a CSV, else 'NAME: sample i' (1-based) for sample ``i`` of x (or x_val)."""
         rows = self.rows_val if val else self.rows
         if rows is not None:
-            return f"{self.name}:{int(rows[i])}"
+            return f"{(self.name_val or self.name) if val else self.name}:{int(rows[i])}"
         return f"{self.name}: {'validation ' if val else ''}sample {i + 1}"
 
     def check_input_shape(self, expected: tuple[int, ...], model: str = "the model") -> None:

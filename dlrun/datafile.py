@@ -107,12 +107,15 @@ def _real(a: np.ndarray, p: Path, what: str) -> np.ndarray:
 
 @data.register("file")
 def load_file(path: FilePath, label_column: int = -1, header: bool | None = None,
-              task: str = "classification", features_key: str = "x", labels_key: str = "y") -> Dataset:
+              task: str = "classification", features_key: str = "x", labels_key: str = "y",
+              validation_path: FilePath | None = None) -> Dataset:
     """Features and labels from a CSV, .npy or .npz file.
 
     CSV: one sample per row; the label is column ``label_column`` (default the last); a header
     row is detected automatically unless ``header`` is given. ``.npz``: arrays ``features_key``
     and ``labels_key``. ``.npy``: a 2-D array whose ``label_column`` holds the labels.
+    ``validation_path`` names a second file, read the same way, that holds the validation
+    samples (Keras' ``validation_data``); train.validation_split must then be 0.
 
     Args:
         path: the file, relative to the config file.
@@ -121,10 +124,22 @@ def load_file(path: FilePath, label_column: int = -1, header: bool | None = None
         task: "classification" (integer labels) or "regression" (float targets).
         features_key: name of the feature array in an .npz file.
         labels_key: name of the label array in an .npz file.
+        validation_path: a file of validation samples in the same format, relative to the config file.
     """
-    p = Path(path)
     if task not in ("classification", "regression"):
         raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
+    ds = _read(Path(path), label_column, header, task, features_key, labels_key)
+    if validation_path is None:
+        return ds
+    val = _read(Path(validation_path), label_column, header, task, features_key, labels_key)
+    if val.x.shape[1:] != ds.x.shape[1:]:
+        raise DataError(f"{val.name}: samples of shape {val.x.shape[1:]}, but the training file {ds.name} has "
+                        f"samples of shape {ds.x.shape[1:]}; both files need the same columns")
+    return Dataset(ds.x, ds.y, val.x, val.y, name=ds.name, rows=ds.rows, rows_val=val.rows, name_val=val.name)
+
+
+def _read(p: Path, label_column: int, header: bool | None, task: str, features_key: str, labels_key: str) -> Dataset:
+    """One file's samples and labels as a Dataset named by the file."""
     if not p.is_file():
         raise DataError(f"data file not found: {p}" + (" (it is a folder)" if p.is_dir() else " (not a regular file)" if p.exists() else ""))
     suffix = p.suffix.lower()

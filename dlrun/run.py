@@ -18,7 +18,7 @@ from . import callbacks as controls, checkpoint, position, rundir, snapshot
 from .backend import get_backend
 from .config import Config, config_from_dict, parse_yaml
 from .data import Dataset, check_indices, check_range, split
-from .errors import CheckpointError, ContractError, DataError, DlrunError, Interrupted, NonFiniteError, TrainingError, UsageError
+from .errors import CheckpointError, ConfigError, ContractError, DataError, DlrunError, Interrupted, NonFiniteError, TrainingError, UsageError
 from .faults import StopOnSignal, catch_signals
 from .model import Sequential
 from .plugins import relocate
@@ -42,6 +42,11 @@ def load_data(config: Config) -> Dataset:
         if not isinstance(ds, Dataset):  # a plugin generator's return
             raise ContractError(f"the data generator {config.data!r} returned {type(ds).__name__}; expected a "
                                 f"dlrun.data.Dataset(x, y)", config.locate("data"))
+        if ds.x_val is not None and config.train.validation_split > 0:
+            given = "data.validation_path" if ds.name_val else f"the data generator {ds.name!r}"
+            raise ConfigError(f"{config.train.validation_split} asks for a split, but {given} already gives the "
+                              f"validation samples; set train.validation_split to 0 (or leave it out)",
+                              config.locate("train.validation_split"))
         if ds.x_val is None and config.train.validation_split > 0:
             x, y, xv, yv = split(ds.x, ds.y, config.train.validation_split, config.seed)
     except DataError as e:  # errors without a file line get the config line that caused them
