@@ -65,7 +65,8 @@ class Dataset:
 
 
 def split(x: np.ndarray, y: np.ndarray, fraction: float, seed: int, stratify: bool = True):
-    """Seeded train/validation split; stratified by class for integer labels.
+    """Seeded train/validation split of round(n·fraction) samples; stratified by class for
+    integer labels (each class's share by largest remainder, see :func:`_class_shares`).
 
     Returns ``(x_train, y_train, x_val, y_val)``; raises DataError when either part is empty.
     """
@@ -73,13 +74,15 @@ def split(x: np.ndarray, y: np.ndarray, fraction: float, seed: int, stratify: bo
     if fraction <= 0:
         return x, y, None, None
     rng = np.random.default_rng(seed)
-    if stratify and y.dtype.kind in "iu" and y.ndim == 1:
-        val_idx = []
+    stratified = stratify and y.dtype.kind in "iu" and y.ndim == 1
+    if stratified:
+        members = []
         for c in np.unique(y):
             idx = np.flatnonzero(y == c)
             rng.shuffle(idx)
-            val_idx.append(idx[: int(round(len(idx) * fraction))])
-        val = np.sort(np.concatenate(val_idx))
+            members.append(idx)
+        take = _class_shares(np.array([len(m) for m in members]), int(round(n * fraction)), rng)
+        val = np.sort(np.concatenate([m[:k] for m, k in zip(members, take)]))
     else:
         perm = rng.permutation(n)
         val = np.sort(perm[: int(round(n * fraction))])
@@ -89,11 +92,27 @@ def split(x: np.ndarray, y: np.ndarray, fraction: float, seed: int, stratify: bo
         part = "training" if mask.all() else "validation"
         raise DataError(
             f"validation_split={fraction} of {n} samples leaves no {part} data"
-            + (f" (the split is stratified: each class holds out round(count x {fraction}) samples; the smallest "
-               f"class has {int(np.unique(y, return_counts=True)[1].min())})" if stratify and y.dtype.kind in "iu"
-               and y.ndim == 1 else f"; choose a fraction between {1 / n:.3g} and {1 - 1 / n:.3g}")
+            + (" (the split is stratified, and no class gives up its last training sample)"
+               if stratified and round(n * fraction) > 0 else f"; choose a fraction between {1 / n:.3g} and {1 - 1 / n:.3g}")
         )
     return x[~mask], y[~mask], x[mask], y[mask]
+
+
+def _class_shares(counts: np.ndarray, n_val: int, rng) -> np.ndarray:
+    """How many samples of each class go to validation: n_val in all, shared in proportion to
+    the class counts by largest remainder (each class's share rounded down, then one more for
+    the classes with the largest fractions, ties in seeded random order), as scikit-learn's
+    stratified split does; no class gives up its last training sample. Draws from ``rng`` only
+    when shares must be rounded."""
+    quota = counts * n_val / counts.sum()
+    take = np.minimum(np.floor(quota).astype(np.int64), np.maximum(counts - 1, 0))
+    short = n_val - int(take.sum())
+    if short > 0:
+        for c in np.lexsort((rng.permutation(len(counts)), take - quota)):  # largest fraction first
+            if short and take[c] < counts[c] - 1:
+                take[c] += 1
+                short -= 1
+    return take
 
 
 @data.register("spiral")

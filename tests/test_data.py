@@ -34,6 +34,24 @@ def test_split_is_seeded_stratified_and_complete():
         split(x[:3], y[:3], 0.1, seed=0)
 
 
+@pytest.mark.parametrize("fraction,held", [(0.2, 6), (0.1, 3), (0.5, 15), (0.9, 20)])
+def test_a_stratified_split_holds_out_the_fraction_of_the_whole(fraction, held):
+    """10 classes of 3: the shares (0.6 of a sample each at 0.2) are rounded as a whole (largest
+    remainder, ties in seeded order), not class by class (which held out 10 at 0.2 and nothing
+    at 0.1); at 0.9 every class keeps one training sample, so 20 of 27 go."""
+    y = np.repeat(np.arange(10), 3)
+    x = np.arange(30)[:, None]
+    _, yt, _, yv = split(x, y, fraction, seed=3)
+    per_class = np.bincount(yv, minlength=10)
+    assert len(yv) == held and per_class.max() - per_class.min() <= 1 and np.bincount(yt, minlength=10).min() >= 1
+    assert not np.array_equal(split(x, y, fraction, seed=4)[3], yv) or fraction == 0.9  # ties drawn by the seed
+
+
+def test_a_split_that_would_take_a_class_s_last_sample_says_so():
+    with pytest.raises(DataError, match="stratified, and no class gives up its last training sample"):
+        split(np.arange(3.0)[:, None], np.array([0, 1, 2]), 0.5, seed=0)
+
+
 def test_csv_with_and_without_header(tmp_path):
     a = write(tmp_path / "a.csv", "f1,f2,label\n1,2,0\n3,4,1\n")
     b = write(tmp_path / "b.csv", "1,2,0\n3,4,1\n")
