@@ -37,6 +37,7 @@ def resolve_seed(config: Config) -> int:
 
 def load_data(config: Config) -> Dataset:
     """Generate or read the data and split off validation data (seeded, stratified)."""
+    split_seed = config.seed if config.train.split_seed is None else config.train.split_seed
     try:
         ds = config.build("data")
         if not isinstance(ds, Dataset):  # a plugin generator's return
@@ -48,7 +49,7 @@ def load_data(config: Config) -> Dataset:
                               f"validation samples; set train.validation_split to 0 (or leave it out)",
                               config.locate("train.validation_split"))
         if ds.x_val is None and config.train.validation_split > 0:
-            x, y, xv, yv = split(ds.x, ds.y, config.train.validation_split, config.seed)
+            x, y, xv, yv = split(ds.x, ds.y, config.train.validation_split, split_seed)
     except DataError as e:  # errors without a file line get the config line that caused them
         if e.where is None and "validation_split" in e.message:
             e.where = config.locate("train.validation_split")
@@ -58,7 +59,7 @@ def load_data(config: Config) -> Dataset:
     if ds.x_val is None and config.train.validation_split > 0:
         rows = rows_val = None
         if ds.rows is not None:  # the same split of the file lines, for errors naming a row
-            keep, _, held, _ = split(np.arange(len(ds.x)), ds.y, config.train.validation_split, config.seed)
+            keep, _, held, _ = split(np.arange(len(ds.x)), ds.y, config.train.validation_split, split_seed)
             rows, rows_val = ds.rows[keep], ds.rows[held]
         ds = Dataset(x, y, xv, yv, name=ds.name, rows=rows, rows_val=rows_val)
     if len(ds.x) == 0:

@@ -42,6 +42,8 @@ class TrainSettings:
             loss over their samples (Lightning's accumulate_grad_batches): a batch N times larger
             in the memory of one.
         validation_split: fraction of the data held out for validation (stratified for labels).
+        split_seed: seed of the validation split; null uses the run seed, so another --seed also
+            draws another validation set. Fix it to compare seeds on the same validation samples.
         clip_norm: rescale all gradients together when their global L2 norm exceeds this.
         clip_value: clip every gradient entry to [-clip_value, clip_value].
         schedule: learning-rate schedule, e.g. {type: cosine} (see `dlrun list schedules`).
@@ -60,6 +62,7 @@ class TrainSettings:
     drop_last: bool = False
     accumulate_batches: PositiveInt = 1
     validation_split: Fraction = 0.0
+    split_seed: NonNegativeInt | None = None
     clip_norm: PositiveFloat | None = None
     clip_value: PositiveFloat | None = None
     schedule: Any = None  # a schedule spec, checked against registry.schedules in validate()

@@ -4,7 +4,7 @@ import pytest
 from conftest import write
 from dlrun import registry
 from dlrun.data import split
-from dlrun.errors import DataError
+from dlrun.errors import ConfigError, DataError
 
 
 def test_spiral_follows_the_cs231n_construction():
@@ -121,3 +121,20 @@ def test_a_csv_with_a_byte_order_mark_reads_like_one_without(tmp_path):
     (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbf1,2,0\n3,4,1\n")  # as spreadsheets save "CSV UTF-8"
     plain, bom = load_file(tmp_path / "plain.csv"), load_file(tmp_path / "bom.csv")
     assert np.array_equal(plain.x, bom.x) and np.array_equal(plain.y, bom.y)
+
+
+def test_split_seed_fixes_the_validation_set_across_run_seeds():
+    from dlrun.config import config_from_dict
+    from dlrun.run import load_data
+
+    def val(seed, split_seed=None):
+        train = {"validation_split": 0.2, **({} if split_seed is None else {"split_seed": split_seed})}
+        raw = {"data": {"type": "iris"}, "model": [{"type": "Linear", "units": 3}], "loss": "SoftmaxCrossEntropy",
+               "optimizer": "SGD", "seed": seed, "train": train}
+        return load_data(config_from_dict(raw)).x_val
+
+    assert not np.array_equal(val(1), val(2))  # by default the run seed draws the split
+    assert np.array_equal(val(1, 7), val(2, 7))
+    assert np.array_equal(val(7), val(3, 7))  # split_seed: 7 is the split seed 7 would draw
+    with pytest.raises(ConfigError, match="train.split_seed"):
+        val(1, -1)
