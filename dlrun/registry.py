@@ -35,6 +35,7 @@ class Registry:
         self.base: type | None = None  # set by the module that defines the kind's base class
         self._entries: dict[str, Any] = {}
         self._origin: dict[str, str] = {}
+        self.entry_keys: tuple[str, ...] = ()  # keys every entry may carry besides its options (model: trainable)
 
     def __contains__(self, name: str) -> bool:
         load_builtins()
@@ -163,9 +164,10 @@ class Registry:
             kpath = f"{path}.{key}" if path else str(key)
             if key not in opts:
                 valid = ", ".join(opts) or "(none)"
+                valid += "".join(f" (and {k}, which any {self.kind} takes)" for k in self.entry_keys)
                 errors.append(ConfigError(
-                    f"unknown option {key!r} for {self.kind} {name}{did_you_mean(key, opts)}; valid options: {valid}",
-                    locate(kpath),
+                    f"unknown option {key!r} for {self.kind} {name}{did_you_mean(key, [*opts, *self.entry_keys])}; "
+                    f"valid options: {valid}", locate(kpath),
                 ))
                 continue
             try:
@@ -204,6 +206,7 @@ class Registry:
 
 
 layers = Registry("layer", "layers")
+layers.entry_keys = ("trainable",)  # a model entry's trainable: false (config.build_layer)
 initializers = Registry("initializer", "initializers")
 losses = Registry("loss", "losses")
 regularizers = Registry("regularizer", "regularizers")

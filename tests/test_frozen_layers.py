@@ -93,3 +93,11 @@ def test_check_counts_the_frozen_parameters_as_fixed(tmp_path, cli):
     r = cli("check", p)
     assert r.code == 0, r.err
     assert "48 (48 fixed)" in r.out and "51 " in r.out
+
+
+def test_a_misspelt_trainable_is_suggested(tmp_path):
+    p = write(tmp_path / "c.yaml", CONFIG % ", trainabel: false")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert "model[0].trainabel: unknown option 'trainabel' for layer Linear (did you mean trainable?)" in str(e.value)
+    assert "(and trainable, which any layer takes)" in str(e.value)
