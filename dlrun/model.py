@@ -9,9 +9,8 @@ from . import contract
 from .arena import ParamArena
 from .backend import CPU, Backend
 from .errors import ConfigError, DlrunError, LayerContractError, Location, ShapeError
-from .layers.activations import ReLU
 from .layers.base import Layer
-from .layers.maxpool2d import MaxPool2D
+from .layers.order import execution_order  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
@@ -81,12 +80,16 @@ class Sequential:
                                          locate(f"model[{i}]") if locate else Location(path=f"model[{i}]"))
             self.shapes.append(shape)
         self.output_shape = shape
+        frozen = list(frozen)
         for i in frozen:  # before the arena: a frozen tensor stays out of it and out of the optimizer
             where = locate(f"model[{i}].trainable") if locate else Location(path=f"model[{i}].trainable")
             if not any(p.trainable for p in self.layers[i].params.values()):
                 raise ConfigError(f"{type(self.layers[i]).__name__} has no trainable parameters to freeze", where)
             for p in self.layers[i].params.values():
                 p.trainable = False
+        if frozen and not any(p.trainable for _, p in self.named_parameters()):
+            raise ConfigError("every layer with parameters is frozen (trainable: false): nothing would train",
+                              locate(f"model[{frozen[-1]}].trainable") if locate else None)
         # forward runs layers[order[0]], layers[order[1]], ...; backward the reverse. Position k
         # outputs order_shapes[k]: order only swaps neighbours, so the layers run by then are
         # layers[0..max(order[:k+1])]
@@ -266,28 +269,3 @@ class Sequential:
                     setattr(layer, attr, type(cur)(val))
                 else:
                     cur[...] = self.backend.asarray(val, dtype=cur.dtype)
-
-
-def execution_order(layers: list[Layer]) -> list[int]:
-    """The order in which Sequential runs ``layers``: list order, except that a ReLU directly
-    followed by a MaxPool2D runs after the pool.
-
-    The swap is exact. ReLU is monotone, so relu(max(x)) = max(relu(x)), and the gradient
-    reaches the same element with the same value: where a window's maximum is positive both
-    orders pick the same (first) argmax, and elsewhere both give zero. NaN inputs and non-finite
-    gradients propagate in the same way. Two things differ:
-    - a zero output may change sign;
-    - a window holding -inf beside finite values gives its maximum and passes the gradient,
-      where ReLU first would turn the -inf into NaN (docs/layers.md) and pass none.
-    The ReLU then works on a map pool_size² times smaller, about a tenth of the benchmark CNN's
-    step. Only the exact built-in classes are swapped, since a subclass may compute otherwise.
-    """
-    order = list(range(len(layers)))
-    k = 0
-    while k < len(layers) - 1:
-        if type(layers[k]) is ReLU and type(layers[k + 1]) is MaxPool2D:
-            order[k], order[k + 1] = k + 1, k
-            k += 2
-        else:
-            k += 1
-    return order

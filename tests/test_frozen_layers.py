@@ -101,3 +101,10 @@ def test_a_misspelt_trainable_is_suggested(tmp_path):
         load_config(p)
     assert "model[0].trainabel: unknown option 'trainabel' for layer Linear (did you mean trainable?)" in str(e.value)
     assert "(and trainable, which any layer takes)" in str(e.value)
+
+
+def test_freezing_every_layer_is_refused(tmp_path, cli):
+    p = write(tmp_path / "c.yaml", CONFIG % ", trainable: false")
+    r = cli("train", p, "--set", "model[2].trainable=false", "--runs-dir", tmp_path / "runs")
+    assert r.code == 2 and r.err.count("\n") == 1
+    assert "model[2].trainable: every layer with parameters is frozen (trainable: false): nothing would train" in r.err
