@@ -16,7 +16,6 @@ from . import registry
 from .backend import array_module
 from .errors import ConfigError, ContractError
 from .schedules import Schedule, improved, resolve_mode
-from .accumulate import window_end
 from .hooks import Callback
 
 
@@ -107,10 +106,12 @@ class LearningRateScheduler(Callback):
 
     def _step_rate(self, epoch: int, batch: int) -> None:
         """The rate of the step whose batches start at ``batch`` (one batch, or the window of
-        accumulated batches up to the next multiple of ``every``)."""
-        end = window_end(batch, self.every, self.batches)
-        self._set(self.schedule.at(epoch - 1 + batch / self.batches, (end - batch) / self.batches), epoch,
-                  batch // self.every + 1)
+        accumulated batches up to the next multiple of ``every``). Positions count optimizer
+        steps, k of the epoch's S = ceil(B / every): the steps of a run whose batches are
+        ``every`` times larger, even when the last window is short (S steps of length 1/S)."""
+        steps = -(-self.batches // self.every)
+        k = batch // self.every
+        self._set(self.schedule.at(epoch - 1 + k / steps, 1.0 / steps), epoch, k + 1)
 
     def _set(self, rate, epoch: int, step: int = 1) -> None:
         """Give the optimizer ``rate``: a finite number >= 0 (a plugin schedule's negative rate

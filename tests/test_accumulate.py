@@ -90,11 +90,14 @@ train:
 """
 
 
-def test_config_option_trains_as_the_larger_batch_with_a_per_step_schedule(tmp_path):
+@pytest.mark.parametrize("big_batch,small_batch,every", [(24, 6, 4), (16, 8, 2)])
+def test_config_option_trains_as_the_larger_batch_with_a_per_step_schedule(tmp_path, big_batch, small_batch, every):
     """72 training samples: batch_size 24 against 4 accumulated batches of 6, with a per-step
-    warmup-then-cosine schedule (it counts optimizer steps: the learning_rate column must agree too)."""
+    warmup-then-cosine schedule (it counts optimizer steps: the learning_rate column must agree
+    too); and 16 against 2 x 8, where the epoch's 9 batches make 5 steps, the last of one batch."""
     runs = []
-    for name, batching in (("big", "batch_size: 24"), ("acc", "batch_size: 6\n  accumulate_batches: 4")):
+    for name, batching in (("big", f"batch_size: {big_batch}"),
+                           ("acc", f"batch_size: {small_batch}\n  accumulate_batches: {every}")):
         text = CONFIG.replace("BATCHING", batching)
         runs.append(metrics_rows(train(write(tmp_path / f"{name}.yaml", text), tmp_path / "runs")))
     big, acc = runs
