@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .errors import CheckpointError
+from .errors import CheckpointError, ConfigError
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,26 @@ def check_data(recorded: str | None, now: str, position: EpochPosition, where: s
                               f"training data (same size, other values), so that epoch cannot be continued. "
                               f"Resume with the run's data settings; to change them, first finish epoch "
                               f"{position.epoch} with them (--set train.epochs={position.epoch})")
+
+
+def check_split(recorded: dict | None, config) -> None:
+    """Raise a ConfigError when a resumed config holds out other validation samples than the run
+    did (train.validation_split, train.split_seed or the run seed that stands in for it): the
+    epochs to come would train on samples the earlier ones validated on."""
+    if not isinstance(recorded, dict):
+        return
+    before = recorded.get("train") if isinstance(recorded.get("train"), dict) else {}
+    fraction = float(before.get("validation_split") or 0.0)
+    seed = before.get("split_seed") if before.get("split_seed") is not None else recorded.get("seed")
+    now = config.train.split_seed if config.train.split_seed is not None else config.seed
+    if fraction == config.train.validation_split and (fraction == 0 or seed == now):
+        return
+    key, old, new = (("validation_split", fraction, config.train.validation_split)
+                     if fraction != config.train.validation_split else ("split_seed", seed, now))
+    raise ConfigError(f"the run held out its validation samples with {key} {old}, this resume with {new}: the "
+                      f"epochs to come would train on samples the earlier ones validated on. A resumed run keeps "
+                      f"its split; to change it, start a new run (--init-from RUN_DIR keeps the weights)",
+                      config.locate(f"train.{key}"))
 
 
 def check_resume(trainer, x, y, recorded_digest: str | None, where: str) -> None:

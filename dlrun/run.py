@@ -262,8 +262,9 @@ def config_edited(run_dir: str | Path, ckpt: checkpoint.Checkpoint) -> bool:
 def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, callbacks=()) -> RunResult:
     """Continue a run in its own directory from ``last.npz`` up to ``config.train.epochs``."""
     run_dir = Path(run_dir)
+    position.check_split(ckpt.meta.get("config"), config)
     ds, trainer = prepare(config)
-    snapshot.restore(trainer, ckpt, config.seed)
+    snapshot.restore(trainer, ckpt, config.seed, config.frozen)
     if trainer.epoch >= config.train.epochs:
         raise UsageError(f"{run_dir} has already trained {trainer.epoch} of {config.train.epochs} epochs; "
                          f"raise the total to continue, e.g. --set train.epochs={trainer.epoch + 10}")

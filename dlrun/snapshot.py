@@ -70,12 +70,19 @@ def load_weights(model, ckpt: checkpoint.Checkpoint) -> None:
     model.load_state_arrays(ckpt.model, ckpt.path, ckpt.meta)
 
 
-def restore(trainer: Trainer, ckpt: checkpoint.Checkpoint, seed: int) -> None:
-    """Put a trainer back into the state a checkpoint recorded: weights, optimizer, counters, RNGs."""
+def restore(trainer: Trainer, ckpt: checkpoint.Checkpoint, seed: int, frozen=()) -> None:
+    """Put a trainer back into the state a checkpoint recorded: weights, optimizer, counters, RNGs.
+    ``frozen``: the resumed config's ``trainable: false`` layers (see :func:`frozen_changed`)."""
     load_weights(trainer.model, ckpt)
     opt = trainer.optimizer
     wanted = set(opt.state_dict())
     if set(ckpt.optimizer) != wanted:
+        changed = frozen_changed(ckpt.meta.get("config"), frozen)
+        if changed:
+            raise CheckpointError(f"{ckpt.path}: {changed} since the run started, and the optimizer keeps state "
+                                  f"only for the layers that train; a resumed run keeps them. To change which "
+                                  f"layers train, start a new run from these weights: dlrun train CONFIG "
+                                  f"--init-from {ckpt.path}")
         missing = sorted(wanted - set(ckpt.optimizer))
         extra = sorted(set(ckpt.optimizer) - wanted)
         raise CheckpointError(f"{ckpt.path}: the optimizer state does not fit the configured {opt!r}"
@@ -102,6 +109,20 @@ def restore(trainer: Trainer, ckpt: checkpoint.Checkpoint, seed: int) -> None:
             layer.rng.bit_generator.state = state
         # else: no generator made before the checkpoint; the one the model's seed makes later
         # draws what it would have drawn in an uninterrupted run
+
+
+def frozen_changed(recorded: dict | None, frozen) -> str | None:
+    """'model[0].trainable changed (false -> true)' when the recorded config froze other layers
+    than ``frozen``, else None."""
+    model = (recorded or {}).get("model") if isinstance(recorded, dict) else None
+    if not isinstance(model, list):
+        return None
+    before = {i for i, s in enumerate(model) if isinstance(s, dict) and s.get("trainable") is False}
+    moved = sorted(before ^ set(frozen))
+    if not moved:
+        return None
+    return ", ".join(f"model[{i}].trainable changed ({'false -> true' if i in before else 'true -> false'})"
+                     for i in moved)
 
 
 MODES = {"val_loss": "min", "train_loss": "min", "val_accuracy": "max", "train_accuracy": "max"}

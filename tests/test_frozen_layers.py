@@ -108,3 +108,10 @@ def test_freezing_every_layer_is_refused(tmp_path, cli):
     r = cli("train", p, "--set", "model[2].trainable=false", "--runs-dir", tmp_path / "runs")
     assert r.code == 2 and r.err.count("\n") == 1
     assert "model[2].trainable: every layer with parameters is frozen (trainable: false): nothing would train" in r.err
+
+
+def test_changing_what_is_frozen_on_resume_names_the_change(tmp_path):
+    run_dir, _ = _run(tmp_path, frozen=True)  # SGD with momentum: velocity only for layer 2
+    r = run_cli("train", "--resume", run_dir, "--set", "train.epochs=6", "--set", "model[0].trainable=true")
+    assert r.code == 2 and r.err.count("\n") == 1
+    assert "model[0].trainable changed (false -> true) since the run started" in r.err and "--init-from" in r.err
