@@ -187,6 +187,8 @@ def evaluation_data(restored: Restored, spec: str | None = None) -> tuple[np.nda
     cfg = restored.config
     if spec is None:
         ds = load_data(cfg)
+        if ds.x_val is not None and len(ds.x_val) and ds.name_val:
+            return ds.x_val, ds.y_val, f"validation data {ds.name_val} (data.validation_path of the recorded config)"
         if ds.x_val is not None and len(ds.x_val):
             return ds.x_val, ds.y_val, f"validation split of {ds.name} (re-created from the recorded config)"
         return ds.x, ds.y, f"training data of {ds.name} (the run has no validation split)"

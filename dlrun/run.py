@@ -51,7 +51,9 @@ def load_data(config: Config) -> Dataset:
         if ds.x_val is None and config.train.validation_split > 0:
             x, y, xv, yv = split(ds.x, ds.y, config.train.validation_split, split_seed)
     except DataError as e:  # errors without a file line get the config line that caused them
-        if e.where is None and "validation_split" in e.message:
+        if e.where is None and getattr(e, "option", None):
+            e.where = config.locate(f"data.{e.option}")
+        elif e.where is None and "validation_split" in e.message:
             e.where = config.locate("train.validation_split")
         elif e.where is None and "not found" in e.message:
             e.where = config.locate("data")

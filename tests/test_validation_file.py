@@ -50,6 +50,7 @@ def test_the_validation_file_is_the_validation_data(tmp_path, cli):
     # the recorded config names both files absolutely: evaluate works from any directory
     r = cli("evaluate", run, cwd=tmp_path.parent)
     assert r.code == 0, r.err
+    assert f"validation data {tmp_path / 'val.csv'} (data.validation_path of the recorded config), 25 samples" in r.out
 
 
 def test_a_bad_row_in_the_validation_file_names_that_file_and_line(tmp_path):
@@ -68,6 +69,7 @@ def test_a_validation_file_with_other_columns_is_refused(tmp_path):
     with pytest.raises(DataError) as e:
         load_data(load_config(write(tmp_path / "c.yaml", CONFIG % "val.csv")))
     assert "val.csv: samples of shape (3,), but the training file" in str(e.value) and "shape (2,)" in str(e.value)
+    assert "c.yaml:1: data.validation_path:" in str(e.value)  # the config key to change
 
 
 def test_a_missing_validation_file_is_an_error_at_the_data_line(tmp_path):
