@@ -84,7 +84,8 @@ class Sequential:
         for i in frozen:  # before the arena: a frozen tensor stays out of it and out of the optimizer
             where = locate(f"model[{i}].trainable") if locate else Location(path=f"model[{i}].trainable")
             if not any(p.trainable for p in self.layers[i].params.values()):
-                raise ConfigError(f"{type(self.layers[i]).__name__} has no trainable parameters to freeze", where)
+                raise ConfigError(f"{type(self.layers[i]).__name__} has no trainable parameters, so trainable: false "
+                                  f"would freeze nothing; it applies to layers with weights (remove it here)", where)
             for p in self.layers[i].params.values():
                 p.trainable = False
         if frozen and not any(p.trainable for _, p in self.named_parameters()):

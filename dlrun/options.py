@@ -52,7 +52,12 @@ UnitInterval = Annotated[float, Range(0, 1, min_inclusive=False)]  # (0, 1]: a f
 
 
 class OptionError(ValueError):
-    """A value does not fit its option's type; the message says expected vs received."""
+    """A value does not fit its option's type; the message says expected vs received. A component
+    that checks its options together raises it with ``option``, the key to point the error at."""
+
+    def __init__(self, message: str, option: str | None = None):
+        super().__init__(message)
+        self.option = option
 
 
 def did_you_mean(name: str, choices) -> str:
@@ -69,13 +74,22 @@ def did_you_mean(name: str, choices) -> str:
 
 
 def _got(value) -> str:
-    """A received value as a config writes it (true, null, [16]), cut to 60 characters."""
-    if value is None or isinstance(value, bool):
-        return {None: "null", True: "true", False: "false"}[value]
-    text = repr(value)
+    """A received value as a config writes it (true, null, [16], {a: 1}), cut to 60 characters."""
+    text = _flow(value)
     if isinstance(value, (dict, list)):
         text = f"a {'list' if isinstance(value, list) else 'mapping'} {text}"
     return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _flow(value) -> str:
+    """``value`` in YAML flow style: null, true, [false, 2], {a: 'x'} (strings quoted as given)."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, list):
+        return "[" + ", ".join(_flow(v) for v in value[:20]) + (", ...]" if len(value) > 20 else "]")
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_flow(v)}" for k, v in list(value.items())[:20]) + "}"
+    return repr(value)
 
 
 def describe(hint) -> str:

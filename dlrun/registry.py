@@ -191,7 +191,8 @@ class Registry:
         try:
             instance = self._entries[name](**kwargs)
         except (ValueError, TypeError, OptionError) as e:
-            raise ConfigError(f"{name}: {e}", locate(path)) from None
+            option = getattr(e, "option", None)  # an OptionError that names the key at fault
+            raise ConfigError(f"{name}: {e}", locate(f"{path}.{option}" if option and path else path)) from None
         except (OverflowError, MemoryError) as e:  # e.g. a generator asked for more samples than fit
             given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
             raise ConfigError(f"{name}: options too large ({given}): {e or type(e).__name__}", locate(path)) from None

@@ -191,7 +191,7 @@ def test_a_negative_set_index_is_explained():
 
 
 @pytest.mark.parametrize("value, shown", [("[16]", "got a list [16]"), ("yes", "got true"), ("", "got null"),
-                                          ("{a: 1}", "got a mapping {'a': 1}")])
+                                          ("{a: 1}", "got a mapping {a: 1}"), ("[false, null]", "got a list [false, null]")])
 def test_a_wrong_value_is_shown_as_a_config_writes_it(value, shown):
     # "got list", "got True", "got None": the type or Python's spelling, not the value
     with pytest.raises(ConfigError) as e:

@@ -73,7 +73,7 @@ def test_freezing_a_layer_without_parameters_is_refused(tmp_path, cli):
     p = write(tmp_path / "c.yaml", CONFIG % "")
     r = cli("train", p, "--set", "model[1].trainable=false", "--runs-dir", tmp_path / "runs")
     assert r.code == 2 and r.err.count("\n") == 1
-    assert "model[1].trainable: ReLU has no trainable parameters to freeze" in r.err
+    assert "model[1].trainable: ReLU has no trainable parameters, so trainable: false would freeze nothing" in r.err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 

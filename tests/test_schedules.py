@@ -260,11 +260,12 @@ def test_onecycle_and_multistep_match_torch_schedulers():
 
 
 @pytest.mark.parametrize("schedule,message", [
-    ("{type: multistep, milestones: [5, 5]}", "milestones must be a non-empty, strictly increasing list of epochs, got [5, 5]"),
-    ("{type: multistep, milestones: []}", "milestones must be a non-empty"),
+    ("{type: multistep, milestones: [5, 5]}",
+     "train.schedule.milestones: multistep: milestones must be a non-empty, strictly increasing list of epochs, got [5, 5]"),
+    ("{type: multistep, milestones: []}", "train.schedule.milestones: multistep: milestones must be a non-empty"),
     ("{type: multistep}", "milestones"),
     ("{type: multistep, milestones: [0, 3]}", "train.schedule.milestones: item [0]: expected a positive integer, got 0"),
-    ("{type: onecycle, three_phase: true, pct_start: 0.6}", "three_phase needs pct_start < 0.5"),
+    ("{type: onecycle, three_phase: true, pct_start: 0.6}", "train.schedule.pct_start: onecycle: three_phase needs pct_start < 0.5"),
     ("{type: onecycle, pct_start: 1}", "train.schedule.pct_start"),
     ("{type: onecycle, anneal: cosine}", "train.schedule.anneal"),
 ])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from ..options import NonNegativeFloat, PositiveFloat, PositiveInt
+from ..options import NonNegativeFloat, OptionError, PositiveFloat, PositiveInt
 from ..registry import schedules
 from .base import Schedule
 
@@ -39,7 +39,8 @@ class MultiStepDecay(Schedule):
     def __init__(self, milestones: list[PositiveInt], gamma: PositiveFloat = 0.1):
         milestones = [int(m) for m in milestones]
         if not milestones or any(b <= a for a, b in zip(milestones, milestones[1:])):
-            raise ValueError(f"milestones must be a non-empty, strictly increasing list of epochs, got {milestones}")
+            raise OptionError(f"milestones must be a non-empty, strictly increasing list of epochs, got {milestones}",
+                              "milestones")
         self.milestones, self.gamma = milestones, gamma
 
     def at(self, u, delta):

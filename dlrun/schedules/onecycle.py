@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from ..options import PositiveFloat, Range
+from ..options import OptionError, PositiveFloat, Range
 from ..registry import schedules
 from .base import Schedule
 
@@ -33,8 +33,8 @@ class OneCycle(Schedule):
                  div_factor: PositiveFloat = 25.0, final_div_factor: PositiveFloat = 1e4,
                  anneal: Literal["cos", "linear"] = "cos", three_phase: bool = False):
         if three_phase and pct_start >= 0.5:
-            raise ValueError(f"three_phase needs pct_start < 0.5 (the rise and the fall each take pct_start of the "
-                             f"run), got {pct_start}")
+            raise OptionError(f"three_phase needs pct_start < 0.5 (the rise and the fall each take pct_start of the "
+                              f"run), got {pct_start}", "pct_start")
         self.pct_start, self.div_factor, self.final_div_factor = pct_start, div_factor, final_div_factor
         self.anneal, self.three_phase = anneal, three_phase
 
