@@ -104,7 +104,7 @@ def check_split(recorded: dict | None, config) -> None:
     fraction = float(before.get("validation_split") or 0.0)
     seed = before.get("split_seed") if before.get("split_seed") is not None else recorded.get("seed")
     now = config.train.split_seed if config.train.split_seed is not None else config.seed
-    if fraction == config.train.validation_split and (fraction == 0 or seed == now):
+    if fraction == config.train.validation_split and (fraction == 0 or seed is None or seed == now):
         return
     key, old, new = (("validation_split", fraction, config.train.validation_split)
                      if fraction != config.train.validation_split else ("split_seed", seed, now))
