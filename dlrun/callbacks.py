@@ -15,6 +15,7 @@ from dataclasses import asdict
 from . import registry
 from .backend import array_module
 from .errors import ConfigError, ContractError
+from .options import did_you_mean
 from .schedules import Schedule, improved, resolve_mode
 from .hooks import Callback
 
@@ -193,14 +194,27 @@ class EarlyStopping(Callback):
             self.model.load_state_arrays(self.best_weights)
 
 
-def check_monitor(monitor: str, path: str, has_validation: bool, classification: bool, locate) -> None:
-    """Raise a ConfigError when the run will not produce the metric ``monitor``."""
-    if monitor.startswith("val_") and not has_validation:
+def check_monitor(monitor: str, path: str, has_validation: bool, classification: bool, locate,
+                  metrics: tuple[str, ...] = ()) -> None:
+    """Raise a ConfigError when the run will not produce the metric ``monitor``: train_ or val_
+    with loss, accuracy (classification) or a metric of train.metrics (``metrics``, their names)."""
+    recorded = ("loss", "accuracy", *metrics) if classification else ("loss", *metrics)
+    prefix, _, name = monitor.partition("_")
+    if prefix == "val" and not has_validation:
         raise ConfigError(f"monitor {monitor!r} needs validation data; set train.validation_split "
                           f"(for example 0.2) or monitor train_loss", locate(path))
-    if monitor.endswith("_accuracy") and not classification:
+    if name == "accuracy" and not classification:
         raise ConfigError(f"monitor {monitor!r}: a regression loss gives no accuracy; monitor "
                           f"{monitor.replace('accuracy', 'loss')}", locate(path))
+    if prefix in ("train", "val") and name in recorded:
+        return
+    if prefix in ("train", "val") and name in registry.metrics:
+        raise ConfigError(f"monitor {monitor!r}: the run does not record {name}; add it to train.metrics "
+                          f"(train.metrics: [{name}])", locate(path))
+    names = [f"{p}_{n}" for p in ("train", "val") for n in recorded if p == "train" or has_validation]
+    raise ConfigError(f"monitor {monitor!r} is not a metric the run records{did_you_mean(monitor, names)}; "
+                      f"it records {', '.join(names)} (train_NAME and val_NAME for a metric of train.metrics)",
+                      locate(path))
 
 
 def control_states(controls) -> list[dict]:
@@ -217,21 +231,23 @@ def load_control_states(controls, states: list[dict]) -> None:
             c.load_state_dict(by_type[type(c).__name__])
 
 
-def from_config(config, has_validation: bool, classification: bool) -> list[Callback]:
-    """The callbacks ``config.train`` asks for: clipping, schedule, early stopping (in that order)."""
+def from_config(config, has_validation: bool, classification: bool, metrics: tuple[str, ...] = ()) -> list[Callback]:
+    """The callbacks ``config.train`` asks for: clipping, schedule, early stopping (in that order);
+    ``metrics``: the names of the train.metrics the run records, which they may monitor."""
     t, out = config.train, []
     if t.clip_norm is not None or t.clip_value is not None:
         out.append(GradientClipping(t.clip_norm, t.clip_value))
     if t.schedule is not None:
         schedule = registry.schedules.build(t.schedule, "train.schedule", config.locate)
         if schedule.monitor is not None:
-            check_monitor(schedule.monitor, "train.schedule", has_validation, classification, config.locate)
+            check_monitor(schedule.monitor, "train.schedule.monitor", has_validation, classification,
+                          config.locate, metrics)
         if t.schedule_interval == "step" and not schedule.per_step():
             raise ConfigError(f"schedule {schedule!r} defines a rate per epoch only (value), not per step (at); "
                               f"set train.schedule_interval: epoch", config.locate("train.schedule_interval"))
         out.append(LearningRateScheduler(schedule, t.epochs, t.schedule_interval))
     if t.early_stopping is not None:
         check_monitor(t.early_stopping.monitor, "train.early_stopping.monitor", has_validation, classification,
-                      config.locate)
+                      config.locate, metrics)
         out.append(EarlyStopping(**asdict(t.early_stopping)))
     return out

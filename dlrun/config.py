@@ -16,8 +16,8 @@ from typing import Any, Literal
 from . import registry
 from .config_yaml import Source, _join, apply_override, dump_yaml, parse_value, parse_yaml  # noqa: F401  (re-exported)
 from .errors import ConfigError, DlrunError, Location, collect
-from .options import FilePath, NonNegativeInt, OptionError, check_value, did_you_mean, recorded
-from .settings import EarlyStoppingSettings, TrainSettings  # noqa: F401  (re-exported)
+from .options import FilePath, NonNegativeInt, OptionError, _got, check_value, did_you_mean, recorded
+from .settings import EarlyStoppingSettings, TrainSettings, monitor_errors  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -214,11 +214,17 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
                 errors.append(e)
     train, errs = _check_fields(TrainSettings, {} if raw.get("train") is None else raw["train"], "train", locate)
     errors.extend(errs)
-    if train.schedule is not None:
+    specs = [("train.schedule", train.schedule)] if train.schedule is not None else []
+    if train.metrics is not None and not isinstance(train.metrics, list):
+        errors.append(ConfigError(f"expected a list of metrics such as [mae] or [f1, {{type: top_k_accuracy, k: 3}}], "
+                                  f"got {_got(train.metrics)}", locate("train.metrics")))
+        train.metrics = None
+    for path, spec in specs + [(f"train.metrics[{i}]", m) for i, m in enumerate(train.metrics or [])]:
         try:
-            registry.schedules.build(train.schedule, "train.schedule", locate)
+            (registry.schedules if path == "train.schedule" else registry.metrics).build(spec, path, locate)
         except DlrunError as e:
             errors.append(e)
+    errors.extend(monitor_errors(train, locate))
     if plugin_failed is not None:  # names it would have defined are unknown: one error, not ten
         unknown = [e for e in errors if getattr(e, "unknown_name", None)]
         if unknown:

@@ -186,6 +186,8 @@ def first_step(t, xb, yb, callbacks, window=None):
         raise ContractError(f"the loss {loss!r}: forward returned {got}; expected a scalar, the mean loss over "
                             f"the batch (a missing .mean()?)")
     score = (value * len(yb), loss.count_correct(out, yb) if t.classification else 0)
+    if t._sums is not None:  # train.metrics
+        t.tracker.add(t._sums, out, yb, loss)
     dy = loss.backward()
     problem = mismatch(dy, out.shape, {out.dtype}, t.backend, t.model.dtype)
     if problem:

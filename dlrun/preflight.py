@@ -38,6 +38,17 @@ def balance_class_weights(loss, model: Sequential, y, config=None) -> None:
         spec["class_weights"] = list(loss.class_weights)
 
 
+def check_label_range(loss, model: Sequential, lo: int, hi: int) -> None:
+    """Raise a DataError when labels from ``lo`` to ``hi`` are not classes the model scores."""
+    check_class_weights(loss, model)
+    outputs = model.output_shape[-1] if model.output_shape else 1
+    check = getattr(loss, "check_outputs", None)  # plugin losses need not subclass Loss
+    problem = (f"has a negative label ({lo}); labels are class indices 0, 1, ..." if lo < 0
+               else check(hi + 1, outputs) if check else None)
+    if problem:
+        raise DataError(f"labels: the data {problem}")
+
+
 def check_batch_memory(model: Sequential, batch: int, where=None) -> None:
     """ConfigError (at ``where``: train.batch_size) when one batch's activations cannot fit in the
     host memory available. A training step holds each layer's output and the gradient it passes

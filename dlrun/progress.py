@@ -24,6 +24,9 @@ def summary_table(model) -> Table:
     return t
 
 
+_FIXED = {"train_loss", "train_accuracy", "val_loss", "val_accuracy"}
+
+
 class RichProgress(Callback):
     """Shows the model summary, then per-epoch progress. Use it as a context manager so the
     live bar is taken down (and the terminal left clean) when training stops with an error."""
@@ -60,7 +63,9 @@ class RichProgress(Callback):
 
     def on_epoch_end(self, epoch, m):
         # only the figures the run has: no accuracy for regression, no val_* without validation data
-        shown = (("loss", "train_loss"), ("acc", "train_accuracy"), ("val_loss", "val_loss"), ("val_acc", "val_accuracy"))
+        extra = [k for k in m if k.startswith(("train_", "val_")) and k not in _FIXED]  # train.metrics
+        shown = (("loss", "train_loss"), ("acc", "train_accuracy"), *((k[6:], k) for k in extra if k[0] == "t"),
+                 ("val_loss", "val_loss"), ("val_acc", "val_accuracy"), *((k, k) for k in extra if k[0] == "v"))
         text = " ".join(f"{label} {_fmt(m[key])}" for label, key in shown if m.get(key) is not None)
         if self.progress:
             self.progress.update(self.task, metrics=text)

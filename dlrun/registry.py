@@ -1,4 +1,4 @@
-"""One small Registry class, used for every kind of component, and the seven registries.
+"""One small Registry class, used for every kind of component, and the eight registries.
 
 Components register with a decorator. A config names them by string; options are checked
 against the constructor's signature (keyword parameters with type hints and defaults).
@@ -27,7 +27,7 @@ def _default_locate(path: str) -> Location:
 
 
 class Registry:
-    """Named components of one kind (layer, initializer, loss, regularizer, optimizer, data, schedule)."""
+    """Named components of one kind (layer, initializer, loss, regularizer, optimizer, data, schedule, metric)."""
 
     def __init__(self, kind: str, plural: str):
         self.kind = kind
@@ -214,6 +214,7 @@ regularizers = Registry("regularizer", "regularizers")
 optimizers = Registry("optimizer", "optimizers")
 data = Registry("data generator", "data generators")
 schedules = Registry("schedule", "schedules")
+metrics = Registry("metric", "metrics")
 
 REGISTRIES = {
     "layers": layers,
@@ -223,12 +224,13 @@ REGISTRIES = {
     "optimizers": optimizers,
     "data": data,
     "schedules": schedules,
+    "metrics": metrics,
 }
 
 _loading_origin: str | None = None  # set by dlrun.plugins while a plugin file runs
 
 _BUILTIN_MODULES = ("layers", "initializers", "losses", "regularizers", "optimizers", "data", "datafile",
-                    "datasets", "generators", "schedules")
+                    "datasets", "generators", "schedules", "metrics")
 _loaded = False
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import callbacks as controls, checkpoint, position, rundir, snapshot
+from . import callbacks as controls, checkpoint, metrics, position, rundir, snapshot
 from .backend import get_backend
 from .config import Config, config_from_dict, parse_yaml
 from .data import Dataset, check_indices, check_range, split
@@ -97,9 +97,11 @@ def prepare(config: Config):
     check_class_weights(loss, model, config.locate("loss.class_weights"))
     check_labels(ds, model, loss, config.locate)
     balance_class_weights(loss, model, ds.y, config)  # (the training split's labels)
+    outputs = model.output_shape[-1] if model.output_shape else 1
     trainer = Trainer(model, loss, config.build("optimizer"), config.build("regularizer"),
                       config.train.batch_size, config.train.shuffle, config.seed, config.train.drop_last,
-                      config.train.accumulate_batches)
+                      config.train.accumulate_batches,
+                      metrics.build(config.train.metrics, loss, outputs, config.locate))
     check_batch_memory(model, trainer.epoch_batches(len(ds.x))[0], config.locate("train.batch_size"))
     _monitor(config, ds, trainer)  # settings that depend on the data: dlrun check and time see them too
     train_controls_for(config, ds, trainer)
@@ -113,14 +115,15 @@ def _monitor(config: Config, ds: Dataset, trainer: Trainer) -> tuple[str, str]:
     stopping = config.train.early_stopping
     if config.train.monitor is None and stopping is not None:
         return snapshot.resolve_monitor(stopping.monitor, has_val, trainer.classification, config.locate,
-                                        stopping.mode)
-    return snapshot.resolve_monitor(config.train.monitor, has_val, trainer.classification, config.locate)
+                                        stopping.mode, trainer.tracker.names, "train.early_stopping.monitor")
+    return snapshot.resolve_monitor(config.train.monitor, has_val, trainer.classification, config.locate,
+                                    metrics=trainer.tracker.names)
 
 
 def train_controls_for(config: Config, ds: Dataset, trainer: Trainer) -> list:
     """Clipping, schedule and early stopping from ``train:`` (raises before any file is written)."""
     has_val = ds.x_val is not None and len(ds.x_val) > 0
-    return controls.from_config(config, has_val, trainer.classification)
+    return controls.from_config(config, has_val, trainer.classification, trainer.tracker.names)
 
 
 def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks, extra: dict,
@@ -144,9 +147,10 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
         with catch_signals(stop), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             t0 = time.perf_counter()
             try:
+                metrics_csv = rundir.MetricsWriter(run_dir, trainer.tracker.names)
                 history = trainer.fit(ds.x, ds.y, ds.x_val, ds.y_val, epochs=config.train.epochs,
                                       # the controls observe an epoch before the writer records it
-                                      callbacks=[rundir.MetricsWriter(run_dir), *train_controls, writer, *callbacks, stop])
+                                      callbacks=[metrics_csv, *train_controls, writer, *callbacks, stop])
                 for c in deferred:
                     c.restore_best()
             except Interrupted as e:
@@ -170,9 +174,11 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
                                        "(its metrics.csv keeps the epochs run)")
         raise TrainingError(f"cannot write {e.filename or run_dir}: {e.strerror or e} (errno {e.errno}); {kept}") from None
     last = history.last
-    summary = {k: last.get(k) for k in ("train_loss", "train_accuracy", "val_loss", "val_accuracy")}
+    summary = {k: last.get(k) for k in rundir.metric_columns(trainer.tracker.names)
+               if k not in ("epoch", "learning_rate", "seconds")}
     final = trainer.evaluate(ds.x, ds.y)  # the saved weights, in evaluation mode (what predict sees)
     summary.update({"final_train_loss": final["loss"], "final_train_accuracy": final["accuracy"],
+                    **{f"final_train_{k}": v for k, v in final["metrics"].items()},
                     "epochs": trainer.epoch, "seconds": round(seconds, 4), "seed": config.seed,
                     "device": config.device, "parameters": trainer.model.num_parameters,
                     "best": writer.best, **extra})
@@ -273,7 +279,7 @@ def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, cal
     _monitor(config, ds, trainer)
     # stopped inside an epoch: it continues only as it started
     position.check_resume(trainer, ds.x, ds.y, ckpt.meta.get("data_digest"), str(ckpt.path))
-    rundir.truncate_metrics(run_dir / "metrics.csv", trainer.epoch)
+    rundir.truncate_metrics(run_dir / "metrics.csv", trainer.epoch, trainer.tracker.names)
     kept = rundir.write_config(run_dir, config)
     before = rundir.previous_seconds(run_dir, trainer.epoch, trainer.position.seconds if trainer.position else 0.0)
     extra = {k: ckpt.meta[k] for k in ("init_from",) if k in ckpt.meta}

@@ -22,6 +22,13 @@ from .hooks import Callback
 METRIC_COLUMNS = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "learning_rate", "seconds")
 
 
+def metric_columns(metrics: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """metrics.csv's columns: METRIC_COLUMNS with train_NAME and val_NAME for each metric of
+    train.metrics after val_accuracy."""
+    extra = tuple(f"{p}_{n}" for n in metrics for p in ("train", "val"))
+    return METRIC_COLUMNS[:5] + extra + METRIC_COLUMNS[5:]
+
+
 # errors of the machine, not of the path given: the run failed (exit 1); any other is a usage error
 FAULTS = {errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.ENOMEM}
 
@@ -77,17 +84,25 @@ def discard_if_empty(run_dir: Path) -> None:
 class MetricsWriter(Callback):
     """Writes metrics.csv (a row per epoch, flushed) into the run directory."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, metrics: tuple[str, ...] = ()):
         self.run_dir = run_dir
         self.path = run_dir / "metrics.csv"
+        self.columns = metric_columns(metrics)
+
+    def on_train_begin(self, trainer):
+        try:  # a resumed run appends under the header the file has (truncate_metrics wrote it)
+            with open(self.path, newline="") as f:
+                self.columns = next(csv.reader(f), None) or self.columns
+        except OSError:
+            pass
 
     def on_epoch_end(self, epoch, metrics):
         new = not self.path.exists()
         with open(self.path, "a", newline="") as f:
             w = csv.writer(f)
             if new:
-                w.writerow(METRIC_COLUMNS)
-            w.writerow(["" if metrics.get(c) is None else metrics[c] for c in METRIC_COLUMNS])
+                w.writerow(self.columns)
+            w.writerow(["" if metrics.get(c) is None else metrics[c] for c in self.columns])
 
 
 def write_config(run_dir: Path, config: Config) -> bytes | None:
@@ -121,16 +136,25 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def truncate_metrics(path: Path, epoch: int) -> None:
-    """Drop metrics rows after ``epoch`` (written after the last checkpoint) before appending."""
+def truncate_metrics(path: Path, epoch: int, metrics: tuple[str, ...] = ()) -> None:
+    """Drop metrics rows after ``epoch`` (written after the last checkpoint) before appending, and
+    give the file the columns of ``metrics`` (train.metrics may change on resume): a column no
+    longer recorded keeps its values, one not recorded before is empty in the earlier rows."""
     if not path.is_file():
         return
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
-    keep = rows[:1] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= epoch]
+    if not rows:
+        return
+    header = rows[0]
+    wanted = metric_columns(metrics)
+    columns = list(wanted) + [c for c in header if c not in wanted]
+    keep = [dict(zip(header, r)) for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= epoch]
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", newline="") as f:
-        csv.writer(f).writerows(keep)
+        w = csv.writer(f)
+        w.writerow(columns)
+        w.writerows([r.get(c, "") for c in columns] for r in keep)
     os.replace(tmp, path)
 
 

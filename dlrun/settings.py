@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .callbacks import check_monitor
+from .errors import ConfigError
 from .options import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 
@@ -13,15 +15,17 @@ class EarlyStoppingSettings:
     """The ``train.early_stopping:`` section: stop when ``monitor`` stops improving.
 
     Args:
-        monitor: the metric to watch: val_loss, val_accuracy, train_loss or train_accuracy.
+        monitor: the metric to watch: val_loss, val_accuracy, train_loss, train_accuracy, or
+            train_NAME / val_NAME for a metric NAME of train.metrics (val_mae, val_f1).
         patience: epochs without improvement after which training stops.
         min_delta: the smallest change that counts as an improvement.
-        mode: min (losses), max (accuracies) or auto (max for *_accuracy, else min).
+        mode: min (losses), max (accuracies) or auto (the metric's own: max for accuracies, F1
+            and R², min for losses and errors).
         restore_best_weights: when training ends, put back the weights of the best epoch
             (default: keep the last epoch's weights).
     """
 
-    monitor: Literal["val_loss", "val_accuracy", "train_loss", "train_accuracy"] = "val_loss"
+    monitor: str = "val_loss"  # checked against the metrics the run records (callbacks.check_monitor)
     patience: NonNegativeInt = 5
     min_delta: NonNegativeFloat = 0.0
     mode: Literal["auto", "min", "max"] = "auto"
@@ -51,6 +55,9 @@ class TrainSettings:
             every step, as Keras' LearningRateSchedule and Lightning's interval: step).
         early_stopping: stop when a metric stops improving (see EarlyStoppingSettings).
         checkpoint_every: write checkpoints/last.npz (and best.npz) every N epochs, and at the end.
+        metrics: more metrics to record each epoch for the training and the validation data, as
+            train_NAME and val_NAME (Keras' metrics), e.g. [mae] or [f1, {type: top_k_accuracy, k: 3}];
+            see `dlrun list metrics`. Loss and accuracy are always recorded.
         monitor: metric that picks checkpoints/best.npz (lowest loss, highest accuracy); null means
             early_stopping's monitor when it is set, else val_loss with a validation split, else
             train_loss.
@@ -69,4 +76,21 @@ class TrainSettings:
     schedule_interval: Literal["epoch", "step"] = "epoch"
     early_stopping: EarlyStoppingSettings | None = None
     checkpoint_every: PositiveInt = 1
-    monitor: Literal["val_loss", "val_accuracy", "train_loss", "train_accuracy"] | None = None
+    metrics: Any = None  # a list of metric specs, checked against registry.metrics in validate()
+    monitor: str | None = None
+
+
+def monitor_errors(train: TrainSettings, locate) -> list:
+    """Monitors that name no metric the run could record (loss, accuracy, train.metrics'), found
+    with the rest of the config's errors; whether the data gives them is checked when it is loaded."""
+    listed = tuple(m if isinstance(m, str) else m.get("type") if isinstance(m, dict) else None
+                   for m in train.metrics or ())
+    stopping = train.early_stopping.monitor if train.early_stopping is not None else None
+    errors = []
+    for path, monitor in (("train.monitor", train.monitor), ("train.early_stopping.monitor", stopping)):
+        try:
+            if monitor is not None:
+                check_monitor(monitor, path, True, True, locate, tuple(n for n in listed if isinstance(n, str)))
+        except ConfigError as e:
+            errors.append(e)
+    return errors

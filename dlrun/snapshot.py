@@ -18,7 +18,7 @@ from . import __version__, checkpoint, registry
 from .config import Config
 from .errors import CheckpointError
 from .callbacks import check_monitor, control_states
-from .schedules import improved
+from .schedules import improved, resolve_mode
 from .plugins import source_hash
 from .position import EpochPosition
 from .hooks import Callback
@@ -125,17 +125,14 @@ def frozen_changed(recorded: dict | None, frozen) -> str | None:
                      for i in moved)
 
 
-MODES = {"val_loss": "min", "train_loss": "min", "val_accuracy": "max", "train_accuracy": "max"}
-
-
 def resolve_monitor(monitor: str | None, has_val: bool, classification: bool, locate=None,
-                    mode: str = "auto") -> tuple[str, str]:
+                    mode: str = "auto", metrics: tuple[str, ...] = (), path: str = "train.monitor") -> tuple[str, str]:
     """The metric that picks best.npz and whether lower ("min") or higher ("max") is better
     (``mode``: early stopping's, when best.npz follows it); a ConfigError located by ``locate``
-    (config.locate) when the run will not produce it."""
+    (config.locate) at ``path`` when the run will not produce it (``metrics``: train.metrics' names)."""
     name = monitor or ("val_loss" if has_val else "train_loss")
-    check_monitor(name, "train.monitor", has_val, classification, locate or (lambda path: None))
-    return name, MODES[name] if mode == "auto" else mode
+    check_monitor(name, path, has_val, classification, locate or (lambda path: None), metrics)
+    return name, resolve_mode(mode, name)
 
 
 class CheckpointWriter(Callback):

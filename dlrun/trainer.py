@@ -13,12 +13,13 @@ import numpy as np
 
 from . import contract
 from .backend import array_module
-from .errors import DataError, Interrupted
+from .errors import Interrupted
 from .model import Sequential
 from .accumulate import GradAccumulator, windows
+from .metrics import Tracker
 from .hooks import Callback, History  # noqa: F401  (dlrun.trainer.Callback: what plugins and tests import)
 from .position import EpochPosition
-from .preflight import balance_class_weights, check_class_weights
+from .preflight import balance_class_weights, check_label_range
 
 
 _NO_VALIDATION = {"loss": None, "accuracy": None}
@@ -38,10 +39,12 @@ class Trainer:
         drop_last: skip each epoch's last batch when it is smaller than ``batch_size``.
         accumulate: batches per optimizer step, their gradients averaged by size (see
             :mod:`dlrun.accumulate`).
+        metrics: :class:`~dlrun.metrics.Metric` instances, set up (``dlrun.metrics.build``),
+            recorded for the training and validation data as train_NAME and val_NAME.
     """
 
     def __init__(self, model: Sequential, loss, optimizer, regularizer=None, batch_size: int | None = 32,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, accumulate: int = 1):
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, accumulate: int = 1, metrics=()):
         self.model = model
         self.loss = loss
         self.optimizer = optimizer
@@ -66,6 +69,8 @@ class Trainer:
         self._regularized = [(p, p.regularizer or regularizer) for _, p in params
                              if p.trainable and (p.regularizer or (regularizer and p.regularize))]
         self.classification = getattr(loss, "task", "classification") == "classification"
+        self.tracker = Tracker(metrics, self.backend)
+        self._sums = None  # the epoch's metric sums on the device, which train_step adds to
 
     # -- data on the device ---------------------------------------------------------------
     def _to_device(self, x, y):
@@ -76,17 +81,8 @@ class Trainer:
         ydt = np.int64 if self.classification else self.model.dtype
         yd = self._move(y, ydt) if y is not None else None
         if yd is not None and self.classification and len(yd):
-            self._check_labels(int(yd.min()), int(yd.max()))
+            check_label_range(self.loss, self.model, int(yd.min()), int(yd.max()))
         return self._move(x, self.model.dtype), yd
-
-    def _check_labels(self, lo: int, hi: int) -> None:
-        check_class_weights(self.loss, self.model)
-        outputs = self.model.output_shape[-1] if self.model.output_shape else 1
-        check = getattr(self.loss, "check_outputs", None)  # plugin losses need not subclass Loss
-        problem = (f"has a negative label ({lo}); labels are class indices 0, 1, ..." if lo < 0
-                   else check(hi + 1, outputs) if check else None)
-        if problem:
-            raise DataError(f"labels: the data {problem}")
 
     def _move(self, a, dtype):
         xp = self.backend.xp
@@ -127,7 +123,7 @@ class Trainer:
         self._guard = guard = NonFiniteGuard(self)
         start, self.position = self.position, None  # a mid-epoch resume continues its epoch
         if start is not None:
-            start.check(n, bs, batches, self.shuffle, "--resume")
+            start.check(n, bs, batches, self.shuffle, "--resume", self.tracker.names)
         fast = False
         epoch = done = 0
         try:
@@ -147,6 +143,7 @@ class Trainer:
                 loss_sum, correct = self.backend.zero(np.float64), self.backend.zero(np.int64)  # fresh: += is in place on GPU
                 if start is not None:
                     loss_sum, correct = loss_sum + start.loss_sum, correct + start.correct
+                self._sums = self.tracker.zeros(start.metric_sums if start is not None else None)
                 guard.mark(shuffle_state, start)
                 start = None
                 done = first
@@ -179,6 +176,7 @@ class Trainer:
                 row = {"epoch": epoch, "train_loss": train_loss,
                        "train_accuracy": float(correct) / used if self.classification else None,
                        "val_loss": m["loss"], "val_accuracy": m["accuracy"],
+                       **self.tracker.results(self._sums, "train_"), **self.tracker.results(m.get("metrics"), "val_"),
                        "learning_rate": float(self.optimizer.learning_rate),
                        "seconds": time.perf_counter() - t0}
                 history.rows.append(row)
@@ -190,7 +188,8 @@ class Trainer:
         except Interrupted as e:
             if not e.immediate and done and self.epoch < epoch:  # stopped between two batches of ``epoch``
                 self._stopped_at(EpochPosition(epoch, done, batches, n, bs, shuffle_state, float(loss_sum),
-                                               int(correct), time.perf_counter() - t0))
+                                               int(correct), time.perf_counter() - t0,
+                                               *self.tracker.position(self._sums)))
             raise
         finally:
             if fast:
@@ -215,7 +214,7 @@ class Trainer:
         if self._unchecked:
             return contract.first_step(self, xb, yb, callbacks, window)
         out = self.model.forward(xb, yb)
-        score = self._score(out, yb)
+        score = self._score(out, yb, self._sums)
         self.model.backward(self.loss.backward())
         if window is not None and not self.accumulated(window):
             return score
@@ -237,10 +236,13 @@ class Trainer:
         self._accumulator.finish(share, first)
         return True
 
-    def _score(self, out, y):
+    def _score(self, out, y, sums=None):
         """(batch loss × batch size, correct predictions; 0 for regression), to be added up over
-        an epoch: numpy scalars on the CPU, 0-d device arrays on the GPU (never read here)."""
+        an epoch: numpy scalars on the CPU, 0-d device arrays on the GPU (never read here). The
+        metrics of train.metrics add theirs to ``sums`` (before backward may reuse ``out``)."""
         total = self.loss.forward(out, y) * len(y)
+        if sums is not None:
+            self.tracker.add(sums, out, y, self.loss)
         if not self.classification:
             return total, 0
         return total, self.loss.count_correct(out, y)
@@ -271,18 +273,22 @@ class Trainer:
         self.model.eval()
         n = len(xd)
         loss_sum, correct = self.backend.zero(np.float64), self.backend.zero(np.int64)
+        sums = self.tracker.zeros()
         for s, e in self._batches(n, batch_size or self.batch_size or n):
-            batch_loss, batch_correct = self._score(self.model.forward(xd[s:e]), yd[s:e])
+            batch_loss, batch_correct = self._score(self.model.forward(xd[s:e]), yd[s:e], sums)
             loss_sum += batch_loss
             if self.classification:
                 correct += batch_correct
         self.model.train()
         return {"loss": float(loss_sum) / n + (self._penalty() if penalty is None else penalty),
-                "accuracy": float(correct) / n if self.classification else None}
+                "accuracy": float(correct) / n if self.classification else None,
+                "metrics": sums}
 
     def evaluate(self, x, y, batch_size: int | None = None) -> dict:
-        """Loss (including regularization) and accuracy on (x, y), in evaluation mode."""
-        return self._evaluate_device(*self._to_device(x, y), batch_size)
+        """Loss (including regularization), accuracy and the train.metrics (``metrics``: name to
+        value) on (x, y), in evaluation mode."""
+        m = self._evaluate_device(*self._to_device(x, y), batch_size)
+        return {**m, "metrics": self.tracker.results(m["metrics"], "")}
 
     def predict(self, x, batch_size: int | None = None) -> np.ndarray:
         """Raw model outputs for ``x`` (host array), in evaluation mode."""

@@ -15,7 +15,7 @@ def test_every_name_in_the_components_table_is_registered_where_it_says():
     table = {cells[2]: cells[3] for cells in (line.split("|") for line in rows) if len(cells) > 4}
     registries = {"layers": registry.layers, "initializers": registry.initializers, "losses": registry.losses,
                   "regularizers": registry.regularizers, "optimizers": registry.optimizers,
-                  "schedules": registry.schedules, "data generators": registry.data}
+                  "schedules": registry.schedules, "data generators": registry.data, "metrics": registry.metrics}
     checked = 0
     for kind, examples in table.items():
         reg = registries.get(kind.strip())

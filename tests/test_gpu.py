@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from dlrun import registry
+from dlrun import metrics, registry
 from dlrun.backend import get_backend, gpu_available, to_host
 from dlrun.model import Sequential
 from conftest import CONFIGS
@@ -277,8 +277,10 @@ def test_train_step_never_waits_for_the_host(case):
     gpu = get_backend("gpu")
     model = Sequential([registry.layers.build(s) for s in specs], in_shape, gpu, seed=0)
     reg = registry.regularizers.build({"type": "L2", "strength": 1e-3}) if extras else None
-    trainer = Trainer(model, registry.losses.build("SoftmaxCrossEntropy"), registry.optimizers.build(opt_spec), reg,
-                      batch_size=16)
+    loss = registry.losses.build("SoftmaxCrossEntropy")
+    chosen = metrics.build(["f1", {"type": "top_k_accuracy", "k": 2}], loss, 3) if extras else ()
+    trainer = Trainer(model, loss, registry.optimizers.build(opt_spec), reg, batch_size=16, metrics=chosen)
+    trainer._sums = trainer.tracker.zeros()  # (fit makes them each epoch)
     callbacks = [GradientClipping(clip_norm=1.0, clip_value=5.0)] if extras else []
     for cb in callbacks:
         cb.on_train_begin(trainer)
@@ -402,3 +404,31 @@ def test_gradcheck_checks_everything_on_the_gpu(cli):
     assert r.code == 0 and json.loads(r.out)["settings"]["device"] == "gpu", r.out + r.err
     r = cli("gradcheck", str(CONFIGS / "spiral.yaml"), "--device", "gpu")
     assert r.code == 0, r.out + r.err
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["scores", "one-logit"])
+def test_every_metric_sums_on_the_gpu_as_on_the_cpu(binary):
+    """Every registered metric, its sums added over uneven batches on each device: equal values."""
+    rng = np.random.default_rng(0)
+    cases = {"classification": (rng.standard_normal((50, 1 if binary else 4)), rng.integers(0, 2 if binary else 4, 50),
+                                "BinaryCrossEntropy" if binary else "SoftmaxCrossEntropy"),
+             "regression": (rng.standard_normal((50, 3)), rng.standard_normal((50, 3)), "MSE")}
+    for name in registry.metrics.names():
+        metric_cls = registry.metrics.get(name)
+        if binary and (metric_cls.task != "classification" or name == "top_k_accuracy"):
+            continue
+        z, y, loss_name = cases[metric_cls.task]
+        values = {}
+        for device in ("cpu", "gpu"):
+            b = get_backend(device)
+            loss = registry.losses.build(loss_name)
+            spec = ({"type": name, "average": "binary"} if binary and name in ("precision", "recall", "f1")
+                    else {"type": name, "k": 2} if name == "top_k_accuracy" else name)
+            m = registry.metrics.build(spec)
+            assert m.setup(loss, z.shape[1]) is None
+            tracker = metrics.Tracker([m], b)
+            sums = tracker.zeros()
+            for lo, hi in ((0, 7), (7, 8), (8, 50)):
+                tracker.add(sums, b.asarray(z[lo:hi]), b.asarray(y[lo:hi]), loss)
+            values[device] = tracker.results(sums, "")[name]
+        assert values["gpu"] == pytest.approx(values["cpu"], rel=1e-12), name

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+from ..metrics.base import metric_mode
 from ..options import Range
 from ..registry import schedules
 
-Monitor = Literal["val_loss", "val_accuracy", "train_loss", "train_accuracy"]
+Monitor = str  # train_loss, val_accuracy, val_mae, ...: checked against the run's metrics (callbacks.check_monitor)
 Mode = Literal["auto", "min", "max"]
 Factor = Annotated[float, Range(0, 1, min_inclusive=False, max_inclusive=False)]  # (0, 1)
 
@@ -53,8 +54,9 @@ schedules.base = Schedule
 
 
 def resolve_mode(mode: str, monitor: str) -> str:
-    """'auto' means max for accuracies and min for losses (as Keras)."""
-    return mode if mode != "auto" else ("max" if "accuracy" in monitor else "min")
+    """'auto' means the metric's own direction: max for accuracies, F1 and R², min for losses and
+    errors (as Keras)."""
+    return mode if mode != "auto" else metric_mode(monitor)
 
 
 def improved(current: float, best: float, mode: str, min_delta: float) -> bool:

@@ -15,11 +15,13 @@ class ReduceOnPlateau(Schedule):
     epochs pass before epochs without improvement count again. As Keras' ReduceLROnPlateau.
 
     Args:
-        monitor: the metric to watch (val_* needs train.validation_split or validation data).
+        monitor: the metric to watch: train_loss, val_loss, train_accuracy, val_accuracy, or
+            train_NAME / val_NAME for a metric of train.metrics (val_* needs validation data).
         factor: the multiplier applied at each reduction, in (0, 1).
         patience: epochs without improvement before the rate is reduced.
         min_delta: the smallest change that counts as an improvement.
-        mode: min (losses), max (accuracies) or auto (max for *_accuracy, else min).
+        mode: min (losses), max (accuracies) or auto (the metric's own: max for accuracies, F1
+            and R², min for losses and errors).
         cooldown: epochs to wait after a reduction before counting again.
         min_lr: the rate is never reduced below this.
     """

@@ -1,0 +1,152 @@
+"""The metric contract (:class:`Metric`) and :class:`Tracker`, which sums the metrics of
+``train.metrics`` over an epoch's batches on the device and turns the sums into one value each.
+
+A metric is a sum over samples, or a function of such sums: mean absolute error is Σ|z − y|
+over the count, F1 a function of the confusion matrix's counts. ``update`` adds a batch's sums
+into a float64 vector on the device (nothing is read back, so on GPU a step never waits for it),
+and ``result`` computes the value from the epoch's sums, once, on the host. The value is thus the
+metric of the whole epoch's samples, not a mean of batch values (for F1 or RMSE the two differ).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConfigError, Location
+from ..registry import metrics
+
+
+class Metric:
+    """Base class for epoch metrics; subclasses set ``task`` and ``mode`` and define ``size``,
+    ``update`` and ``result``. Its name in metrics.csv is the registered name, with a train_
+    and a val_ prefix."""
+
+    task = "classification"  # the loss task whose outputs it scores: classification or regression
+    mode = "max"  # whether higher (max) or lower (min) is better: early stopping's mode: auto
+    recorded_always = False  # the trainer records it for every run of its task (accuracy)
+
+    def setup(self, loss, outputs: int) -> str | None:
+        """Called once before training with the loss and the model's outputs per sample; returns
+        why the metric cannot score them, or None. Sets ``classes`` (classification)."""
+        classes = getattr(loss, "classes", None)  # plugin losses need not define it
+        self.classes = classes(outputs) if classes is not None else outputs
+        self.outputs = outputs
+        return None
+
+    def size(self) -> int:
+        """How many sums ``update`` adds to."""
+        raise NotImplementedError
+
+    def update(self, sums, z, y, loss) -> None:
+        """Add the sums of the batch (outputs ``z``, labels or targets ``y``, both on the device)
+        into ``sums``, a float64 vector of ``size()`` on the same device."""
+        raise NotImplementedError
+
+    def result(self, sums: np.ndarray) -> float | None:
+        """The metric from an epoch's sums (a host float64 vector); None when no sample counted."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        spec = getattr(self, "spec", None) or {}
+        opts = ", ".join(f"{k}={v!r}" for k, v in spec.items() if k != "type")
+        return f"{getattr(self, 'registered_name', type(self).__name__)}({opts})"
+
+
+metrics.base = Metric
+
+
+def predicted(loss, z):
+    """The predicted class of each sample, as the loss decides it (argmax; BCE: z > 0)."""
+    predict = getattr(loss, "predict", None)  # plugin losses need not define it
+    return predict(z) if predict is not None else z.argmax(axis=1)
+
+
+class Tracker:
+    """The metrics of one run, their sums in one float64 vector on the device."""
+
+    def __init__(self, chosen: list[Metric], backend):
+        self.metrics = list(chosen)
+        self.backend = backend
+        self.slices, start = [], 0
+        for m in self.metrics:
+            self.slices.append(slice(start, start + m.size()))
+            start += m.size()
+        self.length = start
+        self.names = tuple(name(m) for m in self.metrics)
+
+    def zeros(self, start=None):
+        """A fresh vector of sums on the device (None without metrics); ``start`` (host values)
+        continues an epoch."""
+        if not self.metrics:
+            return None
+        if start is None:
+            return self.backend.xp.zeros(self.length, dtype=np.float64)
+        return self.backend.asarray(np.asarray(start, dtype=np.float64))
+
+    def add(self, sums, z, y, loss) -> None:
+        for m, s in zip(self.metrics, self.slices):
+            m.update(sums[s], z, y, loss)
+
+    def results(self, sums, prefix: str) -> dict[str, float | None]:
+        """``{prefix + name: value}`` from an epoch's sums (read from the device once); every
+        value None when ``sums`` is None (no validation data)."""
+        if sums is None:
+            return {prefix + n: None for n in self.names}
+        host = self.backend.to_host(sums).astype(np.float64)
+        return {prefix + n: _plain(m.result(host[s])) for n, m, s in zip(self.names, self.metrics, self.slices)}
+
+    def position(self, sums) -> tuple:
+        """(names, sums so far) for an :class:`~dlrun.position.EpochPosition`; () without metrics."""
+        if sums is None:
+            return ()
+        return self.names, [float(v) for v in self.backend.to_host(sums)]
+
+
+def _plain(v) -> float | None:
+    return None if v is None else float(v)
+
+
+def name(metric: Metric) -> str:
+    return getattr(metric, "registered_name", type(metric).__name__)
+
+
+def build(specs, loss, outputs: int, locate=None) -> list[Metric]:
+    """The metrics ``train.metrics`` lists, set up for the loss and the model's ``outputs``
+    (ConfigErrors at ``train.metrics[i]``, placed by ``locate``): each once, each for the loss's
+    task. Those the trainer records anyway (accuracy) are checked and left out."""
+    locate = locate or (lambda path: Location(path=path))
+    task = getattr(loss, "task", "classification")
+    chosen, seen = [], {}
+    for i, spec in enumerate(specs or ()):
+        path = f"train.metrics[{i}]"
+        m = metrics.build(spec, path, locate)
+        n = name(m)
+        if n in seen:
+            raise ConfigError(f"metric {n} is listed twice (also at train.metrics[{seen[n]}]); each metric is "
+                              f"recorded once", locate(path))
+        seen[n] = i
+        if m.task != task:
+            kind = "class labels" if m.task == "classification" else "regression targets"
+            raise ConfigError(f"metric {n} scores {kind}, but the loss {type(loss).__name__} is a {task} loss; "
+                              f"metrics for {task}: {', '.join(for_task(task))}", locate(path))
+        problem = m.setup(loss, outputs)
+        if problem:
+            raise ConfigError(f"metric {n}: {problem}", locate(path))
+        if not m.recorded_always:
+            chosen.append(m)
+    return chosen
+
+
+def for_task(task: str) -> list[str]:
+    """The registered metrics that score a loss of ``task``."""
+    return [n for n in metrics.names() if getattr(metrics.get(n), "task", None) == task]
+
+
+def metric_mode(monitor: str) -> str:
+    """Whether ``monitor`` (train_loss, val_mae, ...) improves downwards ("min") or upwards
+    ("max"): losses min, accuracies max, a registered metric by its ``mode``."""
+    n = monitor.removeprefix("train_").removeprefix("val_")
+    if n == "loss":
+        return "min"
+    if n in metrics:
+        return getattr(metrics.get(n), "mode", "min")
+    return "max" if "accuracy" in n else "min"
