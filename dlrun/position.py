@@ -118,12 +118,17 @@ def check_split(recorded: dict | None, config) -> None:
     now = config.train.split_seed if config.train.split_seed is not None else config.seed
     if fraction == config.train.validation_split and (fraction == 0 or seed is None or seed == now):
         return
-    key, old, new = (("validation_split", fraction, config.train.validation_split)
-                     if fraction != config.train.validation_split else ("split_seed", seed, now))
+    if fraction != config.train.validation_split:
+        key = path = "train.validation_split"
+        old, new = fraction, config.train.validation_split
+    elif config.train.split_seed is None and before.get("split_seed") is None:  # the run seed stands in for it
+        key, path, old, new = "the run seed (train.split_seed unset)", "seed", seed, now
+    else:
+        key, path, old, new = "train.split_seed", "train.split_seed", seed, now
     raise ConfigError(f"the run held out its validation samples with {key} {old}, this resume with {new}: the "
                       f"epochs to come would train on samples the earlier ones validated on. A resumed run keeps "
-                      f"its split; to change it, start a new run (--init-from RUN_DIR keeps the weights)",
-                      config.locate(f"train.{key}"))
+                      f"its split; to change it, start a new run from scratch (weights trained on the old split "
+                      f"have seen the new validation samples)", config.locate(path))
 
 
 def check_resume(trainer, x, y, recorded_digest: str | None, where: str) -> None:

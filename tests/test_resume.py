@@ -345,14 +345,19 @@ def test_a_resumed_run_counts_the_seconds_of_its_earlier_sessions(tmp_path):
     assert 200.0 <= summary(run)["seconds"] < 260.0
 
 
-@pytest.mark.parametrize("change,key", [("train.split_seed=99", "split_seed"), ("train.validation_split=0.3", "validation_split")])
-def test_a_resume_that_would_change_the_validation_split_is_refused(tmp_path, change, key):
+@pytest.mark.parametrize("change,where,key", [
+    ("train.split_seed=99", "train.split_seed", "train.split_seed 3"),
+    ("train.validation_split=0.3", "train.validation_split", "train.validation_split 0.2"),
+    ("seed=4", "seed", "the run seed (train.split_seed unset) 3"),  # the run seed stands in for the split seed
+])
+def test_a_resume_that_would_change_the_validation_split_is_refused(tmp_path, change, where, key):
     """Later epochs would train on samples that earlier ones validated on."""
     run = train(spiral_config(tmp_path, epochs=2, split=0.2), tmp_path / "runs")
     before = (run / "metrics.csv").read_text()
     r = run_cli("train", "--resume", run, "--set", "train.epochs=3", "--set", change)
     assert r.code == 2 and r.err.count("\n") == 1, r.err
-    assert f"train.{key}: the run held out its validation samples with {key}" in r.err and "--init-from" in r.err
+    assert f"--set {change}: {where}: the run held out its validation samples with {key}, " in r.err, r.err
+    assert "start a new run from scratch" in r.err
     assert (run / "metrics.csv").read_text() == before
     r = run_cli("train", "--resume", run, "--set", "train.epochs=3", "--set", "train.split_seed=" +
                 str(summary(run)["seed"]))  # the same split, now named: accepted
