@@ -162,6 +162,10 @@ class Registry:
         kwargs = {}
         for key, value in given.items():
             kpath = f"{path}.{key}" if path else str(key)
+            if key in self.entry_keys:  # a model entry's key (trainable), given where no model entry is
+                errors.append(ConfigError(f"{key!r} is a key of a model entry (model[i].{key}), not an option of "
+                                          f"{self.kind} {name}; give it in a config's model list", locate(kpath)))
+                continue
             if key not in opts:
                 valid = ", ".join(opts) or "(none)"
                 valid += "".join(f" (and {k}, which any {self.kind} takes)" for k in self.entry_keys)

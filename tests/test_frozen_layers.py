@@ -115,3 +115,11 @@ def test_changing_what_is_frozen_on_resume_names_the_change(tmp_path):
     r = run_cli("train", "--resume", run_dir, "--set", "train.epochs=6", "--set", "model[0].trainable=true")
     assert r.code == 2 and r.err.count("\n") == 1
     assert "model[0].trainable changed (false -> true) since the run started" in r.err and "--init-from" in r.err
+
+
+def test_trainable_outside_a_model_entry_says_where_it_belongs(cli):
+    """dlrun gradcheck --set trainable=false used to answer 'unknown option (did you mean trainable?)'."""
+    r = cli("gradcheck", "Linear", "--set", "trainable=false")
+    assert r.code == 2 and r.err.count("\n") == 1, r.err
+    assert "Linear.trainable: 'trainable' is a key of a model entry (model[i].trainable), not an option" in r.err
+    assert "did you mean" not in r.err
