@@ -102,16 +102,20 @@ def _class_shares(counts: np.ndarray, n_val: int, rng) -> np.ndarray:
     """How many samples of each class go to validation: n_val in all, shared in proportion to
     the class counts by largest remainder (each class's share rounded down, then one more for
     the classes with the largest fractions, ties in seeded random order), as scikit-learn's
-    stratified split does; no class gives up its last training sample. Draws from ``rng`` only
-    when shares must be rounded."""
+    stratified split does; no class gives up its last training sample. What classes kept at
+    their last sample cannot give, the others give, one each in the same order, round after
+    round. Draws from ``rng`` only when shares must be rounded."""
     quota = counts * n_val / counts.sum()
-    take = np.minimum(np.floor(quota).astype(np.int64), np.maximum(counts - 1, 0))
+    room = np.maximum(counts - 1, 0)
+    take = np.minimum(np.floor(quota).astype(np.int64), room)
     short = n_val - int(take.sum())
     if short > 0:
-        for c in np.lexsort((rng.permutation(len(counts)), take - quota)):  # largest fraction first
-            if short and take[c] < counts[c] - 1:
-                take[c] += 1
-                short -= 1
+        order = np.lexsort((rng.permutation(len(counts)), take - quota))  # largest fraction first
+        while short > 0 and (take < room).any():
+            for c in order:
+                if short and take[c] < room[c]:
+                    take[c] += 1
+                    short -= 1
     return take
 
 

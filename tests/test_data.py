@@ -47,6 +47,14 @@ def test_a_stratified_split_holds_out_the_fraction_of_the_whole(fraction, held):
     assert not np.array_equal(split(x, y, fraction, seed=4)[3], yv) or fraction == 0.9  # ties drawn by the seed
 
 
+def test_what_tiny_classes_cannot_give_the_others_give():
+    """Classes of 100, 2, 2, 2, 2, 2 at 0.9: the five small ones give 1 each (their last training
+    sample stays), and the large one gives the rest of round(110 × 0.9) = 99 (it gave 91, 96 in all)."""
+    y = np.repeat(np.arange(6), [100, 2, 2, 2, 2, 2])
+    _, yt, _, yv = split(np.arange(110)[:, None], y, 0.9, seed=0)
+    assert len(yv) == 99 and np.bincount(yv).tolist() == [94, 1, 1, 1, 1, 1] and np.bincount(yt).min() == 1
+
+
 def test_a_split_that_would_take_a_class_s_last_sample_says_so():
     with pytest.raises(DataError, match="stratified, and no class gives up its last training sample"):
         split(np.arange(3.0)[:, None], np.array([0, 1, 2]), 0.5, seed=0)
