@@ -53,7 +53,7 @@ def time_cmd(
     t.add_row("whole step", "", "", "", _ms(r.step), "")
     notes = []
     if any(p.backward is None for p in r.layers):
-        notes.append("backward '-': skipped in training (no earlier layer has parameters)")
+        notes.append("backward '-': skipped in training (no earlier layer has parameters that train)")
     swapped = [f"model[{k}] after model[{k + 1}]" for k, i in enumerate(r.order) if i == k + 1]
     if swapped:
         notes.append(f"rows in execution order: {', '.join(swapped)} (a ReLU just before a MaxPool2D runs on "
