@@ -202,7 +202,8 @@ def check_monitor(monitor: str, path: str, has_validation: bool, classification:
     prefix, _, name = monitor.partition("_")
     if prefix == "val" and not has_validation:
         raise ConfigError(f"monitor {monitor!r} needs validation data; set train.validation_split "
-                          f"(for example 0.2) or monitor train_loss", locate(path))
+                          f"(for example 0.2) or the file loader's data.validation_path, or monitor "
+                          f"train_{name or 'loss'}", locate(path))
     if name == "accuracy" and not classification:
         raise ConfigError(f"monitor {monitor!r}: a regression loss gives no accuracy; monitor "
                           f"{monitor.replace('accuracy', 'loss')}", locate(path))
