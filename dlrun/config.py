@@ -37,6 +37,8 @@ class Config:
     optimizer: Any
     regularizer: Any
     train: TrainSettings
+    # how a stratified split rounds the classes' shares (data.split): a checkpoint records it
+    split_shares: str = "whole"
 
     def locate(self, path: str) -> Location:
         return self.source.locate(path)

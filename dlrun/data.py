@@ -64,9 +64,12 @@ class Dataset:
         return int(max(int(a.max()) for a in ys if a.size)) + 1
 
 
-def split(x: np.ndarray, y: np.ndarray, fraction: float, seed: int, stratify: bool = True):
+def split(x: np.ndarray, y: np.ndarray, fraction: float, seed: int, stratify: bool = True, shares: str = "whole"):
     """Seeded train/validation split of round(n·fraction) samples; stratified by class for
     integer labels (each class's share by largest remainder, see :func:`_class_shares`).
+    ``shares="per_class"`` gives each class round(count·fraction) instead: the split of runs
+    recorded by dlrun before the largest-remainder split (their checkpoints say no ``split_shares``),
+    so that resuming or evaluating one holds out the samples it held out.
 
     Returns ``(x_train, y_train, x_val, y_val)``; raises DataError when either part is empty.
     """
@@ -81,7 +84,9 @@ def split(x: np.ndarray, y: np.ndarray, fraction: float, seed: int, stratify: bo
             idx = np.flatnonzero(y == c)
             rng.shuffle(idx)
             members.append(idx)
-        take = _class_shares(np.array([len(m) for m in members]), int(round(n * fraction)), rng)
+        counts = np.array([len(m) for m in members])
+        take = (_class_shares(counts, int(round(n * fraction)), rng) if shares == "whole"
+                else [int(round(c * fraction)) for c in counts])
         val = np.sort(np.concatenate([m[:k] for m, k in zip(members, take)]))
     else:
         perm = rng.permutation(n)

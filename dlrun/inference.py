@@ -62,6 +62,7 @@ def open_model(target: str | Path, device: str | None = None) -> Restored:
         raise
     except DlrunError as e:
         raise CheckpointError(f"{path}: the recorded config no longer validates with this dlrun: {e}") from None
+    config.split_shares = meta.get("split_shares", "per_class")  # the run's split, for its validation data
     model = build_model(config, meta["input_shape"])
     snapshot.load_weights(model, ckpt)
     return Restored(path, config, model, config.build("loss"), meta, warnings)

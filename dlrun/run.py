@@ -49,7 +49,7 @@ def load_data(config: Config) -> Dataset:
                               f"validation samples; set train.validation_split to 0 (or leave it out)",
                               config.locate("train.validation_split"))
         if ds.x_val is None and config.train.validation_split > 0:
-            x, y, xv, yv = split(ds.x, ds.y, config.train.validation_split, split_seed)
+            x, y, xv, yv = split(ds.x, ds.y, config.train.validation_split, split_seed, shares=config.split_shares)
     except DataError as e:  # errors without a file line get the config line that caused them
         if e.where is None and getattr(e, "option", None):
             e.where = config.locate(f"data.{e.option}")
@@ -61,7 +61,8 @@ def load_data(config: Config) -> Dataset:
     if ds.x_val is None and config.train.validation_split > 0:
         rows = rows_val = None
         if ds.rows is not None:  # the same split of the file lines, for errors naming a row
-            keep, _, held, _ = split(np.arange(len(ds.x)), ds.y, config.train.validation_split, split_seed)
+            keep, _, held, _ = split(np.arange(len(ds.x)), ds.y, config.train.validation_split, split_seed,
+                                     shares=config.split_shares)
             rows, rows_val = ds.rows[keep], ds.rows[held]
         ds = Dataset(x, y, xv, yv, name=ds.name, rows=rows, rows_val=rows_val)
     if len(ds.x) == 0:
@@ -271,6 +272,7 @@ def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, cal
     """Continue a run in its own directory from ``last.npz`` up to ``config.train.epochs``."""
     run_dir = Path(run_dir)
     position.check_split(ckpt.meta.get("config"), config)
+    config.split_shares = ckpt.meta.get("split_shares", "per_class")  # the run's own split (data.split)
     ds, trainer = prepare(config)
     snapshot.restore(trainer, ckpt, config.seed, config.frozen)
     if trainer.epoch >= config.train.epochs:

@@ -49,7 +49,8 @@ def capture(trainer: Trainer, config: Config, extra: dict | None = None) -> tupl
     # copies, not views: a pending best.npz must not follow the live buffers
     optim = {k: np.array(to_host(v)) for k, v in trainer.optimizer.state_dict().items()}
     meta = {"dlrun_version": __version__, "epoch": trainer.epoch, "step": trainer.step,
-            "config": config.raw, "input_shape": list(model.input_shape), "dtype": str(model.dtype),
+            "config": config.raw, "split_shares": config.split_shares,
+            "input_shape": list(model.input_shape), "dtype": str(model.dtype),
             "device": model.backend.name,
             "rng": {"shuffle": rng_state(trainer.shuffle_rng),
                     "layers": {str(i): rng_state(layer.rng_made) for i, layer in enumerate(model.layers)

@@ -1,13 +1,14 @@
 """Exact resume: N epochs + resume for N more equals 2N epochs straight, bit for bit (CPU)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from checkpoint_helpers import metrics_rows, spiral_config, summary, train
-from conftest import run_cli, write
+from conftest import CONFIGS, run_cli, write
 from dlrun import checkpoint
 
 # A stochastic plugin layer: its noise comes from self.rng, so a resume that did not restore
@@ -362,3 +363,28 @@ def test_a_resume_that_would_change_the_validation_split_is_refused(tmp_path, ch
     r = run_cli("train", "--resume", run, "--set", "train.epochs=3", "--set", "train.split_seed=" +
                 str(summary(run)["seed"]))  # the same split, now named: accepted
     assert r.code == 0, r.err
+
+
+def test_a_run_recorded_before_the_largest_remainder_split_keeps_its_split(tmp_path):
+    """Iris at 0.25: the earlier split held out round(50 x 0.25) = 12 per class (36), the current
+    one round(150 x 0.25) = 38 in all. A checkpoint without split_shares (written before) must be
+    evaluated and resumed on the 36 it validated on, or 2 training samples would count as unseen."""
+    cfg = write(tmp_path / "iris.yaml", (CONFIGS / "iris.yaml").read_text()
+                .replace("epochs: 100", "epochs: 2").replace("validation_split: 0.2 ", "validation_split: 0.25 "))
+    new = train(cfg, tmp_path / "new")
+    assert checkpoint.read(new / "checkpoints" / "last.npz").meta["split_shares"] == "whole"
+    old = train(cfg, tmp_path / "old")
+    for name in ("last.npz", "best.npz"):  # as an earlier dlrun wrote them
+        ckpt = checkpoint.read(old / "checkpoints" / name)
+        checkpoint.save(ckpt.path, ckpt.model, ckpt.optimizer, {k: v for k, v in ckpt.meta.items()
+                                                                 if k not in ("split_shares", "format")})
+    samples = {}
+    for d in (new, old):
+        r = run_cli("evaluate", d, "--json")
+        assert r.code == 0, r.err
+        samples[d] = json.loads(r.out)["samples"]
+    assert samples == {new: 38, old: 36}
+    r = run_cli("train", "--resume", old, "--set", "train.epochs=3")
+    assert r.code == 0, r.err
+    assert checkpoint.read(old / "checkpoints" / "last.npz").meta["split_shares"] == "per_class"
+    assert json.loads(run_cli("evaluate", old, "--json").out)["samples"] == 36
