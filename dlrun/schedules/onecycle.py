@@ -15,8 +15,8 @@ class OneCycle(Schedule):
 
     The one-cycle policy of Smith & Topin (2019), with the rates of PyTorch's OneCycleLR for
     max_lr = lr₀ (the optimizer's learning_rate is the peak). Counted in steps as PyTorch counts
-    them: over T steps (train.epochs × batches per epoch with ``schedule_interval: step``, the
-    usual choice; train.epochs per epoch), the rise ends at step pct_start·T − 1 and the last
+    them: over T steps (train.epochs × optimizer steps per epoch with ``schedule_interval:
+    step``, the usual choice, a step being accumulate_batches batches; train.epochs per epoch), the rise ends at step pct_start·T − 1 and the last
     step, T − 1, takes the final rate. ``three_phase`` falls back to lr₀/div_factor by step
     2·pct_start·T − 2 before the final anneal. Only the learning rate cycles: momentum is
     left as configured (PyTorch also cycles it unless ``cycle_momentum=False``).
