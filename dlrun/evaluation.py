@@ -3,7 +3,7 @@ precision/recall/F1 with their averages for classification; MSE, RMSE, MAE and R
 (the formulas are :mod:`dlrun.metrics`')."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -16,7 +16,8 @@ from .trainer import Trainer, predict
 class Evaluation:
     """What `dlrun evaluate` reports. The classification fields (``confusion``, the per-class lists
     and ``macro``/``weighted`` averages) are None for regression, the regression ones (``mse``,
-    ``rmse``, ``mae``, ``r2``, without the regularization that ``loss`` includes) for classification."""
+    ``rmse``, ``mae``, ``r2``, without the regularization that ``loss`` includes) for classification.
+    ``metrics``: the run's train.metrics by name (empty without them)."""
 
     samples: int
     loss: float
@@ -32,6 +33,7 @@ class Evaluation:
     rmse: float | None = None
     mae: float | None = None
     r2: float | None = None
+    metrics: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -45,7 +47,7 @@ def evaluate(trainer: Trainer, x: np.ndarray, y: np.ndarray, batch_size: int | N
         y = np.asarray(y, dtype=np.float64)
         m = trainer.evaluate(x, y, batch_size)
         pred = predict(trainer.model, x, batch_size or trainer.batch_size)
-        return Evaluation(len(x), m["loss"], None, **regression_metrics(y, pred))
+        return Evaluation(len(x), m["loss"], None, **regression_metrics(y, pred), metrics=m["metrics"])
     y = np.asarray(y)
     if y.dtype.kind not in "iu" or y.ndim != 1:
         raise DataError(f"classification needs one integer label per sample, got labels of dtype {y.dtype} "
@@ -63,4 +65,5 @@ def evaluate(trainer: Trainer, x: np.ndarray, y: np.ndarray, batch_size: int | N
     cm = confusion_matrix(y, pred, classes)
     pc = per_class(cm)
     return Evaluation(len(x), m["loss"], m["accuracy"], cm.tolist(), pc["precision"].tolist(),
-                      pc["recall"].tolist(), pc["f1"].tolist(), pc["support"].tolist(), **averages(cm, pc))
+                      pc["recall"].tolist(), pc["f1"].tolist(), pc["support"].tolist(), **averages(cm, pc),
+                      metrics=m["metrics"])

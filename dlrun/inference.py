@@ -13,7 +13,7 @@ from typing import TextIO
 
 import numpy as np
 
-from . import checkpoint, registry, snapshot
+from . import checkpoint, metrics, registry, snapshot
 from .config import Config, config_from_dict, parse_value
 from .data import Dataset, check_range
 from .datafile import expect_npy, read_csv
@@ -44,8 +44,10 @@ class Restored:
     def trainer(self, batch_size: int | None = None) -> Trainer:
         """A trainer for evaluation (loss includes the run's regularization, as val_loss does)."""
         cfg = self.config
+        outputs = self.model.output_shape[-1] if self.model.output_shape else 1
         return Trainer(self.model, self.loss, cfg.build("optimizer"), cfg.build("regularizer"),
-                       batch_size or cfg.train.batch_size, False, cfg.seed or 0)
+                       batch_size or cfg.train.batch_size, False, cfg.seed or 0,
+                       metrics=metrics.build(cfg.train.metrics, self.loss, outputs, cfg.locate))
 
 
 def open_model(target: str | Path, device: str | None = None) -> Restored:

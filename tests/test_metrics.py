@@ -279,3 +279,18 @@ def test_metrics_may_change_between_epochs_but_not_inside_one(tmp_path):
         run.resume(first, *run.resume_config(first, ["train.epochs=5"]), callbacks=[InterruptAt(4, 2)])
     with pytest.raises(CheckpointError, match="with train.metrics f1; the resumed config records recall"):
         run.resume(first, *run.resume_config(first, ["train.epochs=5", "train.metrics=[recall]"]))
+
+
+def test_evaluate_reports_the_run_s_metrics_as_training_recorded_them(tmp_path):
+    raw = json.loads(json.dumps(BASE))
+    raw["train"]["metrics"] = [{"type": "top_k_accuracy", "k": 2}, "f1"]
+    result = run.train(config_from_dict(raw), tmp_path)
+    r = run_cli("evaluate", result.run_dir / "checkpoints" / "last.npz", "--json")
+    assert r.code == 0, r.err
+    report = json.loads(r.out)
+    row = result.history.last
+    assert report["metrics"] == pytest.approx({"top_k_accuracy": row["val_top_k_accuracy"], "f1": row["val_f1"]},
+                                              rel=1e-12)
+    assert report["metrics"]["f1"] == pytest.approx(report["macro"]["f1"], rel=1e-12)  # two computations agree
+    text = run_cli("evaluate", result.run_dir / "checkpoints" / "last.npz").out
+    assert f"train.metrics: top_k_accuracy {row['val_top_k_accuracy']:.4f}  f1 {row['val_f1']:.4f}" in text

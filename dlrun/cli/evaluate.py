@@ -39,6 +39,9 @@ def evaluate_cmd(
     out.print(f"data: {described}, {result.samples} samples", highlight=False)
     acc = "" if result.accuracy is None else f"  accuracy {result.accuracy:.4f}"
     out.print(f"loss {result.loss:.6g}{acc}", highlight=False)
+    if result.metrics:  # the run's train.metrics
+        out.print("train.metrics: " + "  ".join(f"{k} {'-' if v is None else f'{v:.4f}'}"
+                                                for k, v in result.metrics.items()), highlight=False)
     if result.confusion is None:
         out.print(f"mse {result.mse:.6g}  rmse {result.rmse:.6g}  mae {result.mae:.6g}  r2 {result.r2:.4f}",
                   highlight=False)
