@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import registry
-from .config_yaml import Source, _join, apply_override, dump_yaml, parse_value, parse_yaml  # noqa: F401  (re-exported)
+from .config_yaml import Source, _join, apply_override, dump_yaml, key_paths, parse_value, parse_yaml  # noqa: F401
 from .errors import ConfigError, DlrunError, Location, collect
 from .options import FilePath, NonNegativeInt, OptionError, _got, check_value, did_you_mean, recorded
 from .settings import EarlyStoppingSettings, TrainSettings, monitor_errors  # noqa: F401  (re-exported)
@@ -261,7 +261,7 @@ def config_from_dict(raw: dict, name: str = "run", overrides: list[str] = (), de
     ``overrides`` are ``--set`` items and ``device`` the ``--device`` flag, applied first;
     ``origin`` names where the dict came from in error messages (a checkpoint file).
     """
-    src = Source(origin)
+    src = Source(origin, known=set(key_paths(raw)))
     raw = copy.deepcopy(raw)
     raw.setdefault("name", name)
     return _resolve(raw, src, overrides, None, device, None)

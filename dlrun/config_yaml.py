@@ -54,6 +54,7 @@ class Source:
     file: str | None
     lines: dict[str, int] = field(default_factory=dict)
     flags: dict[str, str] = field(default_factory=dict)
+    known: set[str] = field(default_factory=set)  # paths of a dict without lines (a checkpoint's config)
 
     def locate(self, path: str) -> Location:
         probe = path
@@ -62,6 +63,8 @@ class Source:
                 return Location(self.flags[probe], None, path)
             if probe in self.lines:
                 return Location(self.file, self.lines[probe], path)
+            if probe in self.known:  # recorded before any --set: the file, not a flag, holds it
+                return Location(self.file, None, path)
             # a mapping that --set a.b=1 created (no file line) is located by that flag, and so is
             # a default filled into it (a.monitor): not the file's line of the enclosing section
             created = next((flag for flagged, flag in self.flags.items()
@@ -72,6 +75,15 @@ class Source:
                 return Location(self.file, None, path)
             parent = re.sub(r"(\.[^.\[\]]+|\[\d+\])$", "", probe)
             probe = parent if parent != probe else ""  # a top-level key's parent is the root
+
+
+def key_paths(value, path: str = ""):
+    """Every key path in a parsed config (``train``, ``train.epochs``, ``model[0].units``)."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        p = _join(path, k)
+        yield p
+        yield from key_paths(v, p)
 
 
 def _join(path: str, key) -> str:
