@@ -210,8 +210,8 @@ def check_monitor(monitor: str, path: str, has_validation: bool, classification:
     if prefix in ("train", "val") and name in recorded:
         return
     if prefix in ("train", "val") and name in registry.metrics:
-        raise ConfigError(f"monitor {monitor!r}: the run does not record {name}; add it to train.metrics "
-                          f"(train.metrics: [{name}])", locate(path))
+        raise ConfigError(f"monitor {monitor!r}: the run does not record {name}; add {name} to the list "
+                          f"train.metrics", locate(path))
     names = [f"{p}_{n}" for p in ("train", "val") for n in recorded if p == "train" or has_validation]
     raise ConfigError(f"monitor {monitor!r} is not a metric the run records{did_you_mean(monitor, names)}; "
                       f"it records {', '.join(names)} (train_NAME and val_NAME for a metric of train.metrics)",

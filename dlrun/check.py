@@ -148,7 +148,9 @@ def check_config(config: Config, checkpoint_path: str | Path | None = None) -> C
         for c in controls:
             c.on_train_begin(trainer)
             c.on_epoch_begin(1, trainer.epoch_batches(n)[1])
+        trainer._sums = trainer.tracker.zeros()  # train.metrics: their update and result run too
         contract.first_step(trainer, xb, yb, controls)
+        trainer.tracker.results(trainer._sums, "train_")
     rows = []
     for i, (layer, act) in enumerate(zip(model.layers, activations)):
         ps = list(layer.params.values())

@@ -82,7 +82,8 @@ def check_contract(origin: str) -> None:
     """Every component a plugin registered must fit its kind's contract, or PluginError.
 
     Layers must subclass dlrun.layers.Layer and implement forward and backward; other kinds
-    must subclass their base class when it is a class (an initializer, a loss, ...).
+    must subclass their base class when it is a class (an initializer, a loss, ...); a metric
+    must also implement size, update and result, and say its task, mode and a free name.
     """
     from .layers.base import Layer
 
@@ -103,6 +104,10 @@ def check_contract(origin: str) -> None:
                         problem = _labels_problem(obj)
             elif inspect.isclass(obj) and reg.base is not None and not issubclass(obj, reg.base):
                 problem = f"it is not a subclass of {reg.base.__module__}.{reg.base.__name__}"
+            elif reg is registry.metrics:
+                from .metrics.base import contract_problem
+
+                problem = contract_problem(obj, name)
             if problem:
                 e = PluginError(f"{reg.kind} {name!r} does not follow the {reg.kind} contract: {problem}")
                 try:

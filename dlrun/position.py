@@ -30,8 +30,8 @@ class EpochPosition:
         loss_sum: Σ batch loss × batch size over the batches done (float64).
         correct: correct predictions over the batches done (0 for regression).
         seconds: wall-clock seconds spent on the batches done.
-        metric_names: the metrics of train.metrics, and metric_sums their sums over the batches
-            done (:class:`dlrun.metrics.Tracker`).
+        metrics: the metrics of train.metrics with every option ('top_k_accuracy(k=5)'), and
+            metric_sums their sums over the batches done (:class:`dlrun.metrics.Tracker`).
     """
 
     epoch: int
@@ -43,7 +43,7 @@ class EpochPosition:
     loss_sum: float
     correct: int
     seconds: float
-    metric_names: tuple = ()
+    metrics: tuple = ()
     metric_sums: tuple = ()
 
     def to_meta(self) -> dict:
@@ -68,8 +68,8 @@ class EpochPosition:
         continues this epoch exactly."""
         was = (self.samples, self.batch_size, self.batches, self.shuffle is not None)
         now = (samples, batch_size, batches, shuffle)
-        if was == now and tuple(self.metric_names) != tuple(metrics):
-            names = [", ".join(m) or "none" for m in (self.metric_names, metrics)]
+        if was == now and tuple(self.metrics) != tuple(metrics):
+            names = [", ".join(m) or "none" for m in (self.metrics, metrics)]
             raise CheckpointError(f"{where}: the run stopped after {self} with train.metrics {names[0]}; the resumed "
                                   f"config records {names[1]}, whose sums over the batches done are not known. "
                                   f"Finish epoch {self.epoch} with the run's metrics "
@@ -136,7 +136,7 @@ def check_resume(trainer, x, y, recorded_digest: str | None, where: str) -> None
     the resumed config gives that epoch's batches: the same sizes, shuffling and data."""
     p = trainer.position
     if p is not None:
-        p.check(len(x), *trainer.epoch_batches(len(x)), trainer.shuffle, where, trainer.tracker.names)
+        p.check(len(x), *trainer.epoch_batches(len(x)), trainer.shuffle, where, trainer.tracker.described)
         check_data(recorded_digest, data_digest(x, y), p, where)
 
 

@@ -123,7 +123,7 @@ class Trainer:
         self._guard = guard = NonFiniteGuard(self)
         start, self.position = self.position, None  # a mid-epoch resume continues its epoch
         if start is not None:
-            start.check(n, bs, batches, self.shuffle, "--resume", self.tracker.names)
+            start.check(n, bs, batches, self.shuffle, "--resume", self.tracker.described)
         fast = False
         epoch = done = 0
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import numpy as np
 import pytest
@@ -108,6 +109,15 @@ def test_regression_metrics_equal_their_closed_forms_over_every_output():
     assert streamed(registry.metrics.build("mae"), MSE(), 1, z[:, :1], t[:, 0]) == pytest.approx(np.abs(d[:, 0]).mean(), rel=1e-6)
 
 
+def test_r2_keeps_its_precision_for_targets_far_from_zero():
+    """Σy² − (Σy)²/n would cancel 1e4² against itself; the batch-wise mean and deviations do not."""
+    rng = np.random.default_rng(5)
+    t = 1e4 + rng.normal(0, 0.5, size=(64, 1))
+    z = t + rng.normal(0, 0.1, size=t.shape)
+    want = 1 - np.sum((z - t) ** 2) / np.sum((t - t.mean()) ** 2)
+    assert streamed(registry.metrics.build("r2"), MSE(), 1, z, t) == pytest.approx(want, rel=1e-9)
+
+
 def test_a_metric_with_no_samples_has_no_value():
     m = registry.metrics.build("mae")
     m.setup(MSE(), 1)
@@ -169,7 +179,7 @@ train:
         rows = list(csv.DictReader(f))
     best = max(rows, key=lambda row: float(row["val_r2"]))
     assert s["best"]["epoch"] == int(best["epoch"])
-    assert f"val_mae={float(rows[-1]['val_mae']):.4g}" in r.out
+    assert f"val_mae={float(rows[-1]['val_mae']):.4f}" in r.out
 
 
 @pytest.mark.parametrize("metrics_spec, message", [
@@ -192,7 +202,8 @@ def test_bad_metric_specs_are_config_errors_at_their_entry(tmp_path, metrics_spe
 @pytest.mark.parametrize("train, message", [
     ({"monitor": "val_f2"}, "train.monitor: monitor 'val_f2' is not a metric the run records (did you mean val_f1?)"),
     ({"early_stopping": {"monitor": "val_precision"}},
-     "train.early_stopping.monitor: monitor 'val_precision': the run does not record precision; add it to train.metrics"),
+     "train.early_stopping.monitor: monitor 'val_precision': the run does not record precision; add precision to "
+     "the list train.metrics"),
     ({"monitor": "val_f1", "validation_split": 0.0}, "monitor 'val_f1' needs validation data"),
 ])
 def test_monitors_must_name_a_metric_the_run_records(train, message):
@@ -277,8 +288,14 @@ def test_metrics_may_change_between_epochs_but_not_inside_one(tmp_path):
     # stopped inside epoch 4 with f1: the sums of its batches done cannot give recall
     with pytest.raises(Interrupted):
         run.resume(first, *run.resume_config(first, ["train.epochs=5"]), callbacks=[InterruptAt(4, 2)])
-    with pytest.raises(CheckpointError, match="with train.metrics f1; the resumed config records recall"):
+    with pytest.raises(CheckpointError, match=re.escape("with train.metrics f1(average='macro'); the resumed config "
+                                                        "records recall(average='macro')")):
         run.resume(first, *run.resume_config(first, ["train.epochs=5", "train.metrics=[recall]"]))
+    # the same metric with another option computes another thing: refused too
+    with pytest.raises(CheckpointError, match=re.escape("records f1(average='weighted')")):
+        run.resume(first, *run.resume_config(first, ["train.epochs=5", "train.metrics=[{type: f1, average: weighted}]"]))
+    # the same metric written another way (its default given) continues the epoch
+    run.resume(first, *run.resume_config(first, ["train.epochs=5", "train.metrics=[{type: f1, average: macro}]"]))
 
 
 def test_evaluate_reports_the_run_s_metrics_as_training_recorded_them(tmp_path):
@@ -294,3 +311,85 @@ def test_evaluate_reports_the_run_s_metrics_as_training_recorded_them(tmp_path):
     assert report["metrics"]["f1"] == pytest.approx(report["macro"]["f1"], rel=1e-12)  # two computations agree
     text = run_cli("evaluate", result.run_dir / "checkpoints" / "last.npz").out
     assert f"train.metrics: top_k_accuracy {row['val_top_k_accuracy']:.4f}  f1 {row['val_f1']:.4f}" in text
+
+
+BROKEN = {
+    "taken": ('@metrics.register("loss")', 'task = "classification"', "mode = 'min'", "",
+              "metric 'loss' does not follow the metric contract: the name 'loss' is taken"),
+    "mode": ("@metrics.register()", 'task = "classification"', "mode = 'minimise'", "",
+             "mode must be 'min' (lower is better) or 'max', got 'minimise'"),
+    "task": ("@metrics.register()", 'task = "segmentation"', "mode = 'min'", "",
+             "task must be 'classification' or 'regression', got 'segmentation'"),
+    "no-size": ("@metrics.register()", 'task = "classification"', "mode = 'min'", "nosize",
+                "does not implement size"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_a_plugin_metric_that_breaks_the_contract_is_refused_when_loaded(tmp_path, case):
+    deco, task, mode, drop, message = BROKEN[case]
+    size = "" if drop else "    def size(self):\n        return 1\n"
+    plugin = write(tmp_path / "bad.py", f"""\
+from dlrun.metrics import Metric
+from dlrun.registry import metrics
+
+
+{deco}
+class broken(Metric):
+    {task}
+    {mode}
+
+{size}
+    def update(self, sums, z, y, loss):
+        sums[0] += 1
+
+    def result(self, sums):
+        return float(sums[0])
+""")
+    r = run_cli("train", spiral_config(tmp_path), "--plugin", plugin, "--runs-dir", tmp_path / "runs")
+    assert r.code == 2 and r.err.count("\n") == 1, r.err
+    assert message in r.err and "bad.py:" in r.err
+
+
+@pytest.mark.parametrize("method, returns, message", [
+    ("result", "sums", "result returned an array of shape (1,); expected a number"),
+    ("result", "'good'", "result returned 'good'; expected a number"),
+    ("size", "'2'", "size() returned '2'; expected a positive int"),
+])
+def test_a_plugin_metric_returning_the_wrong_thing_is_named(tmp_path, method, returns, message):
+    body = {"size": "1", "result": "float(sums[0])", method: returns}
+    plugin = write(tmp_path / "odd.py", f"""\
+from dlrun.metrics import Metric
+from dlrun.registry import metrics
+
+
+@metrics.register()
+class odd(Metric):
+    def size(self):
+        return {body['size']}
+
+    def update(self, sums, z, y, loss):
+        sums[0] += 1
+
+    def result(self, sums):
+        return {body['result']}
+""")
+    cfg = write(tmp_path / "c.yaml", spiral_config(tmp_path).read_text().replace(
+        "validation_split: 0.25}", "validation_split: 0.25, metrics: [odd]}"))
+    for command in (["train", "--runs-dir", tmp_path / "runs"], ["check"]):
+        r = run_cli(*command, cfg, "--plugin", plugin)
+        assert r.code == 2 and r.err.count("\n") == 1, (command, r.err)
+        assert f"the metric odd(): {message}" in r.err, (command, r.err)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_a_resume_error_in_a_recorded_key_names_the_checkpoint_not_another_set(tmp_path):
+    """The recorded config has no file lines: a problem in a key no --set touched was placed at
+    whichever --set came first (--set train.epochs=5 was blamed for the monitor below)."""
+    raw = json.loads(json.dumps(BASE))
+    raw["train"].update({"early_stopping": {"monitor": "val_f1", "patience": 9}, "metrics": ["f1"]})
+    first = run.train(config_from_dict(raw), tmp_path).run_dir
+    r = run_cli("train", "--resume", first, "--set", "train.epochs=5", "--set", "train.metrics=[precision]")
+    assert r.code == 2 and r.err.count("\n") == 1, r.err
+    assert r.err.startswith(f"error: {first / 'checkpoints' / 'last.npz'}: train.early_stopping.monitor: monitor "
+                            f"'val_f1': the run does not record f1"), r.err

@@ -20,7 +20,7 @@ PLUGIN = typer.Option([], "--plugin", help=PLUGIN_HELP, metavar="FILE.py")  # sh
 
 @app.command("list")
 def list_cmd(
-    kind: Optional[str] = typer.Argument(None, help="layers, initializers, losses, regularizers, optimizers, data or schedules."),
+    kind: Optional[str] = typer.Argument(None, help="layers, initializers, losses, regularizers, optimizers, data, schedules or metrics."),
     plugin: list[str] = PLUGIN,
 ) -> None:
     """List registered components with their one-line summaries."""

@@ -59,7 +59,7 @@ def train_cmd(
     acc = "" if s["train_accuracy"] is None else f" train_accuracy={s['train_accuracy']:.4f}"
     val = "" if s["val_loss"] is None else f" val_loss={s['val_loss']:.4f}" + (
         "" if s["val_accuracy"] is None else f" val_accuracy={s['val_accuracy']:.4f}")
-    more = "".join(f" {k}={v:.4g}" for k, v in s.items() if k.startswith(("train_", "val_")) and v is not None
+    more = "".join(f" {k}={v:.4f}" for k, v in s.items() if k.startswith(("train_", "val_")) and v is not None
                    and k not in ("train_loss", "train_accuracy", "val_loss", "val_accuracy"))  # train.metrics
     out.print(f"train_loss={s['train_loss']:.4f}{acc}{val}{more} epochs={s['epochs']} seconds={s['seconds']:.2f}")
     out.print(str(result.run_dir))

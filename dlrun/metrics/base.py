@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ConfigError, Location
+from ..docstrings import signature
+from ..errors import ConfigError, ContractError, Location
 from ..registry import metrics
 
 
@@ -53,6 +54,24 @@ class Metric:
 
 metrics.base = Metric
 
+RESERVED = ("loss", "accuracy")  # train_loss, val_accuracy, ...: the columns every run has
+
+
+def contract_problem(cls, registered: str) -> str | None:
+    """Why a plugin metric class cannot be recorded, or None: it must implement size, update
+    and result, declare task (classification or regression) and mode (min or max), and not take
+    a name whose columns every run has."""
+    missing = [m for m in ("size", "update", "result") if getattr(cls, m) is getattr(Metric, m)]
+    if missing:
+        return f"it does not implement {' and '.join(missing)}"
+    if registered in RESERVED:
+        return f"the name {registered!r} is taken: train_{registered} and val_{registered} are recorded for every run"
+    if cls.task not in ("classification", "regression"):
+        return f"task must be 'classification' or 'regression', got {cls.task!r}"
+    if cls.mode not in ("min", "max"):
+        return f"mode must be 'min' (lower is better) or 'max', got {cls.mode!r}"
+    return None
+
 
 def predicted(loss, z):
     """The predicted class of each sample, as the loss decides it (argmax; BCE: z > 0)."""
@@ -68,10 +87,15 @@ class Tracker:
         self.backend = backend
         self.slices, start = [], 0
         for m in self.metrics:
-            self.slices.append(slice(start, start + m.size()))
-            start += m.size()
+            size = m.size()
+            if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 1:
+                raise ContractError(f"the metric {m!r}: size() returned {size!r}; expected a positive int, the "
+                                    f"number of sums update adds to")
+            self.slices.append(slice(start, start + int(size)))
+            start += int(size)
         self.length = start
         self.names = tuple(name(m) for m in self.metrics)
+        self.described = tuple(describe(m) for m in self.metrics)
 
     def zeros(self, start=None):
         """A fresh vector of sums on the device (None without metrics); ``start`` (host values)
@@ -92,21 +116,39 @@ class Tracker:
         if sums is None:
             return {prefix + n: None for n in self.names}
         host = self.backend.to_host(sums).astype(np.float64)
-        return {prefix + n: _plain(m.result(host[s])) for n, m, s in zip(self.names, self.metrics, self.slices)}
+        return {prefix + n: _value(m, m.result(host[s].copy())) for n, m, s in zip(self.names, self.metrics, self.slices)}
 
     def position(self, sums) -> tuple:
         """(names, sums so far) for an :class:`~dlrun.position.EpochPosition`; () without metrics."""
         if sums is None:
             return ()
-        return self.names, [float(v) for v in self.backend.to_host(sums)]
+        return self.described, [float(v) for v in self.backend.to_host(sums)]
 
 
-def _plain(v) -> float | None:
-    return None if v is None else float(v)
+def _value(metric: Metric, v) -> float | None:
+    """A metric's result as a float (None: no value), or a ContractError naming the metric."""
+    if v is None:
+        return None
+    if getattr(v, "shape", ()) == () and not isinstance(v, (str, bytes, bool)):
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            pass
+    shown = f"an array of shape {v.shape}" if getattr(v, "shape", ()) != () else repr(v)[:60]
+    raise ContractError(f"the metric {metric!r}: result returned {shown}; expected a number (or None when no "
+                        f"sample counted)")
 
 
 def name(metric: Metric) -> str:
     return getattr(metric, "registered_name", type(metric).__name__)
+
+
+def describe(metric: Metric) -> str:
+    """'top_k_accuracy(k=5)': the name and every option's value, defaults included, so that two
+    specs of one metric compare equal exactly when they compute the same thing."""
+    spec = getattr(metric, "spec", None) or {}
+    params = signature(type(metric)).parameters.values()
+    return f"{name(metric)}({', '.join(f'{p.name}={spec.get(p.name, p.default)!r}' for p in params)})"
 
 
 def build(specs, loss, outputs: int, locate=None) -> list[Metric]:

@@ -78,29 +78,36 @@ class RMSE(MSE):
 class R2(Metric):
     """R² = 1 − Σ(y − z)² / Σ(y − ȳ)² per output, averaged over the outputs (scikit-learn's
     ``r2_score``): 1 is a perfect fit, 0 no better than predicting the mean, and below 0 worse.
-    An output with constant targets scores 1 when predicted exactly, else 0."""
+    An output with constant targets scores 1 when predicted exactly, else 0. Σ(y − ȳ)² is
+    gathered batch by batch as a mean and a sum of squared deviations (Chan et al.'s pairwise
+    update), in float64, so targets far from 0 (a large offset) lose no precision to cancellation."""
 
     task = "regression"
     mode = "max"
 
     def size(self):
-        return 3 * self.outputs + 1  # per output Σy, Σy², Σ(z − y)²; and the sample count
+        return 3 * self.outputs + 1  # per output: the mean of y, Σ(y − ȳ)², Σ(z − y)²; the sample count
 
     def update(self, sums, z, y, loss):
-        k = self.outputs
-        z2 = z.reshape(len(z), k)
-        t = y.reshape(z2.shape)
-        d = z2 - t
-        sums[:k] += t.sum(axis=0, dtype=np.float64)
-        sums[k:2 * k] += (t * t).sum(axis=0, dtype=np.float64)
+        k, nb = self.outputs, len(z)
+        z2 = z.reshape(nb, k)
+        d = z2 - y.reshape(z2.shape)
+        t = y.reshape(z2.shape).astype(np.float64)
+        mb = t.mean(axis=0)
+        t -= mb
+        na = sums[3 * k] + 0.0  # a copy: the count before this batch
+        n = na + nb
+        delta = mb - sums[:k]
+        sums[:k] += delta * (nb / n)
+        sums[k:2 * k] += (t * t).sum(axis=0) + delta * delta * (na * nb / n)
         sums[2 * k:3 * k] += (d * d).sum(axis=0, dtype=np.float64)
-        sums[3 * k] += len(z)
+        sums[3 * k] += nb
 
     def result(self, sums):
         k, n = self.outputs, sums[-1]
         if not n:
             return None
-        s, s2, ss_res = sums[:k], sums[k:2 * k], sums[2 * k:3 * k]
-        ss_tot = s2 - s * s / n
-        ss_tot[ss_tot <= 1e-12 * s2] = 0.0  # constant targets: what remains is rounding
+        mean, ss_tot, ss_res = sums[:k], sums[k:2 * k].copy(), sums[2 * k:3 * k]
+        # constant targets: what remains is the rounding of their mean (a few ulps per sample)
+        ss_tot[ss_tot <= n * (64 * np.finfo(np.float64).eps * np.maximum(np.abs(mean), 1e-300)) ** 2] = 0.0
         return r2_score(ss_res, ss_tot)
