@@ -1,7 +1,8 @@
 """Synthetic data generators for classification and regression toys, all seeded.
 
 Each returns a :class:`~dlrun.data.Dataset` of float64 features (N, D) and int64 labels (N,)
-for classification, or float64 targets (N, 1) for regression (``sine``). The same seed gives
+for classification, or float64 targets (N, 1) for regression (``sine``; ``adding``, whose
+features are sequences (N, T, 2)). The same seed gives
 the same data; a validation part is split off by ``train.validation_split`` (stratified).
 """
 from __future__ import annotations
@@ -131,3 +132,33 @@ def sine(samples: PositiveInt = 200, low: float = -3.0, high: float = 3.0, ampli
     x = rng.uniform(low, high, size=(samples, 1))
     y = amplitude * np.sin(frequency * x + phase) + noise * rng.standard_normal((samples, 1))
     return Dataset(x, y, name="sine")
+
+
+@data.register("adding")
+def adding(samples: PositiveInt = 2000, steps: AtLeastTwo = 20, seed: NonNegativeInt = 0) -> Dataset:
+    """The adding problem (Hochreiter & Schmidhuber 1997): the sum of the two marked values of a sequence.
+
+    Each sample is a sequence of ``steps`` pairs (value, marker), values ~ U[0, 1]; the marker is 1
+    at one step of the first half and one of the second, else 0. The target is the sum of the two
+    marked values, in [0, 2]. Predicting its mean, 1, scores MSE 1/6 ≈ 0.167 (the variance of a sum
+    of two uniforms): a model well below that remembers a value over up to ``steps`` − 1 steps.
+
+    Features have shape (N, steps, 2) and targets (N, 1): pair with an LSTM or SimpleRNN, a
+    one-unit Linear and MSE.
+
+    Args:
+        samples: number of sequences.
+        steps: length of each sequence.
+        seed: seed of the values and the marked steps.
+    """
+    rng = np.random.default_rng(seed)
+    values = rng.uniform(0.0, 1.0, (samples, steps))
+    rows = np.arange(samples)
+    first = rng.integers(0, steps // 2, samples)
+    second = rng.integers(steps // 2, steps, samples)
+    marks = np.zeros((samples, steps))
+    marks[rows, first] = 1.0
+    marks[rows, second] = 1.0
+    x = np.stack([values, marks], axis=2)
+    y = (values[rows, first] + values[rows, second])[:, None]
+    return Dataset(x, y, name="adding")

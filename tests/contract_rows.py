@@ -34,4 +34,7 @@ ROWS: dict[str, dict] = {
     "Softplus": {"beta": 2.0},
     "LogSoftmax": {},
     "Embedding": {},
+    # recurrent
+    "SimpleRNN": {"return_sequences": True},
+    "LSTM": {},
 }

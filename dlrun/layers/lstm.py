@@ -1,0 +1,118 @@
+"""LSTM: long short-term memory over sequences, with a forget gate."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..initializers import Initializer
+from ..options import PositiveInt
+from ..registry import layers
+from ..regularizers import Regularizer
+from .recurrent import Recurrent
+
+
+@layers.register("LSTM")
+class LSTM(Recurrent):
+    """i, f, g, o = σ, σ, tanh, σ of x_t Wᵀ + h_{t−1} Uᵀ + b; c_t = f ⊙ c_{t−1} + i ⊙ g; h_t = o ⊙ tanh(c_t).
+
+    Hochreiter & Schmidhuber (1997) with the forget gate of Gers et al. (2000), as PyTorch's
+    nn.LSTM and Keras' LSTM: W (4·units × features), U (4·units × units) and b (4·units) hold the
+    gates in PyTorch's order, input, forget, cell, output; h_0 = c_0 = 0. Backward runs through
+    time: with dc the error of c_t, do = dh ⊙ tanh c_t, dc += dh ⊙ o ⊙ (1 − tanh² c_t),
+    di = dc ⊙ g, df = dc ⊙ c_{t−1}, dg = dc ⊙ i, dc_{t−1} = dc ⊙ f, each through its gate's
+    derivative (σ' = σ(1 − σ), tanh' = 1 − tanh²), and dh_{t−1} = da_t U.
+
+    Args:
+        units: size of the hidden state h and the cell c (and of each output vector).
+        return_sequences: output h_t for every step, (N, T, units), instead of h_T alone, (N, units).
+        use_bias: add the bias b.
+        weight_initializer: initializer for W (Keras' glorot_uniform).
+        recurrent_initializer: initializer for U (orthogonal, as Keras).
+        bias_initializer: initializer for b.
+        unit_forget_bias: set the forget gate's bias to 1 at the start, so the cell keeps its
+            content early in training (Jozefowicz et al. 2015; Keras' default).
+        weight_regularizer: penalty on W (overrides the run-wide regularizer).
+        recurrent_regularizer: penalty on U (overrides the run-wide regularizer).
+        bias_regularizer: penalty on b (biases are otherwise not regularized).
+
+    Shape:
+        input (N, T, features) -> output (N, units), or (N, T, units) with return_sequences.
+
+    Example:
+        ``- {type: LSTM, units: 32}`` (after ``{type: Embedding, ...}`` for token sequences)
+    """
+
+    gates = 4
+
+    def __init__(self, units: PositiveInt, return_sequences: bool = False, use_bias: bool = True,
+                 weight_initializer: Initializer = "xavier_uniform",
+                 recurrent_initializer: Initializer = "orthogonal",
+                 bias_initializer: Initializer = "zeros", unit_forget_bias: bool = True,
+                 weight_regularizer: Regularizer | None = None,
+                 recurrent_regularizer: Regularizer | None = None,
+                 bias_regularizer: Regularizer | None = None):
+        super().__init__(units, return_sequences, use_bias, weight_initializer, recurrent_initializer,
+                         bias_initializer, weight_regularizer, recurrent_regularizer, bias_regularizer)
+        self.unit_forget_bias = unit_forget_bias
+
+    def initial_bias(self):
+        if not self.unit_forget_bias:
+            return self.bias_initializer
+        units, drawn = self.units, self.bias_initializer
+
+        def forget_one(shape, fan_in, fan_out, rng):
+            b = np.array(drawn(shape, fan_in, fan_out, rng), dtype=np.float64)
+            b[units:2 * units] = 1.0
+            return b
+        return forget_one
+
+    def _constants(self, like):
+        """Per-column constants over the 4 gate blocks: s = 0.5 on the σ gates and 1 on g (σ(a) =
+        (1 + tanh(a/2))/2, so one tanh serves all four), the offset 0.5 on the σ gates, and k = 1 on
+        g, for the derivative (1 − z)(z + k): σ(1 − σ) on σ gates, 1 − tanh² on g."""
+        key = (self.xp, like.dtype)
+        if getattr(self, "_consts", (None,))[0] != key:
+            h = self.units
+            block = np.repeat(np.arange(4), h)
+            host = [np.where(block == 2, 1.0, 0.5), np.where(block == 2, 0.0, 0.5), np.where(block == 2, 1.0, 0.0)]
+            self._consts = (key, *(self.xp.asarray(c, dtype=like.dtype) for c in host))
+        return self._consts[1:]
+
+    def steps(self, a, hs):
+        xp, u, h = self.xp, self.recurrent.data, self.units
+        scale, offset, _ = self._constants(a)
+        self._gates = a  # the activated gates, in place of their arguments
+        self._cs = cs = xp.empty_like(hs)
+        cs[0] = 0
+        self._tc = tc = xp.empty((len(a),) + hs.shape[1:], dtype=hs.dtype)
+        for t in range(len(a)):
+            z = a[t]
+            z += xp.matmul(hs[t], u.T)
+            z *= scale
+            xp.tanh(z, out=z)
+            z *= scale
+            z += offset
+            i, f, g, o = z[:, :h], z[:, h:2 * h], z[:, 2 * h:3 * h], z[:, 3 * h:]
+            xp.multiply(f, cs[t], out=cs[t + 1])
+            cs[t + 1] += i * g
+            xp.tanh(cs[t + 1], out=tc[t])
+            xp.multiply(o, tc[t], out=hs[t + 1])
+
+    def steps_backward(self, dh):
+        xp, u, h = self.xp, self.recurrent.data, self.units
+        gates, cs, tc = self._gates, self._cs, self._tc
+        _, _, k = self._constants(gates)
+        da = xp.empty_like(gates)
+        dc = xp.zeros_like(dh[0])
+        for t in range(len(dh) - 1, -1, -1):
+            z, d = gates[t], da[t]
+            i, f, g, o = z[:, :h], z[:, h:2 * h], z[:, 2 * h:3 * h], z[:, 3 * h:]
+            if t < len(dh) - 1:  # the error h_t passes to step t + 1
+                dh[t] += xp.matmul(da[t + 1], u)
+            xp.multiply(dh[t], tc[t], out=d[:, 3 * h:])  # do
+            dc += dh[t] * o * (1 - tc[t] * tc[t])
+            xp.multiply(dc, g, out=d[:, :h])  # di
+            xp.multiply(dc, cs[t], out=d[:, h:2 * h])  # df (cs[t] is c_{t-1})
+            xp.multiply(dc, i, out=d[:, 2 * h:3 * h])  # dg
+            dc *= f
+            d *= (1 - z) * (z + k)
+        return da

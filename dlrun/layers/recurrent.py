@@ -1,0 +1,100 @@
+"""What the recurrent layers share: the parameters W, U, b of ``gates`` blocks, the sequence
+kept time-major for the step loop, the output (every step's h, or the last), and the gradients
+of W, U and b, each one matrix product over all the steps once backward has the gates' errors."""
+from __future__ import annotations
+
+from ..initializers import Initializer
+from ..options import PositiveInt
+from ..regularizers import Regularizer
+from .base import InputSpec, Layer
+from .linear import _init
+
+
+class Recurrent(Layer):
+    """Base of the layers that run a recurrence over the time axis of (N, T, features) input.
+
+    A subclass sets ``gates`` (blocks of ``units`` rows in W, U and b) and defines ``steps``
+    (the forward recurrence) and ``steps_backward`` (through time), both time-major: ``a``
+    holds x_t Wᵀ + b for every step as (T, N, gates·units) and ``hs`` the states h_0 … h_T as
+    (T + 1, N, units), h_0 = 0. ``steps_backward`` gets dL/dh_t for every step (T, N, units)
+    and returns dL/da (T, N, gates·units); this class turns that into dW, dU, db and dx.
+    """
+
+    gates = 1
+    input_spec = InputSpec(shape=("T", "D"), options={"units": "C"})
+
+    def __init__(self, units: PositiveInt, return_sequences: bool = False, use_bias: bool = True,
+                 weight_initializer: Initializer = "xavier_uniform",
+                 recurrent_initializer: Initializer = "orthogonal",
+                 bias_initializer: Initializer = "zeros",
+                 weight_regularizer: Regularizer | None = None,
+                 recurrent_regularizer: Regularizer | None = None,
+                 bias_regularizer: Regularizer | None = None):
+        self.units = units
+        self.return_sequences = return_sequences
+        self.use_bias = use_bias
+        self.weight_initializer = _init(weight_initializer)
+        self.recurrent_initializer = _init(recurrent_initializer)
+        self.bias_initializer = _init(bias_initializer)
+        self.weight_regularizer = weight_regularizer
+        self.recurrent_regularizer = recurrent_regularizer
+        self.bias_regularizer = bias_regularizer
+
+    def build(self, input_shape):
+        self.expect_rank(input_shape, 2, "(N, steps, features) input (a sequence per sample; an Embedding "
+                                         "gives one from (N, steps) indices)")
+        _, d = input_shape
+        rows = self.gates * self.units
+        self.weight = self.add_param("weight", (rows, d), self.weight_initializer, fan_in=d, fan_out=rows,
+                                     regularizer=self.weight_regularizer)
+        self.recurrent = self.add_param("recurrent", (rows, self.units), self.recurrent_initializer,
+                                        fan_in=self.units, fan_out=rows, regularizer=self.recurrent_regularizer)
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_param("bias", (rows,), self.initial_bias(), fan_in=d, fan_out=rows,
+                                       regularizer=self.bias_regularizer, regularize=False)
+        return (input_shape[0], self.units) if self.return_sequences else (self.units,)
+
+    def initial_bias(self):
+        """The initializer of b (a subclass may set some gates' blocks, as LSTM's forget bias)."""
+        return self.bias_initializer
+
+    def forward(self, x, y=None):
+        xp = self.xp
+        n, steps, _ = x.shape
+        self._xt = xt = xp.ascontiguousarray(x.transpose(1, 0, 2))  # time-major: each step's rows contiguous
+        a = xp.matmul(xt, self.weight.data.T)  # every step's input projection in one product
+        if self.bias is not None:
+            a += self.bias.data
+        self._hs = hs = xp.empty((steps + 1, n, self.units), dtype=x.dtype)
+        hs[0] = 0
+        self.steps(a, hs)
+        if self.return_sequences:
+            return xp.ascontiguousarray(hs[1:].transpose(1, 0, 2))
+        return hs[steps].copy()
+
+    def backward(self, dy):
+        xp = self.xp
+        steps, n, units = self._hs.shape[0] - 1, self._hs.shape[1], self.units
+        if self.return_sequences:  # (a copy: steps_backward may write into it, and dy stays as given)
+            dh = dy.transpose(1, 0, 2).copy()
+        else:  # only h_T is an output
+            dh = xp.zeros((steps, n, units), dtype=dy.dtype)
+            dh[steps - 1] = dy
+        da = self.steps_backward(dh)
+        da2 = da.reshape(steps * n, -1)
+        xp.matmul(da2.T, self._xt.reshape(steps * n, -1), out=self.weight.grad)
+        xp.matmul(da2.T, self._hs[:steps].reshape(steps * n, units), out=self.recurrent.grad)
+        if self.bias is not None:
+            da2.sum(axis=0, out=self.bias.grad)
+        if not self.needs_input_grad:
+            return None
+        return xp.ascontiguousarray(xp.matmul(da, self.weight.data).transpose(1, 0, 2))
+
+    def steps(self, a, hs) -> None:  # pragma: no cover - abstract
+        """Run the recurrence: from the input projections ``a`` write h_1 … h_T into ``hs``."""
+        raise NotImplementedError
+
+    def steps_backward(self, dh):  # pragma: no cover - abstract
+        """dL/da (T, N, gates·units) from dL/dh_t of the outputs (T, N, units)."""
+        raise NotImplementedError
