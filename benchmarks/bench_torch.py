@@ -25,9 +25,37 @@ def _copy(param, arr):
         param.copy_(t)
 
 
+class _Recurrent(torch.nn.Module):
+    """torch.nn.LSTM / nn.RNN (batch_first) on a dlrun layer's weights, giving what the dlrun layer
+    gives: every state, or the last. Its parameters are also reachable by dlrun's names (weight,
+    recurrent, bias) for the optimizer; torch's second bias stays 0, outside the optimizer."""
+
+    def __init__(self, layer):
+        super().__init__()
+        w, u = layer.params["weight"].data, layer.params["recurrent"].data
+        kind = torch.nn.LSTM if type(layer).__name__ == "LSTM" else torch.nn.RNN
+        self.net = kind(w.shape[1], u.shape[1], batch_first=True, bias="bias" in layer.params)
+        _copy(self.net.weight_ih_l0, w)
+        _copy(self.net.weight_hh_l0, u)
+        self.weight, self.recurrent = self.net.weight_ih_l0, self.net.weight_hh_l0
+        if "bias" in layer.params:
+            _copy(self.net.bias_ih_l0, layer.params["bias"].data)
+            with torch.no_grad():
+                self.net.bias_hh_l0.zero_()
+            self.net.bias_hh_l0.requires_grad_(False)
+            self.bias = self.net.bias_ih_l0
+        self.sequences = layer.return_sequences
+
+    def forward(self, x):
+        out, _ = self.net(x)
+        return out if self.sequences else out[:, -1]
+
+
 def _module(layer, out_shape):
     name = type(layer).__name__
     nn = torch.nn
+    if name in ("LSTM", "SimpleRNN"):
+        return _Recurrent(layer)
     if name == "Linear":
         w = layer.params["weight"].data
         m = nn.Linear(w.shape[1], w.shape[0], bias="bias" in layer.params)

@@ -42,6 +42,9 @@ class Workload:
         if self.name.startswith("mlp"):
             n = self.samples or 10_000
             return rng.random((n, 784), dtype=np.float32), rng.integers(0, 10, n)
+        if self.name.startswith("lstm"):
+            n = self.samples or 64 * 32
+            return rng.standard_normal((n,) + self.input_shape, dtype=np.float32), rng.integers(0, 10, n)
         if self.name.startswith("cnn"):
             n = self.samples or 64 * 20
             return rng.standard_normal((n,) + self.input_shape, dtype=np.float32), rng.integers(0, 10, n)
@@ -61,6 +64,9 @@ WORKLOADS = {
     "digits_cnn": Workload("digits_cnn", "configs/digits_cnn.yaml, 2 epochs, no validation",
                            config=str(ROOT / "configs" / "digits_cnn.yaml"), overrides=("train.epochs=2",),
                            needs=("Conv2D", "MaxPool2D")),
+    "lstm": Workload("lstm", "(e) LSTM 64 over 20 steps of 16 features + Linear, batch 64, 32 steps",
+                     [{"type": "LSTM", "units": 64}, {"type": "Linear", "units": 10}], (20, 16), 64, 1, 0.01,
+                     needs=("LSTM",)),
     # GPU: the same kinds of network scaled up until the GPU, not the Python launch loop, is busy
     "spiral_gpu": Workload("spiral_gpu", "(a) spiral MLP 2-100-3, full batch 300, 1000 steps (launch-bound)",
                            [{"type": "Linear", "units": 100}, "ReLU", {"type": "Linear", "units": 3}],
