@@ -116,10 +116,12 @@ class Tracker:
         if sums is None:
             return {prefix + n: None for n in self.names}
         host = self.backend.to_host(sums).astype(np.float64)
-        return {prefix + n: _value(m, m.result(host[s].copy())) for n, m, s in zip(self.names, self.metrics, self.slices)}
+        return {prefix + n: _value(m, m.result(host[s].copy()))
+                for n, m, s in zip(self.names, self.metrics, self.slices)}
 
     def position(self, sums) -> tuple:
-        """(names, sums so far) for an :class:`~dlrun.position.EpochPosition`; () without metrics."""
+        """(the metrics with their options, their sums so far) for an
+        :class:`~dlrun.position.EpochPosition`; () without metrics."""
         if sums is None:
             return ()
         return self.described, [float(v) for v in self.backend.to_host(sums)]
