@@ -109,6 +109,12 @@ class NonFiniteGuard:
         t.step, t.optimizer.iterations, t.optimizer.learning_rate = self.step, self.iterations, self.learning_rate
         return self.position
 
+    def kept(self, position):
+        """The position an interrupt leaves for a checkpoint to continue from: ``position`` (an
+        EpochPosition between two batches) when the state there is finite; else the epoch is
+        undone, back to where it started or was resumed (:meth:`restore`)."""
+        return position if self.healthy(position.loss_sum) else self.restore(rewind_shuffle=True)
+
     def healthy(self, train_loss: float) -> bool:
         """True when the epoch's loss and every parameter are finite (one pass over the weights)."""
         if not math.isfinite(train_loss):

@@ -17,8 +17,8 @@ import numpy as np
 from . import callbacks as controls, checkpoint, metrics, position, rundir, snapshot
 from .backend import get_backend
 from .config import Config, config_from_dict, parse_yaml
-from .data import Dataset, check_indices, check_range, split
-from .errors import CheckpointError, ConfigError, ContractError, DataError, DlrunError, Interrupted, NonFiniteError, TrainingError, UsageError
+from .data import Dataset, check_indices, check_range, load_data  # noqa: F401  (dlrun.run.load_data)
+from .errors import CheckpointError, DlrunError, Interrupted, NonFiniteError, TrainingError, UsageError
 from .faults import StopOnSignal, catch_signals
 from .model import Sequential
 from .plugins import relocate
@@ -33,41 +33,6 @@ def resolve_seed(config: Config) -> int:
         config.seed = int(np.random.SeedSequence().entropy % (2**31))
     config.raw["seed"] = config.seed
     return config.seed
-
-
-def load_data(config: Config) -> Dataset:
-    """Generate or read the data and split off validation data (seeded, stratified)."""
-    split_seed = config.seed if config.train.split_seed is None else config.train.split_seed
-    try:
-        ds = config.build("data")
-        if not isinstance(ds, Dataset):  # a plugin generator's return
-            raise ContractError(f"the data generator {config.data!r} returned {type(ds).__name__}; expected a "
-                                f"dlrun.data.Dataset(x, y)", config.locate("data"))
-        if ds.x_val is not None and config.train.validation_split > 0:
-            given = "data.validation_path" if ds.name_val else f"the data generator {ds.name!r}"
-            raise ConfigError(f"{config.train.validation_split} asks for a split, but {given} already gives the "
-                              f"validation samples; set train.validation_split to 0 (or leave it out)",
-                              config.locate("train.validation_split"))
-        if ds.x_val is None and config.train.validation_split > 0:
-            x, y, xv, yv = split(ds.x, ds.y, config.train.validation_split, split_seed, shares=config.split_shares)
-    except DataError as e:  # errors without a file line get the config line that caused them
-        if e.where is None and getattr(e, "option", None):
-            e.where = config.locate(f"data.{e.option}")
-        elif e.where is None and "validation_split" in e.message:
-            e.where = config.locate("train.validation_split")
-        elif e.where is None and "not found" in e.message:
-            e.where = config.locate("data")
-        raise
-    if ds.x_val is None and config.train.validation_split > 0:
-        rows = rows_val = None
-        if ds.rows is not None:  # the same split of the file lines, for errors naming a row
-            keep, _, held, _ = split(np.arange(len(ds.x)), ds.y, config.train.validation_split, split_seed,
-                                     shares=config.split_shares)
-            rows, rows_val = ds.rows[keep], ds.rows[held]
-        ds = Dataset(x, y, xv, yv, name=ds.name, rows=rows, rows_val=rows_val)
-    if len(ds.x) == 0:
-        raise DataError(f"data {ds.name!r} has no training samples")
-    return ds
 
 
 def build_model(config: Config, input_shape, backend=None) -> Sequential:

@@ -187,9 +187,10 @@ class Trainer:
                     break
         except Interrupted as e:
             if not e.immediate and done and self.epoch < epoch:  # stopped between two batches of ``epoch``
-                self._stopped_at(EpochPosition(epoch, done, batches, n, bs, shuffle_state, float(loss_sum),
-                                               int(correct), time.perf_counter() - t0,
-                                               *self.tracker.position(self._sums)))
+                # where a checkpoint continues from (the epoch's start when the state there is not finite)
+                self.position = guard.kept(EpochPosition(epoch, done, batches, n, bs, shuffle_state, float(loss_sum),
+                                                         int(correct), time.perf_counter() - t0,
+                                                         *self.tracker.position(self._sums)))
             raise
         finally:
             if fast:
@@ -246,15 +247,6 @@ class Trainer:
         if not self.classification:
             return total, 0
         return total, self.loss.count_correct(out, y)
-
-    def _stopped_at(self, position: EpochPosition) -> None:
-        """Record where an interrupt stopped the epoch (``self.position``), so that a checkpoint
-        continues from that batch. A state that is not finite is not kept: the epoch is undone,
-        back to where it started (or was resumed), which the non-finite guard copied."""
-        if self._guard.healthy(position.loss_sum):
-            self.position = position
-        else:
-            self.position = self._guard.restore(rewind_shuffle=True)
 
     def _epoch_batches(self, xd, yd, order_d, bs: int, used: int, first: int = 0):
         """The batches of one epoch from batch ``first`` on, in the order ``fit`` drew them, each
