@@ -18,6 +18,11 @@ class Recurrent(Layer):
     holds x_t Wᵀ + b for every step as (T, N, gates·units) and ``hs`` the states h_0 … h_T as
     (T + 1, N, units), h_0 = 0. ``steps_backward`` gets dL/dh_t for every step (T, N, units)
     and returns dL/da (T, N, gates·units); this class turns that into dW, dU, db and dx.
+
+    That last step assumes each step's pre-activation is a_t + h_{t−1}Uᵀ, as in SimpleRNN and
+    LSTM: then dU = Σ_t da_tᵀ h_{t−1}. A recurrence that uses U otherwise (a GRU's candidate
+    r ⊙ (h_{t−1}U_nᵀ), say) must override ``backward`` too, or its dU is wrong; ``dlrun
+    gradcheck`` names such a mistake (the ``recurrent`` tensor fails, on that gate's rows).
     """
 
     gates = 1
