@@ -29,6 +29,8 @@ class Dataset:
     rows: np.ndarray | None = None  # for a CSV file: the file line of each sample in x
     rows_val: np.ndarray | None = None  # ... and of each sample in x_val
     name_val: str | None = None  # the file of x_val when it is not ``name`` (file's validation_path)
+    samples: np.ndarray | None = None  # after a split: each sample's 0-based place in the data as read
+    samples_val: np.ndarray | None = None  # ... and each validation sample's
 
     def __post_init__(self):  # a (plugin's) data generator that pairs samples and labels wrongly
         for x, y, part in ((self.x, self.y, ""), (self.x_val, self.y_val, "validation ")):
@@ -37,10 +39,14 @@ class Dataset:
                                 f"{0 if y is None else len(y)} labels; each sample needs one label (or target row)")
 
     def where(self, i: int, val: bool = False) -> str:
-        """'file:line' for a CSV, else 'NAME: sample i' (1-based) for sample ``i`` of x (or x_val)."""
+        """'file:line' for a CSV, else 'NAME: sample i' (1-based, its place in the data as read when
+        a split reordered it) for sample ``i`` of x (or x_val)."""
         rows = self.rows_val if val else self.rows
         if rows is not None:
             return f"{(self.name_val or self.name) if val else self.name}:{int(rows[i])}"
+        samples = self.samples_val if val else self.samples
+        if samples is not None:
+            return f"{self.name}: sample {int(samples[i]) + 1}"
         return f"{self.name}: {'validation ' if val else ''}sample {i + 1}"
 
     def check_input_shape(self, expected: tuple[int, ...], model: str = "the model") -> None:
@@ -163,17 +169,27 @@ def check_range(ds: Dataset, dtype) -> None:
                             f"(±{limit:.4g}), where it would become inf; scale the data, or set dtype: float64")
 
 
-def check_indices(ds: Dataset, layer: str) -> None:
-    """A model that starts with an index-taking layer (Embedding) needs whole-number features:
-    casting 0.37 to an index would silently read row 0."""
+def check_indices(ds: Dataset, layer: str, high: int | None = None) -> None:
+    """A model that starts with an index-taking layer (Embedding) needs whole-number features in
+    [0, high): casting 0.37 to an index would silently read row 0, and an index past the table
+    is named here with its sample, not by the layer with none."""
     for x, val in ((ds.x, False), (ds.x_val, True)):
-        if x is None or not len(x) or x.dtype.kind != "f":
+        if x is None or not len(x) or x.dtype.kind not in "fiu":
             continue
-        bad = (x != np.round(x)).reshape(len(x), -1).any(axis=1)
+        flat = x.reshape(len(x), -1)
+        bad = (flat != np.round(flat)).any(axis=1) if x.dtype.kind == "f" else np.zeros(len(x), bool)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            v = np.asarray(x[i]).ravel()
+            v = flat[i]
             raise DataError(f"{ds.where(i, val)}: {layer} takes integer indices, got {v[v != np.round(v)][0]:g}")
+        if high is None:
+            continue
+        out = ((flat < 0) | (flat >= high)).any(axis=1)
+        if out.any():
+            i = int(np.flatnonzero(out)[0])
+            v = flat[i][(flat[i] < 0) | (flat[i] >= high)][0]
+            raise DataError(f"{ds.where(i, val)}: {layer} takes indices in [0, {high}), got {v:g}; raise "
+                            f"input_dim or check the data")
 
 
 def load_data(config) -> Dataset:
@@ -190,8 +206,9 @@ def load_data(config) -> Dataset:
             raise ConfigError(f"{config.train.validation_split} asks for a split, but {given} already gives the "
                               f"validation samples; set train.validation_split to 0 (or leave it out)",
                               config.locate("train.validation_split"))
-        if ds.x_val is None and config.train.validation_split > 0:
-            x, y, xv, yv = split(ds.x, ds.y, config.train.validation_split, split_seed, shares=config.split_shares)
+        if ds.x_val is None and config.train.validation_split > 0:  # split the samples' places, then the data
+            keep, _, held, _ = split(np.arange(len(ds.x)), ds.y, config.train.validation_split, split_seed,
+                                     shares=config.split_shares)
     except DataError as e:  # errors without a file line get the config line that caused them
         if e.where is None and getattr(e, "option", None):
             e.where = config.locate(f"data.{e.option}")
@@ -201,12 +218,9 @@ def load_data(config) -> Dataset:
             e.where = config.locate("data")
         raise
     if ds.x_val is None and config.train.validation_split > 0:
-        rows = rows_val = None
-        if ds.rows is not None:  # the same split of the file lines, for errors naming a row
-            keep, _, held, _ = split(np.arange(len(ds.x)), ds.y, config.train.validation_split, split_seed,
-                                     shares=config.split_shares)
-            rows, rows_val = ds.rows[keep], ds.rows[held]
-        ds = Dataset(x, y, xv, yv, name=ds.name, rows=rows, rows_val=rows_val)
+        rows, rows_val = (ds.rows[keep], ds.rows[held]) if ds.rows is not None else (None, None)  # CSV lines
+        ds = Dataset(ds.x[keep], ds.y[keep], ds.x[held], ds.y[held], name=ds.name, rows=rows, rows_val=rows_val,
+                     samples=keep, samples_val=held)
     if len(ds.x) == 0:
         raise DataError(f"data {ds.name!r} has no training samples")
     return ds

@@ -77,11 +77,12 @@ MAX_LABEL = 2 ** 31 - 1  # class indices beyond int32 are not classes anyone has
 
 
 def _labels(y: np.ndarray, task: str, where) -> np.ndarray:
-    if task == "regression":
-        bad = ~np.isfinite(y)
+    if task == "regression":  # (N,) or (N, K) targets
+        bad = ~np.isfinite(y.reshape(len(y), -1)).all(axis=1)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise DataError(f"{where(i)}: the target is {y[i]}, expected a finite number")
+            got = y[i] if y.ndim == 1 else y[i][~np.isfinite(y[i])][0]
+            raise DataError(f"{where(i)}: the target is {got}, expected a finite number")
         return y.astype(np.float64)
     bad = ~np.isfinite(y) | (y != np.round(y)) | (y < 0) | (y > MAX_LABEL)
     if bad.any():
@@ -179,8 +180,9 @@ def _read(p: Path, label_column: int, header: bool | None, task: str, features_k
     except (ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile) as e:
         hint = " (it holds pickled objects, which dlrun never loads)" if "pickle" in str(e) else ""
         raise DataError(f"{p}: cannot read the file{hint}: {e}") from None
-    if y.ndim != 1 or len(x) != len(y):
-        raise DataError(f"{p}: {len(x)} feature rows but labels of shape {y.shape}; expected ({len(x)},)")
+    if not (y.ndim == 1 or (task == "regression" and y.ndim == 2)) or len(x) != len(y):
+        expected = f"({len(x)},) or ({len(x)}, outputs) for regression" if task == "regression" else f"({len(x)},)"
+        raise DataError(f"{p}: {len(x)} feature rows but labels of shape {y.shape}; expected {expected}")
     if len(x) == 0:
         raise DataError(f"{p}: the file holds no samples")
     ds = Dataset(x, np.zeros(len(x), dtype=np.int64), name=str(p), rows=lines)

@@ -21,7 +21,7 @@ from .losses import Loss
 from .errors import CheckpointError, DataError, DlrunError, PluginError, UsageError
 from .model import Sequential
 from .plugins import relocate
-from .preflight import check_labels
+from .preflight import check_labels, check_model_indices
 from .run import build_model, load_data
 from .trainer import Trainer, predict
 
@@ -94,9 +94,9 @@ def shape_features(x: np.ndarray, input_shape: tuple, where: str) -> np.ndarray:
     return x.reshape((len(x),) + tuple(input_shape))
 
 
-def read_features(path: str | Path, input_shape: tuple, dtype=np.float64) -> np.ndarray:
+def read_features(path: str | Path, input_shape: tuple, dtype=np.float64, model=None) -> np.ndarray:
     """Features from a CSV (header optional, detected) or .npy file, shaped for the model (whose
-    floating-point type is ``dtype``)."""
+    floating-point type is ``dtype``; given the ``model``, index inputs are checked too)."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"input file not found: {p}")
@@ -122,7 +122,10 @@ def read_features(path: str | Path, input_shape: tuple, dtype=np.float64) -> np.
     bad = ~np.isfinite(x).reshape(len(x), -1).all(axis=1)
     if bad.any():
         raise DataError(f"{p}: sample {int(np.flatnonzero(bad)[0]) + 1}: features contain NaN or inf")
-    check_range(Dataset(x, np.zeros(len(x), np.int64), name=str(p)), dtype)
+    ds = Dataset(x, np.zeros(len(x), np.int64), name=str(p))
+    check_range(ds, dtype)
+    if model is not None:
+        check_model_indices(ds, model)
     return x
 
 
@@ -190,6 +193,7 @@ def evaluation_data(restored: Restored, spec: str | None = None) -> tuple[np.nda
     cfg = restored.config
     if spec is None:
         ds = load_data(cfg)
+        check_model_indices(ds, restored.model)
         if ds.x_val is not None and len(ds.x_val) and ds.name_val:
             return ds.x_val, ds.y_val, f"validation data {ds.name_val} (data.validation_path of the recorded config)"
         if ds.x_val is not None and len(ds.x_val):
@@ -204,6 +208,7 @@ def evaluation_data(restored: Restored, spec: str | None = None) -> tuple[np.nda
                             f"(data generators: {', '.join(registry.data.names())})")
     ds: Dataset = registry.data.build(value, "--data")
     check_range(ds, restored.model.dtype)
+    check_model_indices(ds, restored.model)
     check_labels(ds, restored.model, restored.loss)  # a label the model has no output for, with file:line
     x, y = ds.x, ds.y
     if ds.x_val is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .backend import format_bytes, host_memory_available, to_host
-from .data import Dataset
+from .data import Dataset, check_indices
 from .errors import ConfigError, DataError
 from .losses import Loss
 from .losses.base import BALANCED
@@ -47,6 +47,15 @@ def check_label_range(loss, model: Sequential, lo: int, hi: int) -> None:
                else check(hi + 1, outputs) if check else None)
     if problem:
         raise DataError(f"labels: the data {problem}")
+
+
+def check_model_indices(ds: Dataset, model: Sequential) -> None:
+    """For a model whose first layer takes indices (Embedding): every sample's values are whole
+    numbers within the layer's bound, or a DataError naming the sample (file:line for a CSV)."""
+    layer = model.layers[0]
+    spec = getattr(layer, "input_spec", None)
+    if getattr(spec, "kind", "") == "index":
+        check_indices(ds, f"model[0] {type(layer).__name__}", spec.index_bound(layer))
 
 
 def check_batch_memory(model: Sequential, batch: int, where=None) -> None:

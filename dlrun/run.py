@@ -17,12 +17,13 @@ import numpy as np
 from . import callbacks as controls, checkpoint, metrics, position, rundir, snapshot
 from .backend import get_backend
 from .config import Config, config_from_dict, parse_yaml
-from .data import Dataset, check_indices, check_range, load_data  # noqa: F401  (dlrun.run.load_data)
+from .data import Dataset, check_range, load_data  # noqa: F401  (dlrun.run.load_data)
 from .errors import CheckpointError, DlrunError, Interrupted, NonFiniteError, TrainingError, UsageError
 from .faults import StopOnSignal, catch_signals
 from .model import Sequential
 from .plugins import relocate
-from .preflight import balance_class_weights, check_batch_memory, check_class_weights, check_labels
+from .preflight import (balance_class_weights, check_batch_memory, check_class_weights, check_labels,
+                        check_model_indices)
 from .trainer import History, Trainer
 
 
@@ -57,8 +58,7 @@ def prepare(config: Config):
     ds = load_data(config)
     check_range(ds, config.dtype)
     model = build_model(config, ds.input_shape, backend)
-    if getattr(getattr(model.layers[0], "input_spec", None), "kind", "") == "index":
-        check_indices(ds, f"model[0] {type(model.layers[0]).__name__}")
+    check_model_indices(ds, model)
     loss = config.build("loss")
     check_class_weights(loss, model, config.locate("loss.class_weights"))
     check_labels(ds, model, loss, config.locate)

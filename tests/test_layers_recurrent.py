@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import CONFIGS, run_cli
+from conftest import CONFIGS, run_cli, write
 from dlrun import registry
 from dlrun.backend import CPU
 from dlrun.config import config_from_dict
@@ -137,3 +137,64 @@ def test_tokens_through_embedding_and_lstm_learn_which_token_came_first(tmp_path
            "train": {"epochs": 15, "batch_size": 32, "validation_split": 0.2}}
     result = train(config_from_dict(raw), tmp_path / "runs")
     assert result.history.last["val_accuracy"] > 0.95, result.history.last
+
+
+TOKENS = """\
+seed: 0
+data: {{type: file, path: {path}, features_key: x, labels_key: y}}
+model:
+  - {{type: Embedding, input_dim: 20, output_dim: 4}}
+  - {{type: LSTM, units: 5}}
+  - {{type: Linear, units: 2}}
+loss: SoftmaxCrossEntropy
+optimizer: {{type: Adam, learning_rate: 0.02}}
+train: {{epochs: 1, batch_size: 16, validation_split: 0.25}}
+"""
+
+
+def _tokens(tmp_path, name, bad=None):
+    x = np.random.default_rng(0).integers(0, 20, (40, 6))
+    if bad is not None:
+        x[bad] = 25  # past the table of 20 rows
+    np.savez(tmp_path / name, x=x, y=(x[:, 0] < 10).astype(np.int64))
+    return write(tmp_path / f"{name}.yaml", TOKENS.format(path=tmp_path / name))
+
+
+def test_a_whole_embedding_lstm_model_is_gradient_checked(tmp_path):
+    """dlrun gradcheck CONFIG drew Embedding's indices from its spec's dim name and stopped with
+    'input_spec high='D' is not a dim or an option of the layer'."""
+    r = run_cli("gradcheck", _tokens(tmp_path, "tok.npz"))
+    assert r.code == 0 and "PASS" in r.out.splitlines()[-1], r.out + r.err
+
+
+def test_an_index_past_the_embedding_is_named_with_its_sample_by_every_command(tmp_path):
+    """The layer itself said only 'Embedding: index 25 is outside [0, 20)': no file, no sample."""
+    good, bad = _tokens(tmp_path, "tok.npz"), _tokens(tmp_path, "bad.npz", bad=(7, 2))
+    want = "sample 8: model[0] Embedding takes indices in [0, 20), got 25; raise input_dim or check the data"
+    for args in (["check", bad], ["train", bad, "--runs-dir", tmp_path / "runs"]):
+        r = run_cli(*args)
+        assert r.code == 2 and r.err.count("\n") == 1 and f"bad.npz: {want}" in r.err, r.err  # sample 8 of the file
+    run_dir = tmp_path / "good"
+    assert run_cli("train", good, "--runs-dir", run_dir).code == 0
+    (run,) = run_dir.iterdir()
+    r = run_cli("evaluate", run, "--data", tmp_path / "bad.npz")
+    assert r.code == 2 and want in r.err, r.err
+    np.save(tmp_path / "bad.npy", np.load(tmp_path / "bad.npz")["x"][:10].astype(np.float64))
+    r = run_cli("predict", run, "--input", tmp_path / "bad.npy")
+    assert r.code == 2 and f"bad.npy: {want}" in r.err, r.err
+
+
+def test_regression_targets_of_several_outputs_read_from_an_npz(tmp_path):
+    """(N, K) targets (what the adding and sine generators give, saved with numpy) were refused:
+    'labels of shape (N, 1); expected (N,)'."""
+    x = np.random.default_rng(0).standard_normal((60, 5, 3))
+    np.savez(tmp_path / "seq.npz", x=x, y=np.stack([x[:, 0, 0], x[:, -1, 1]], axis=1))
+    ds = registry.data.build({"type": "file", "path": str(tmp_path / "seq.npz"), "task": "regression"})
+    assert ds.x.shape == (60, 5, 3) and ds.y.shape == (60, 2)
+    y = ds.y.copy()
+    y[4, 1] = np.nan
+    np.savez(tmp_path / "nan.npz", x=x, y=y)
+    with pytest.raises(Exception, match="nan.npz: sample 5: the target is nan"):
+        registry.data.build({"type": "file", "path": str(tmp_path / "nan.npz"), "task": "regression"})
+    with pytest.raises(Exception, match=r"labels of shape \(60, 2\); expected \(60,\)$"):
+        registry.data.build({"type": "file", "path": str(tmp_path / "seq.npz")})

@@ -27,7 +27,7 @@ def predict_cmd(
 ) -> None:
     """Write a CSV with a header and one row per input: `prediction` (class index or value)."""
     restored = open_trained(target, device, plugin)
-    x = inference.read_features(input, restored.model.input_shape, restored.model.dtype)
+    x = inference.read_features(input, restored.model.input_shape, restored.model.dtype, restored.model)
     table = inference.predictions(restored, x, proba, batch_size)
     if output is None:
         inference.write_csv(table, sys.stdout)

@@ -115,9 +115,11 @@ def draw_x(spec, batch_shape: tuple, high, dtype, rng) -> np.ndarray:
 
 
 def index_high(spec, dims: dict | None, layer) -> int:
-    h = spec.high
-    if isinstance(h, str):
-        h = bind(h, dims) if dims and h in dims else getattr(layer, h, None)
+    """The exclusive bound of index inputs: the layer's own (its option bound to ``high``, as
+    Embedding's input_dim to D), else ``high``'s size in ``dims``."""
+    h = spec.index_bound(layer)
+    if h is None and isinstance(spec.high, str) and dims and spec.high in dims:
+        h = bind(spec.high, dims)
     if not isinstance(h, (int, np.integer)):
         raise ConfigError(f"input_spec high={spec.high!r} is not a dim or an option of the layer")
     return int(h)

@@ -51,6 +51,15 @@ class InputSpec:
     options: dict = field(default_factory=dict)
     labels: Any = None
 
+    def index_bound(self, layer) -> int | None:
+        """For kind "index": the exclusive bound of a built ``layer``'s indices: ``high`` as an
+        int, else the option bound to that dim (options={"input_dim": "D"}) or named by it."""
+        h = self.high
+        if isinstance(h, str):
+            bound = next((k for k, v in self.options.items() if v == h), h)
+            h = getattr(layer, bound, None)
+        return int(h) if isinstance(h, (int, np.integer)) and not isinstance(h, bool) else None
+
 
 class Layer:
     """Base class of all layers. Subclasses need not call ``super().__init__()``.
