@@ -26,24 +26,29 @@ def _copy(param, arr):
 
 
 class _Recurrent(torch.nn.Module):
-    """torch.nn.LSTM / nn.RNN (batch_first) on a dlrun layer's weights, giving what the dlrun layer
-    gives: every state, or the last. Its parameters are also reachable by dlrun's names (weight,
-    recurrent, bias) for the optimizer; torch's second bias stays 0, outside the optimizer."""
+    """torch.nn.LSTM / GRU / RNN (batch_first) on a dlrun layer's weights, giving what the dlrun
+    layer gives: every state, or the last. Its parameters are also reachable by dlrun's names
+    (weight, recurrent, bias, recurrent_bias) for the optimizer; torch's second bias, which the
+    LSTM and SimpleRNN do not have, stays 0 outside the optimizer."""
 
     def __init__(self, layer):
         super().__init__()
         w, u = layer.params["weight"].data, layer.params["recurrent"].data
-        kind = torch.nn.LSTM if type(layer).__name__ == "LSTM" else torch.nn.RNN
+        kind = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU}.get(type(layer).__name__, torch.nn.RNN)
         self.net = kind(w.shape[1], u.shape[1], batch_first=True, bias="bias" in layer.params)
         _copy(self.net.weight_ih_l0, w)
         _copy(self.net.weight_hh_l0, u)
         self.weight, self.recurrent = self.net.weight_ih_l0, self.net.weight_hh_l0
         if "bias" in layer.params:
             _copy(self.net.bias_ih_l0, layer.params["bias"].data)
-            with torch.no_grad():
-                self.net.bias_hh_l0.zero_()
-            self.net.bias_hh_l0.requires_grad_(False)
             self.bias = self.net.bias_ih_l0
+            if "recurrent_bias" in layer.params:  # the GRU's second bias (inside its reset gate)
+                _copy(self.net.bias_hh_l0, layer.params["recurrent_bias"].data)
+                self.recurrent_bias = self.net.bias_hh_l0
+            else:
+                with torch.no_grad():
+                    self.net.bias_hh_l0.zero_()
+                self.net.bias_hh_l0.requires_grad_(False)
         self.sequences = layer.return_sequences
 
     def forward(self, x):
@@ -54,7 +59,7 @@ class _Recurrent(torch.nn.Module):
 def _module(layer, out_shape):
     name = type(layer).__name__
     nn = torch.nn
-    if name in ("LSTM", "SimpleRNN"):
+    if name in ("LSTM", "GRU", "SimpleRNN"):
         return _Recurrent(layer)
     if name == "Linear":
         w = layer.params["weight"].data

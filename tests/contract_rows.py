@@ -37,4 +37,5 @@ ROWS: dict[str, dict] = {
     # recurrent
     "SimpleRNN": {"return_sequences": True},
     "LSTM": {},
+    "GRU": {"return_sequences": True},
 }

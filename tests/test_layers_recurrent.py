@@ -1,6 +1,6 @@
-"""LSTM and SimpleRNN: outputs and every gradient against PyTorch's nn.LSTM / nn.RNN on the same
-weights (an independent implementation; skipped without torch), the recurrences written out for
-short sequences, the forget-gate bias, shape errors, and sequence models that learn."""
+"""LSTM, GRU and SimpleRNN: outputs and every gradient against PyTorch's nn.LSTM / nn.GRU / nn.RNN
+on the same weights (an independent implementation; skipped without torch), the recurrences
+written out for short sequences, the forget-gate bias, shape errors, and sequence models that learn."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,7 +26,7 @@ def _sigmoid(a):
 
 
 @pytest.mark.parametrize("return_sequences", [False, True])
-@pytest.mark.parametrize("name", ["LSTM", "SimpleRNN"])
+@pytest.mark.parametrize("name", ["LSTM", "GRU", "SimpleRNN"])
 def test_outputs_and_gradients_equal_pytorch(name, return_sequences):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(0)
@@ -38,12 +38,16 @@ def test_outputs_and_gradients_equal_pytorch(name, return_sequences):
     dy = rng.standard_normal(out.shape)
     dx = layer.backward(dy)
 
-    ref = (torch.nn.LSTM if name == "LSTM" else torch.nn.RNN)(d, units, batch_first=True).double()
+    ref = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU, "SimpleRNN": torch.nn.RNN}[name](d, units, batch_first=True)
+    ref = ref.double()
     with torch.no_grad():
         ref.weight_ih_l0.copy_(torch.from_numpy(layer.weight.data))
         ref.weight_hh_l0.copy_(torch.from_numpy(layer.recurrent.data))
         ref.bias_ih_l0.copy_(torch.from_numpy(layer.bias.data))
-        ref.bias_hh_l0.zero_()
+        if name == "GRU":  # its second bias, inside the reset gate's product
+            ref.bias_hh_l0.copy_(torch.from_numpy(layer.params["recurrent_bias"].data))
+        else:
+            ref.bias_hh_l0.zero_()
     xt = torch.from_numpy(x).requires_grad_()
     seq, _ = ref(xt)
     want = seq if return_sequences else seq[:, -1]
@@ -53,6 +57,9 @@ def test_outputs_and_gradients_equal_pytorch(name, return_sequences):
     np.testing.assert_allclose(layer.weight.grad, ref.weight_ih_l0.grad.numpy(), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(layer.recurrent.grad, ref.weight_hh_l0.grad.numpy(), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(layer.bias.grad, ref.bias_ih_l0.grad.numpy(), rtol=1e-10, atol=1e-12)
+    if name == "GRU":
+        np.testing.assert_allclose(layer.params["recurrent_bias"].grad, ref.bias_hh_l0.grad.numpy(), rtol=1e-10,
+                                   atol=1e-12)
 
 
 def test_lstm_recurrence_written_out_for_two_steps():
@@ -68,6 +75,22 @@ def test_lstm_recurrence_written_out_for_two_steps():
         i, f, g, o = _sigmoid(a[:, 0:2]), _sigmoid(a[:, 2:4]), np.tanh(a[:, 4:6]), _sigmoid(a[:, 6:8])
         c = f * c + i * g
         h = o * np.tanh(c)
+        want.append(h)
+    np.testing.assert_allclose(layer.forward(x), np.stack(want, axis=1), rtol=1e-13, atol=1e-15)
+
+
+def test_gru_recurrence_written_out_for_two_steps():
+    rng = np.random.default_rng(4)
+    layer, _ = _layer("GRU", (2, 3), units=2, return_sequences=True, bias_initializer={"type": "normal", "std": 0.5})
+    w, u, b, bu = layer.weight.data, layer.recurrent.data, layer.bias.data, layer.params["recurrent_bias"].data
+    assert w.shape == (6, 3) and u.shape == (6, 2) and bu.shape == (6,) and bu.any()
+    x = rng.standard_normal((3, 2, 3))
+    h, want = np.zeros((3, 2)), []
+    for t in range(2):
+        a, v = x[:, t] @ w.T + b, h @ u.T + bu
+        r, z = _sigmoid(a[:, 0:2] + v[:, 0:2]), _sigmoid(a[:, 2:4] + v[:, 2:4])
+        n = np.tanh(a[:, 4:6] + r * v[:, 4:6])
+        h = (1 - z) * n + z * h
         want.append(h)
     np.testing.assert_allclose(layer.forward(x), np.stack(want, axis=1), rtol=1e-13, atol=1e-15)
 
@@ -113,8 +136,9 @@ def test_the_adding_problem_targets_are_the_marked_sums():
 
 
 @pytest.mark.slow
-def test_the_shipped_lstm_config_learns_to_add(tmp_path):
-    r = run_cli("train", CONFIGS / "adding_lstm.yaml", "--runs-dir", tmp_path)
+@pytest.mark.parametrize("layer", ["LSTM", "GRU"])
+def test_the_shipped_lstm_config_learns_to_add(tmp_path, layer):
+    r = run_cli("train", CONFIGS / "adding_lstm.yaml", "--runs-dir", tmp_path, "--set", f"model[0].type={layer}")
     assert r.code == 0, r.err
     last = r.out.strip().splitlines()[-2]
     val_mse = float(last.split("val_loss=")[1].split()[0])

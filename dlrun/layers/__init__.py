@@ -3,5 +3,5 @@ registers them; ``Layer`` and ``Parameter`` are the contract user layers are wri
 from .base import InputSpec, Layer, Parameter  # noqa: F401
 from . import linear, activations, gelu  # noqa: F401  (registration side effects)
 from . import (conv2d, maxpool2d, avgpool2d, globalavgpool2d, flatten, reshape,  # noqa: F401
-               batchnorm, layernorm, dropout, embedding, simple_rnn, lstm)
+               batchnorm, layernorm, dropout, embedding, simple_rnn, lstm, gru)
 from . import large_margin, lsoftmax, requ, multiply, minmax, normalized_dense  # noqa: F401

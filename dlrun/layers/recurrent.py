@@ -1,6 +1,7 @@
-"""What the recurrent layers share: the parameters W, U, b of ``gates`` blocks, the sequence
-kept time-major for the step loop, the output (every step's h, or the last), and the gradients
-of W, U and b, each one matrix product over all the steps once backward has the gates' errors."""
+"""What the recurrent layers share: the parameters W, U, b of ``gates`` blocks (and the GRU's
+recurrent bias), the sequence kept time-major for the step loop, the output (every step's h, or
+the last), and the gradients of the parameters and the input, each one matrix product over all
+the steps once backward has the gates' errors."""
 from __future__ import annotations
 
 from ..initializers import Initializer
@@ -17,15 +18,17 @@ class Recurrent(Layer):
     (the forward recurrence) and ``steps_backward`` (through time), both time-major: ``a``
     holds x_t Wᵀ + b for every step as (T, N, gates·units) and ``hs`` the states h_0 … h_T as
     (T + 1, N, units), h_0 = 0. ``steps_backward`` gets dL/dh_t for every step (T, N, units)
-    and returns dL/da (T, N, gates·units); this class turns that into dW, dU, db and dx.
+    and returns dL/da (T, N, gates·units), from which this class computes dW, db and dx.
 
-    That last step assumes each step's pre-activation is a_t + h_{t−1}Uᵀ, as in SimpleRNN and
-    LSTM: then dU = Σ_t da_tᵀ h_{t−1}. A recurrence that uses U otherwise (a GRU's candidate
-    r ⊙ (h_{t−1}U_nᵀ), say) must override ``backward`` too, or its dU is wrong; ``dlrun
-    gradcheck`` names such a mistake (the ``recurrent`` tensor fails, on that gate's rows).
+    It computes dU (and the recurrent bias's gradient) from the errors of the recurrent terms
+    u_t = h_{t−1}Uᵀ (+ b_u): dU = Σ_t du_tᵀ h_{t−1}. Where each step's pre-activation is
+    a_t + u_t (SimpleRNN, LSTM) du = da, and ``steps_backward`` returns da alone; a recurrence
+    that uses u_t otherwise (the GRU's candidate r ⊙ u_n) returns the pair (da, du). Returning
+    da alone there gives a wrong dU, which ``dlrun gradcheck`` reports as a FAIL of ``recurrent``.
     """
 
     gates = 1
+    recurrent_bias = False  # a second bias b_u inside the recurrent term (the GRU's, as PyTorch's)
     input_spec = InputSpec(shape=("T", "D"), options={"units": "C"})
 
     def __init__(self, units: PositiveInt, return_sequences: bool = False, use_bias: bool = True,
@@ -54,10 +57,13 @@ class Recurrent(Layer):
                                      regularizer=self.weight_regularizer)
         self.recurrent = self.add_param("recurrent", (rows, self.units), self.recurrent_initializer,
                                         fan_in=self.units, fan_out=rows, regularizer=self.recurrent_regularizer)
-        self.bias = None
+        self.bias = self.u_bias = None
         if self.use_bias:
             self.bias = self.add_param("bias", (rows,), self.initial_bias(), fan_in=d, fan_out=rows,
                                        regularizer=self.bias_regularizer, regularize=False)
+            if self.recurrent_bias:
+                self.u_bias = self.add_param("recurrent_bias", (rows,), self.bias_initializer, fan_in=self.units,
+                                             fan_out=rows, regularizer=self.bias_regularizer, regularize=False)
         return (input_shape[0], self.units) if self.return_sequences else (self.units,)
 
     def initial_bias(self):
@@ -86,12 +92,15 @@ class Recurrent(Layer):
         else:  # only h_T is an output
             dh = xp.zeros((steps, n, units), dtype=dy.dtype)
             dh[steps - 1] = dy
-        da = self.steps_backward(dh)
-        da2 = da.reshape(steps * n, -1)
+        errors = self.steps_backward(dh)
+        da, du = errors if isinstance(errors, tuple) else (errors, errors)
+        da2, du2 = da.reshape(steps * n, -1), du.reshape(steps * n, -1)
         xp.matmul(da2.T, self._xt.reshape(steps * n, -1), out=self.weight.grad)
-        xp.matmul(da2.T, self._hs[:steps].reshape(steps * n, units), out=self.recurrent.grad)
+        xp.matmul(du2.T, self._hs[:steps].reshape(steps * n, units), out=self.recurrent.grad)
         if self.bias is not None:
             da2.sum(axis=0, out=self.bias.grad)
+        if self.u_bias is not None:
+            du2.sum(axis=0, out=self.u_bias.grad)
         if not self.needs_input_grad:
             return None
         return xp.ascontiguousarray(xp.matmul(da, self.weight.data).transpose(1, 0, 2))
@@ -101,5 +110,6 @@ class Recurrent(Layer):
         raise NotImplementedError
 
     def steps_backward(self, dh):  # pragma: no cover - abstract
-        """dL/da (T, N, gates·units) from dL/dh_t of the outputs (T, N, units)."""
+        """dL/da (T, N, gates·units) from dL/dh_t of the outputs (T, N, units); or the pair
+        (dL/da, dL/du) when the recurrent term u_t does not simply add to a_t (see the class)."""
         raise NotImplementedError

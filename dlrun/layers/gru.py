@@ -1,0 +1,97 @@
+"""GRU: the gated recurrent unit, as PyTorch's nn.GRU (the reset gate after the recurrent product)."""
+from __future__ import annotations
+
+from ..initializers import Initializer
+from ..options import PositiveInt
+from ..registry import layers
+from ..regularizers import Regularizer
+from .recurrent import Recurrent
+
+
+@layers.register("GRU")
+class GRU(Recurrent):
+    """r, z = σ(a_r + u_r), σ(a_z + u_z); n = tanh(a_n + r ⊙ u_n); h_t = (1 − z) ⊙ n + z ⊙ h_{t−1}.
+
+    Cho et al. (2014), as PyTorch's nn.GRU and Keras' GRU with reset_after (its default): a_t =
+    x_t Wᵀ + b and u_t = h_{t−1}Uᵀ + b_u, with W (3·units × features), U (3·units × units) and the
+    biases b and b_u (3·units each) in PyTorch's order, reset, update, new; h_0 = 0. The reset
+    gate scales the recurrent term u_n, bias included, which is why there are two biases (for r
+    and z they only add). Backward through time: with dh the error of h_t, dn = dh ⊙ (1 − z),
+    dz = dh ⊙ (h_{t−1} − n), da_n = dn ⊙ (1 − n²), du_n = da_n ⊙ r, dr = da_n ⊙ u_n, r's and z's
+    through σ' = σ(1 − σ) (their da = du), and dh_{t−1} = dh ⊙ z + du_t U.
+
+    Args:
+        units: size of the hidden state h (and of each output vector).
+        return_sequences: output h_t for every step, (N, T, units), instead of h_T alone, (N, units).
+        use_bias: add the biases b and b_u.
+        weight_initializer: initializer for W (Keras' glorot_uniform).
+        recurrent_initializer: initializer for U (orthogonal, as Keras).
+        bias_initializer: initializer for b and b_u.
+        weight_regularizer: penalty on W (overrides the run-wide regularizer).
+        recurrent_regularizer: penalty on U (overrides the run-wide regularizer).
+        bias_regularizer: penalty on b and b_u (biases are otherwise not regularized).
+
+    Shape:
+        input (N, T, features) -> output (N, units), or (N, T, units) with return_sequences.
+
+    Example:
+        ``- {type: GRU, units: 32}``
+    """
+
+    gates = 3
+    recurrent_bias = True
+
+    def __init__(self, units: PositiveInt, return_sequences: bool = False, use_bias: bool = True,
+                 weight_initializer: Initializer = "xavier_uniform",
+                 recurrent_initializer: Initializer = "orthogonal",
+                 bias_initializer: Initializer = "zeros",
+                 weight_regularizer: Regularizer | None = None,
+                 recurrent_regularizer: Regularizer | None = None,
+                 bias_regularizer: Regularizer | None = None):
+        super().__init__(units, return_sequences, use_bias, weight_initializer, recurrent_initializer,
+                         bias_initializer, weight_regularizer, recurrent_regularizer, bias_regularizer)
+
+    def steps(self, a, hs):
+        xp, u, h = self.xp, self.recurrent.data, self.units
+        self._us = us = xp.empty_like(a)  # the recurrent terms u_t, kept for backward (u_n and the reset)
+        for t in range(len(a)):
+            xp.matmul(hs[t], u.T, out=us[t])
+            if self.u_bias is not None:
+                us[t] += self.u_bias.data
+            z = a[t]  # becomes the gates r, z, n in place
+            z[:, :2 * h] += us[t, :, :2 * h]
+            xp.tanh(xp.multiply(z[:, :2 * h], 0.5, out=z[:, :2 * h]), out=z[:, :2 * h])  # σ = (1 + tanh(a/2))/2
+            z[:, :2 * h] += 1
+            z[:, :2 * h] *= 0.5
+            r, n = z[:, :h], z[:, 2 * h:]
+            n += r * us[t, :, 2 * h:]
+            xp.tanh(n, out=n)
+            # h_t = n + z ⊙ (h_{t-1} − n)
+            xp.subtract(hs[t], n, out=hs[t + 1])
+            hs[t + 1] *= z[:, h:2 * h]
+            hs[t + 1] += n
+        self._gates = a
+
+    def steps_backward(self, dh):
+        xp, uw, h = self.xp, self.recurrent.data, self.units
+        gates, us, hs = self._gates, self._us, self._hs
+        da = xp.empty_like(gates)
+        du = xp.empty_like(gates)
+        for t in range(len(dh) - 1, -1, -1):
+            g, d, e = gates[t], da[t], du[t]
+            r, z, n = g[:, :h], g[:, h:2 * h], g[:, 2 * h:]
+            if t < len(dh) - 1:  # what h_t passed on to step t + 1: directly, and through u_{t+1}
+                dh[t] += dh[t + 1] * gates[t + 1][:, h:2 * h]
+                dh[t] += xp.matmul(du[t + 1], uw)
+            dn = d[:, 2 * h:]
+            xp.subtract(1, z, out=dn)
+            dn *= dh[t]
+            dn *= 1 - n * n  # da_n
+            xp.multiply(dn, r, out=e[:, 2 * h:])  # du_n = da_n ⊙ r
+            xp.multiply(dn, us[t, :, 2 * h:], out=d[:, :h])  # dr
+            d[:, :h] *= r * (1 - r)
+            xp.subtract(hs[t], n, out=d[:, h:2 * h])  # dz
+            d[:, h:2 * h] *= dh[t]
+            d[:, h:2 * h] *= z * (1 - z)
+            e[:, :2 * h] = d[:, :2 * h]  # r and z see a_t + u_t
+        return da, du
