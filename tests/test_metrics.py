@@ -317,11 +317,13 @@ BROKEN = {
     "taken": ('@metrics.register("loss")', 'task = "classification"', "mode = 'min'", "",
               "metric 'loss' does not follow the metric contract: the name 'loss' is taken"),
     "mode": ("@metrics.register()", 'task = "classification"', "mode = 'minimise'", "",
-             "mode must be 'min' (lower is better) or 'max', got 'minimise'"),
+             "set its mode to 'min' (lower is better) or 'max' (a class attribute), got 'minimise'"),
     "task": ("@metrics.register()", 'task = "segmentation"', "mode = 'min'", "",
-             "task must be 'classification' or 'regression', got 'segmentation'"),
+             "set its task to 'classification' or 'regression' (a class attribute), got 'segmentation'"),
     "no-size": ("@metrics.register()", 'task = "classification"', "mode = 'min'", "nosize",
                 "does not implement size"),
+    "no-mode": ("@metrics.register()", 'task = "classification"', "", "",
+                "set its mode to 'min' (lower is better) or 'max' (a class attribute), got None"),
 }
 
 
@@ -365,6 +367,8 @@ from dlrun.registry import metrics
 
 @metrics.register()
 class odd(Metric):
+    task, mode = "classification", "max"
+
     def size(self):
         return {body['size']}
 
@@ -393,3 +397,31 @@ def test_a_resume_error_in_a_recorded_key_names_the_checkpoint_not_another_set(t
     assert r.code == 2 and r.err.count("\n") == 1, r.err
     assert r.err.startswith(f"error: {first / 'checkpoints' / 'last.npz'}: train.early_stopping.monitor: monitor "
                             f"'val_f1': the run does not record f1"), r.err
+
+
+def test_the_plugin_metric_in_the_docs_works_as_written(tmp_path):
+    """docs/training.md's max_error example, copied from the page: registered, recorded, monitored,
+    and its val_ value the largest |z - y| of the final model on the validation data."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page[page.index("Your own metric is a plugin class"):], re.S).group(1)
+    plugin = write(tmp_path / "max_error.py", code)
+    cfg = write(tmp_path / "reg.yaml", f"""\
+seed: 0
+plugins: [{plugin}]
+data: {{type: sine, samples: 200}}
+model: [{{type: Linear, units: 16}}, Tanh, {{type: Linear, units: 1}}]
+loss: MSE
+optimizer: {{type: Adam, learning_rate: 0.01}}
+train: {{epochs: 3, validation_split: 0.2, metrics: [max_error, mae], monitor: val_max_error}}
+""")
+    try:
+        result = run.train(load_config(cfg), tmp_path / "runs")
+        ds = run.load_data(load_config(cfg))
+    finally:
+        registry.metrics.unregister("max_error")
+    z = result.trainer.model.predict(ds.x_val)
+    want = np.abs(z - ds.y_val.reshape(z.shape).astype(np.float32)).max()
+    assert result.history.last["val_max_error"] == pytest.approx(float(want), rel=1e-6)
+    assert result.summary["best"]["monitor"] == "val_max_error" and result.summary["best"]["mode"] == "min"

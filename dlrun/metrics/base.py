@@ -21,8 +21,8 @@ class Metric:
     ``update`` and ``result``. Its name in metrics.csv is the registered name, with a train_
     and a val_ prefix."""
 
-    task = "classification"  # the loss task whose outputs it scores: classification or regression
-    mode = "max"  # whether higher (max) or lower (min) is better: early stopping's mode: auto
+    task: str | None = None  # the loss task whose outputs it scores: "classification" or "regression"
+    mode: str | None = None  # whether higher ("max") or lower ("min") is better: early stopping's mode auto
     recorded_always = False  # the trainer records it for every run of its task (accuracy)
 
     def setup(self, loss, outputs: int) -> str | None:
@@ -67,9 +67,9 @@ def contract_problem(cls, registered: str) -> str | None:
     if registered in RESERVED:
         return f"the name {registered!r} is taken: train_{registered} and val_{registered} are recorded for every run"
     if cls.task not in ("classification", "regression"):
-        return f"task must be 'classification' or 'regression', got {cls.task!r}"
+        return f"set its task to 'classification' or 'regression' (a class attribute), got {cls.task!r}"
     if cls.mode not in ("min", "max"):
-        return f"mode must be 'min' (lower is better) or 'max', got {cls.mode!r}"
+        return f"set its mode to 'min' (lower is better) or 'max' (a class attribute), got {cls.mode!r}"
     return None
 
 

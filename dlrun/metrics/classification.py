@@ -55,6 +55,7 @@ class Accuracy(Metric):
     """Σ 1[predicted class = label] / N. Recorded for every classification run (train_accuracy,
     val_accuracy) whether listed or not."""
 
+    task, mode = "classification", "max"
     recorded_always = True
 
     def size(self):
@@ -76,6 +77,8 @@ class TopKAccuracy(Metric):
     Args:
         k: how many of the highest-scoring classes may hold the label; below the number of classes.
     """
+
+    task, mode = "classification", "max"
 
     def __init__(self, k: PositiveInt = 5):
         self.k = k
@@ -107,6 +110,7 @@ class TopKAccuracy(Metric):
 class _FromConfusion(Metric):
     """A metric computed from the epoch's confusion matrix (C² counts, summed on the device)."""
 
+    task, mode = "classification", "max"
     measure = ""
 
     def __init__(self, average: Literal["macro", "weighted", "binary"] = "macro"):
