@@ -58,6 +58,9 @@ class Sequential:
                 where = locate(f"model[{i}]") if locate else Location(path=f"model[{i}]")
                 name = type(layer).__name__
                 msg = e.message if e.message.startswith(name) else f"{name}: {e.message}"
+                if i and getattr(self.layers[i - 1], "return_sequences", False):  # a sequence where a vector was meant
+                    msg += (f" (model[{i - 1}] gives every step, return_sequences: true; set it to false for the "
+                            f"last state)")
                 raise ShapeError(msg, where) from None
             except (ValueError, TypeError, OverflowError, MemoryError) as e:
                 where = locate(f"model[{i}]") if locate else Location(path=f"model[{i}]")

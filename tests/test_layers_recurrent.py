@@ -127,6 +127,16 @@ def test_a_recurrent_layer_on_flat_input_names_the_shape_it_needs():
     assert "got input of shape (4,) per sample" in str(e.value)
 
 
+def test_a_sequence_given_where_a_vector_is_read_points_at_return_sequences():
+    raw = {"seed": 0, "data": {"type": "adding", "samples": 40, "steps": 5},
+           "model": [{"type": "GRU", "units": 3, "return_sequences": True}, {"type": "Linear", "units": 1}],
+           "loss": "MSE", "optimizer": {"type": "Adam", "learning_rate": 0.01}}
+    with pytest.raises(ConfigError) as e:
+        prepare(config_from_dict(raw))
+    assert ("model[1]: Linear expects (N, features) input; add a Flatten before it, got input of shape (5, 3) per "
+            "sample (model[0] gives every step, return_sequences: true; set it to false for the last state)") in str(e.value)
+
+
 def test_the_adding_problem_targets_are_the_marked_sums():
     ds = registry.data.build({"type": "adding", "samples": 50, "steps": 7, "seed": 4})
     assert ds.x.shape == (50, 7, 2) and ds.y.shape == (50, 1)
