@@ -232,9 +232,10 @@ def load_control_states(controls, states: list[dict]) -> None:
             c.load_state_dict(by_type[type(c).__name__])
 
 
-def from_config(config, has_validation: bool, classification: bool, metrics: tuple[str, ...] = ()) -> list[Callback]:
+def from_config(config, has_validation: bool, classification: bool, metrics: dict | None = None) -> list[Callback]:
     """The callbacks ``config.train`` asks for: clipping, schedule, early stopping (in that order);
-    ``metrics``: the names of the train.metrics the run records, which they may monitor."""
+    ``metrics``: the train.metrics the run records, which they may monitor (name: mode)."""
+    metrics = metrics or {}
     t, out = config.train, []
     if t.clip_norm is not None or t.clip_value is not None:
         out.append(GradientClipping(t.clip_norm, t.clip_value))
@@ -242,13 +243,17 @@ def from_config(config, has_validation: bool, classification: bool, metrics: tup
         schedule = registry.schedules.build(t.schedule, "train.schedule", config.locate)
         if schedule.monitor is not None:
             check_monitor(schedule.monitor, "train.schedule.monitor", has_validation, classification,
-                          config.locate, metrics)
+                          config.locate, tuple(metrics))
+            if (getattr(schedule, "spec", None) or {}).get("mode", "auto") == "auto":  # a named metric's own mode
+                schedule.mode = resolve_mode("auto", schedule.monitor, metrics)
         if t.schedule_interval == "step" and not schedule.per_step():
             raise ConfigError(f"schedule {schedule!r} defines a rate per epoch only (value), not per step (at); "
                               f"set train.schedule_interval: epoch", config.locate("train.schedule_interval"))
         out.append(LearningRateScheduler(schedule, t.epochs, t.schedule_interval))
     if t.early_stopping is not None:
         check_monitor(t.early_stopping.monitor, "train.early_stopping.monitor", has_validation, classification,
-                      config.locate, metrics)
-        out.append(EarlyStopping(**asdict(t.early_stopping)))
+                      config.locate, tuple(metrics))
+        stopping = asdict(t.early_stopping)
+        stopping["mode"] = resolve_mode(stopping["mode"], stopping["monitor"], metrics)
+        out.append(EarlyStopping(**stopping))
     return out

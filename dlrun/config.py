@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import registry
+from .metrics.base import split_entry
 from .config_yaml import Source, _join, apply_override, dump_yaml, key_paths, parse_value, parse_yaml  # noqa: F401
 from .errors import ConfigError, DlrunError, Location, collect
 from .options import FilePath, NonNegativeInt, OptionError, _got, check_value, did_you_mean, recorded
@@ -223,7 +224,10 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
         train.metrics = None
     for path, spec in specs + [(f"train.metrics[{i}]", m) for i, m in enumerate(train.metrics or [])]:
         try:
-            (registry.schedules if path == "train.schedule" else registry.metrics).build(spec, path, locate)
+            if path == "train.schedule":
+                registry.schedules.build(spec, path, locate)
+            else:  # a metric entry may name its columns (name:), which is not the metric's option
+                registry.metrics.build(split_entry(spec, path, locate)[0], path, locate)
         except DlrunError as e:
             errors.append(e)
     errors.extend(monitor_errors(train, locate))

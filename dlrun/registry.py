@@ -36,6 +36,7 @@ class Registry:
         self._entries: dict[str, Any] = {}
         self._origin: dict[str, str] = {}
         self.entry_keys: tuple[str, ...] = ()  # keys every entry may carry besides its options (model: trainable)
+        self.entry_section = ""  # where such entries are written (model, train.metrics)
 
     def __contains__(self, name: str) -> bool:
         load_builtins()
@@ -162,9 +163,10 @@ class Registry:
         kwargs = {}
         for key, value in given.items():
             kpath = f"{path}.{key}" if path else str(key)
-            if key in self.entry_keys:  # a model entry's key (trainable), given where no model entry is
-                errors.append(ConfigError(f"{key!r} is a key of a model entry (model[i].{key}), not an option of "
-                                          f"{self.kind} {name}; give it in a config's model list", locate(kpath)))
+            if key in self.entry_keys:  # an entry's key (a layer's trainable), given where no entry is
+                section = self.entry_section
+                errors.append(ConfigError(f"{key!r} is a key of a {section} entry ({section}[i].{key}), not an option "
+                                          f"of {self.kind} {name}; give it in a config's {section} list", locate(kpath)))
                 continue
             if key not in opts:
                 valid = ", ".join(opts) or "(none)"
@@ -211,7 +213,7 @@ class Registry:
 
 
 layers = Registry("layer", "layers")
-layers.entry_keys = ("trainable",)  # a model entry's trainable: false (config.build_layer)
+layers.entry_keys, layers.entry_section = ("trainable",), "model"  # trainable: false (config.build_layer)
 initializers = Registry("initializer", "initializers")
 losses = Registry("loss", "losses")
 regularizers = Registry("regularizer", "regularizers")
@@ -219,6 +221,7 @@ optimizers = Registry("optimizer", "optimizers")
 data = Registry("data generator", "data generators")
 schedules = Registry("schedule", "schedules")
 metrics = Registry("metric", "metrics")
+metrics.entry_keys, metrics.entry_section = ("name",), "train.metrics"  # its columns' name (metrics.build)
 
 REGISTRIES = {
     "layers": layers,

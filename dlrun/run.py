@@ -81,15 +81,15 @@ def _monitor(config: Config, ds: Dataset, trainer: Trainer) -> tuple[str, str]:
     stopping = config.train.early_stopping
     if config.train.monitor is None and stopping is not None:
         return snapshot.resolve_monitor(stopping.monitor, has_val, trainer.classification, config.locate,
-                                        stopping.mode, trainer.tracker.names, "train.early_stopping.monitor")
+                                        stopping.mode, trainer.tracker.modes, "train.early_stopping.monitor")
     return snapshot.resolve_monitor(config.train.monitor, has_val, trainer.classification, config.locate,
-                                    metrics=trainer.tracker.names)
+                                    metrics=trainer.tracker.modes)
 
 
 def train_controls_for(config: Config, ds: Dataset, trainer: Trainer) -> list:
     """Clipping, schedule and early stopping from ``train:`` (raises before any file is written)."""
     has_val = ds.x_val is not None and len(ds.x_val) > 0
-    return controls.from_config(config, has_val, trainer.classification, trainer.tracker.names)
+    return controls.from_config(config, has_val, trainer.classification, trainer.tracker.modes)
 
 
 def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks, extra: dict,

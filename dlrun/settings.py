@@ -83,7 +83,7 @@ class TrainSettings:
 def monitor_errors(train: TrainSettings, locate) -> list:
     """Monitors that name no metric the run could record (loss, accuracy, train.metrics'), found
     with the rest of the config's errors; whether the data gives them is checked when it is loaded."""
-    listed = tuple(m if isinstance(m, str) else m.get("type") if isinstance(m, dict) else None
+    listed = tuple(m if isinstance(m, str) else m.get("name", m.get("type")) if isinstance(m, dict) else None
                    for m in train.metrics or ())
     stopping = train.early_stopping.monitor if train.early_stopping is not None else None
     errors = []

@@ -127,13 +127,14 @@ def frozen_changed(recorded: dict | None, frozen) -> str | None:
 
 
 def resolve_monitor(monitor: str | None, has_val: bool, classification: bool, locate=None,
-                    mode: str = "auto", metrics: tuple[str, ...] = (), path: str = "train.monitor") -> tuple[str, str]:
+                    mode: str = "auto", metrics: dict | None = None, path: str = "train.monitor") -> tuple[str, str]:
     """The metric that picks best.npz and whether lower ("min") or higher ("max") is better
     (``mode``: early stopping's, when best.npz follows it); a ConfigError located by ``locate``
-    (config.locate) at ``path`` when the run will not produce it (``metrics``: train.metrics' names)."""
+    (config.locate) at ``path`` when the run will not produce it (``metrics``: train.metrics',
+    name: mode)."""
     name = monitor or ("val_loss" if has_val else "train_loss")
-    check_monitor(name, path, has_val, classification, locate or (lambda path: None), metrics)
-    return name, resolve_mode(mode, name)
+    check_monitor(name, path, has_val, classification, locate or (lambda path: None), tuple(metrics or ()))
+    return name, resolve_mode(mode, name, metrics)
 
 
 class CheckpointWriter(Callback):

@@ -425,3 +425,39 @@ train: {{epochs: 3, validation_split: 0.2, metrics: [max_error, mae], monitor: v
     want = np.abs(z - ds.y_val.reshape(z.shape).astype(np.float32)).max()
     assert result.history.last["val_max_error"] == pytest.approx(float(want), rel=1e-6)
     assert result.summary["best"]["monitor"] == "val_max_error" and result.summary["best"]["mode"] == "min"
+
+
+def test_a_metric_recorded_twice_under_names_of_its_own(tmp_path):
+    """Keras' name=: macro and weighted F1 side by side, monitored by their names in their own
+    direction (a named metric is not in the registry, so its mode comes from the metric)."""
+    from dlrun.callbacks import EarlyStopping, LearningRateScheduler
+
+    raw = json.loads(json.dumps(BASE))
+    raw["train"].update({"metrics": ["f1", {"type": "f1", "average": "weighted", "name": "f1_weighted"}],
+                         "early_stopping": {"monitor": "val_f1_weighted", "patience": 9},
+                         "schedule": {"type": "reduce_on_plateau", "monitor": "val_f1_weighted"}})
+    config = config_from_dict(raw)
+    ds, trainer = run.prepare(config)
+    assert trainer.tracker.names == ("f1", "f1_weighted") and trainer.tracker.modes["f1_weighted"] == "max"
+    controls = run.train_controls_for(config, ds, trainer)
+    assert next(c for c in controls if isinstance(c, EarlyStopping)).mode == "max"
+    assert next(c for c in controls if isinstance(c, LearningRateScheduler)).schedule.mode == "max"
+    result = run.train(config_from_dict(raw), tmp_path)
+    row = result.history.last
+    table = per_class_oracle(ds.y_val, result.trainer.model.predict(ds.x_val).argmax(1), 3)
+    assert row["val_f1_weighted"] == pytest.approx((table[:, 2] * table[:, 3]).sum() / table[:, 3].sum(), rel=1e-9)
+    assert row["val_f1"] == pytest.approx(table[:, 2].mean(), rel=1e-9)
+    assert result.summary["best"] == {**result.summary["best"], "monitor": "val_f1_weighted", "mode": "max"}
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"type": "f1", "name": "Weighted F1"}, "train.metrics[0].name: expected a name of lower-case letters"),
+    ({"type": "f1", "name": "accuracy"}, "train.metrics[0].name: the name 'accuracy' is taken"),
+    ({"type": "f1", "nmae": "x"}, "unknown option 'nmae' for metric f1 (did you mean name?)"),
+])
+def test_a_metric_name_that_cannot_name_columns_is_refused_with_the_config(entry, message):
+    raw = json.loads(json.dumps(BASE))
+    raw["train"]["metrics"] = [entry]
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(raw)  # found with the config's other errors, before any data is read
+    assert message in str(e.value)

@@ -9,6 +9,8 @@ metric of the whole epoch's samples, not a mean of batch values (for F1 or RMSE 
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from ..docstrings import signature
@@ -96,6 +98,7 @@ class Tracker:
         self.length = start
         self.names = tuple(name(m) for m in self.metrics)
         self.described = tuple(describe(m) for m in self.metrics)
+        self.modes = {name(m): m.mode for m in self.metrics}
 
     def zeros(self, start=None):
         """A fresh vector of sums on the device (None without metrics); ``start`` (host values)
@@ -142,7 +145,27 @@ def _value(metric: Metric, v) -> float | None:
 
 
 def name(metric: Metric) -> str:
-    return getattr(metric, "registered_name", type(metric).__name__)
+    """The name of a metric's columns: the entry's ``name``, else the registered name."""
+    return getattr(metric, "column", None) or getattr(metric, "registered_name", type(metric).__name__)
+
+
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def split_entry(spec, path: str, locate) -> tuple:
+    """(the component spec, the entry's ``name`` or None) for a train.metrics entry: ``name``
+    (Keras' name=) names the columns, so that one metric can be recorded with two options
+    ({type: f1, average: weighted, name: f1_weighted}). A ConfigError for a name that could not
+    be a column."""
+    if not (isinstance(spec, dict) and "name" in spec):
+        return spec, None
+    column = spec["name"]
+    if not (isinstance(column, str) and _NAME.fullmatch(column)) or column in RESERVED:
+        why = (f"the name {column!r} is taken by the columns every run has" if column in RESERVED else
+               f"expected a name of lower-case letters, digits and _ starting with a letter (it names the "
+               f"columns train_NAME and val_NAME), got {column!r}")
+        raise ConfigError(why, locate(f"{path}.name"))
+    return {k: v for k, v in spec.items() if k != "name"}, column
 
 
 def describe(metric: Metric) -> str:
@@ -160,13 +183,15 @@ def build(specs, loss, outputs: int, locate=None) -> list[Metric]:
     locate = locate or (lambda path: Location(path=path))
     task = getattr(loss, "task", "classification")
     chosen, seen = [], {}
-    for i, spec in enumerate(specs or ()):
+    for i, entry in enumerate(specs or ()):
         path = f"train.metrics[{i}]"
+        spec, column = split_entry(entry, path, locate)
         m = metrics.build(spec, path, locate)
+        m.column = column
         n = name(m)
         if n in seen:
-            raise ConfigError(f"metric {n} is listed twice (also at train.metrics[{seen[n]}]); each metric is "
-                              f"recorded once", locate(path))
+            raise ConfigError(f"metric {n} is listed twice (also at train.metrics[{seen[n]}]); to record it with "
+                              f"other options too, give that entry a name of its own (name: {n}_2)", locate(path))
         seen[n] = i
         if m.task != task:
             kind = "class labels" if m.task == "classification" else "regression targets"
@@ -185,12 +210,15 @@ def for_task(task: str) -> list[str]:
     return [n for n in metrics.names() if getattr(metrics.get(n), "task", None) == task]
 
 
-def metric_mode(monitor: str) -> str:
+def metric_mode(monitor: str, modes: dict | None = None) -> str:
     """Whether ``monitor`` (train_loss, val_mae, ...) improves downwards ("min") or upwards
-    ("max"): losses min, accuracies max, a registered metric by its ``mode``."""
+    ("max"): losses min, accuracies max, a metric by its ``mode`` (``modes``: the run's, by
+    column name; else the registered metric of that name)."""
     n = monitor.removeprefix("train_").removeprefix("val_")
     if n == "loss":
         return "min"
+    if modes and n in modes:
+        return modes[n]
     if n in metrics:
         return getattr(metrics.get(n), "mode", "min")
     return "max" if "accuracy" in n else "min"

@@ -53,10 +53,10 @@ class Schedule:
 schedules.base = Schedule
 
 
-def resolve_mode(mode: str, monitor: str) -> str:
+def resolve_mode(mode: str, monitor: str, modes: dict | None = None) -> str:
     """'auto' means the metric's own direction: max for accuracies, F1 and R², min for losses and
-    errors (as Keras)."""
-    return mode if mode != "auto" else metric_mode(monitor)
+    errors (as Keras); ``modes``: the run's metrics' by column name (a metric given a name)."""
+    return mode if mode != "auto" else metric_mode(monitor, modes)
 
 
 def improved(current: float, best: float, mode: str, min_delta: float) -> bool:
