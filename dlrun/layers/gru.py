@@ -1,10 +1,7 @@
 """GRU: the gated recurrent unit, as PyTorch's nn.GRU (the reset gate after the recurrent product)."""
 from __future__ import annotations
 
-from ..initializers import Initializer
-from ..options import PositiveInt
 from ..registry import layers
-from ..regularizers import Regularizer
 from .recurrent import Recurrent
 
 
@@ -40,16 +37,6 @@ class GRU(Recurrent):
 
     gates = 3
     recurrent_bias = True
-
-    def __init__(self, units: PositiveInt, return_sequences: bool = False, use_bias: bool = True,
-                 weight_initializer: Initializer = "xavier_uniform",
-                 recurrent_initializer: Initializer = "orthogonal",
-                 bias_initializer: Initializer = "zeros",
-                 weight_regularizer: Regularizer | None = None,
-                 recurrent_regularizer: Regularizer | None = None,
-                 bias_regularizer: Regularizer | None = None):
-        super().__init__(units, return_sequences, use_bias, weight_initializer, recurrent_initializer,
-                         bias_initializer, weight_regularizer, recurrent_regularizer, bias_regularizer)
 
     def steps(self, a, hs):
         xp, u, h = self.xp, self.recurrent.data, self.units
