@@ -43,10 +43,12 @@ class TimingReport:
     device: str
     order: tuple[int, ...] = ()   # the model's execution order (Sequential.order): the rows' order
     finite: bool = True           # False when the loss became NaN or inf during the timed steps
+    metrics: PartTiming | None = None  # train.metrics' sums, when the config has any
 
     @property
     def parts_total(self) -> float:
-        return sum(p.total for p in self.layers) + self.loss.total + self.optimizer
+        return (sum(p.total for p in self.layers) + self.loss.total + self.optimizer
+                + (self.metrics.total if self.metrics else 0.0))
 
 
 def time_config(config: Config, batches: int = 20, warmup: int = 2) -> TimingReport:
@@ -61,7 +63,8 @@ def time_config(config: Config, batches: int = 20, warmup: int = 2) -> TimingRep
     layers = [model.layers[i] for i in model.order]  # execution order (see Sequential.order)
     fwd = [[] for _ in layers]
     bwd = [[] for _ in layers]
-    loss_f, loss_b, opt_t, step_t = [], [], [], []
+    loss_f, loss_b, opt_t, step_t, metric_t = [], [], [], [], []
+    sums = trainer.tracker.zeros()  # None without train.metrics
     sync = backend.synchronize
     clock = time.perf_counter
     trainer._fast_mode(True)
@@ -90,6 +93,11 @@ def time_config(config: Config, batches: int = 20, warmup: int = 2) -> TimingRep
             sync()
             keep and loss_f.append(clock() - t0)
             finite = backend.xp.logical_and(finite, backend.xp.isfinite(value))  # (outside the timed part)
+            if sums is not None:  # as training adds them, right after the loss's forward
+                t0 = clock()
+                trainer.tracker.add(sums, h, yb, loss)
+                sync()
+                keep and metric_t.append(clock() - t0)
             t0 = clock()
             dy = loss.backward()
             sync()
@@ -114,5 +122,7 @@ def time_config(config: Config, batches: int = 20, warmup: int = 2) -> TimingRep
     rows = [PartTiming(f"{model.order[k]} {type(layer).__name__}", shape, med(fwd[k]), med(bwd[k]) if bwd[k] else None)
             for k, (layer, shape) in enumerate(zip(layers, model.order_shapes))]
     finite = bool(finite)
+    metrics = (PartTiming(f"metrics {', '.join(trainer.tracker.names)}", None, med(metric_t), None)
+               if metric_t else None)
     return TimingReport(rows, PartTiming(f"loss {type(loss).__name__}", None, med(loss_f), med(loss_b)), med(opt_t),
-                        med(step_t), batches, bs, backend.name, model.order, finite)
+                        med(step_t), batches, bs, backend.name, model.order, finite, metrics)

@@ -94,3 +94,13 @@ def test_time_notes_a_non_finite_loss_even_from_a_reused_buffer(cli, tmp_path):
     r = cli("time", cfg, "--batches", "4")
     assert r.code == 0, r.err
     assert "the loss became NaN or inf during these steps" in r.out, r.out
+
+
+def test_time_shows_what_train_metrics_cost_per_batch():
+    """train.metrics add their sums after every batch's loss: a part of the step, timed as one."""
+    plain = time_config(load_config(CONFIGS / "spiral.yaml", ["train.batch_size=64"]), batches=3)
+    assert plain.metrics is None
+    r = time_config(load_config(CONFIGS / "spiral.yaml", ["train.batch_size=64",
+                                                            "train.metrics=[f1, {type: top_k_accuracy, k: 2}]"]), 3)
+    assert r.metrics.name == "metrics f1, top_k_accuracy" and r.metrics.forward > 0 and r.metrics.backward is None
+    assert r.parts_total == sum(p.total for p in r.layers) + r.loss.total + r.optimizer + r.metrics.forward

@@ -46,9 +46,12 @@ def time_cmd(
     for p in r.layers:
         row(p.name, p.output_shape, p.forward, p.backward)
     row(r.loss.name, None, r.loss.forward, r.loss.backward)
+    if r.metrics is not None:  # train.metrics: their sums, per batch
+        row(r.metrics.name, None, r.metrics.forward, None)
     t.add_row("optimizer step", "", "", "", _ms(r.optimizer), f"{100 * r.optimizer / total:.1f}%" if total > 0 else "-")
     t.add_section()
-    t.add_row("total of parts", "", _ms(sum(p.forward or 0 for p in r.layers) + r.loss.forward),
+    t.add_row("total of parts", "", _ms(sum(p.forward or 0 for p in r.layers) + r.loss.forward
+                                        + (r.metrics.forward if r.metrics else 0.0)),
               _ms(sum(p.backward or 0 for p in r.layers) + r.loss.backward + r.optimizer), _ms(total), "100.0%")
     t.add_row("whole step", "", "", "", _ms(r.step), "")
     notes = []
