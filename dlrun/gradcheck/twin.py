@@ -98,11 +98,33 @@ def float64_side(h: Harness, point, out0: np.ndarray, trainable: dict) -> Side |
     except (LayerRaised, ContractError) as e:
         return f"its float64 instance raised: {e}"
     out64 = np.asarray(to_host(out), dtype=np.float64)
-    problem = disagreement(out64, out0)
+    problem = disagreement(out64, out0) or _stuck_in_float32(ref, x, y, out64)
     if problem:
         return problem
     arrays = {"x": x, **{n: copy.params[n].data for n in trainable}}
     return Side(ref, x, y, arrays, sig0, out64, "float64")
+
+
+# a relative step float64 resolves (2⁻⁵³ ≈ 1e-16) and float32 loses (2⁻²⁴ ≈ 6e-8)
+RESOLUTION_STEP = 1e-9
+
+
+def _stuck_in_float32(ref: Harness, x, y, out64: np.ndarray) -> str | None:
+    """Why the twin computes in float32 whatever it is given, or None: its output does not move
+    at all when every input element moves by RESOLUTION_STEP of itself (a layer that casts its
+    input to float32 loses such a step). Its differences, taken with float64's step 1e-6 on a
+    float32-rounded function, would fail a correct backward; float32's step must be used."""
+    if getattr(getattr(x, "dtype", None), "kind", "") != "f" or not out64.size or not (x != 0).any():
+        return None  # indices, nothing to compare, or nothing a relative step moves
+    try:  # (x holds float32 values exactly: x·(1 + 1e-9) rounds back to them in float32)
+        moved = np.asarray(to_host(ref.forward(x * (1.0 + RESOLUTION_STEP), y)), dtype=np.float64)
+        ref.forward(x, y)  # leave its caches as the point left them
+    except (LayerRaised, ContractError):
+        return None
+    if np.array_equal(moved, out64):
+        return (f"its output does not move when the input moves by {RESOLUTION_STEP:g} of itself, which float64 "
+                f"resolves: it computes in float32 whatever it is given")
+    return None
 
 
 def disagreement(out64, out32) -> str | None:
