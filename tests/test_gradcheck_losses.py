@@ -208,3 +208,42 @@ def test_check_all_reports_progress_before_each_check():
     expected = ["ReLU", "Linear", *registry.losses.names(), *registry.regularizers.names()]
     assert seen == [(name, i + 1, len(expected)) for i, name in enumerate(expected)]
     assert [r.layer for r in reports] == expected
+
+
+def test_a_loss_or_penalty_that_raises_is_named_with_its_line(cli, tmp_path):
+    """Layers' errors carried their plugin's file:line; a loss's or a regularizer's did not."""
+    plugin = write(tmp_path / "raising.py", '''
+import numpy as np
+from dlrun.losses import Loss
+from dlrun.registry import losses, regularizers
+from dlrun.regularizers import Regularizer
+
+
+@losses.register()
+class IndexPast(Loss):
+    """A loss whose forward indexes past the scores."""
+
+    def forward(self, z, y):
+        return float(z[np.arange(len(y)), y + 10].mean())
+
+    def backward(self):
+        return None
+
+
+@regularizers.register()
+class Misspelt(Regularizer):
+    """A regularizer with a typo in its penalty."""
+
+    def __init__(self, strength: float = 0.1):
+        self.strength = strength
+
+    def penalty(self, w):
+        return self.strenght * float((w * w).sum())
+
+    def add_gradient(self, w, grad):
+        grad += 2 * self.strength * w
+''')
+    r = cli("gradcheck", "IndexPast", "--plugin", plugin)
+    assert r.code == 2 and "forward raised IndexError: index" in r.out + r.err and "(raising.py:13)" in r.out + r.err
+    r = cli("gradcheck", "Misspelt", "--plugin", plugin)
+    assert r.code == 2 and "penalty raised AttributeError" in r.out + r.err and "(raising.py:27)" in r.out + r.err

@@ -20,6 +20,7 @@ import numpy as np
 from .. import registry
 from ..errors import UsageError
 from ..backend import to_host
+from ..contract import source_line
 from ..losses.base import BALANCED
 from . import aux, device as devices, inputs, kinks, twin
 from .numeric import TensorRun, check_tensor
@@ -34,8 +35,10 @@ class LossRaised(Exception):
 def user_call(what: str, fn, *args):
     try:
         return fn(*args)
-    except Exception as e:  # the loss's own code: name the call
-        raise LossRaised(f"{what} raised {type(e).__name__}: {e}") from e
+    except Exception as e:  # the loss's (or penalty's) own code: name the call and its line
+        owner = getattr(fn, "__self__", None)
+        at = source_line(owner, e) if owner is not None else ""
+        raise LossRaised(f"{what} raised {type(e).__name__}: {e}{at}") from e
 
 
 def kink_distance(obj, *args):
