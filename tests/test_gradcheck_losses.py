@@ -247,3 +247,30 @@ class Misspelt(Regularizer):
     assert r.code == 2 and "forward raised IndexError: index" in r.out + r.err and "(raising.py:13)" in r.out + r.err
     r = cli("gradcheck", "Misspelt", "--plugin", plugin)
     assert r.code == 2 and "penalty raised AttributeError" in r.out + r.err and "(raising.py:27)" in r.out + r.err
+
+
+def test_a_gradient_of_the_wrong_shape_is_not_reported_as_a_happy_worst_element(cli, tmp_path):
+    """(N, 1) scores against (N,) targets broadcast to (N, N): the tensor FAILs on its shape, and
+    its line said 'z: happy; worst z[4,1]: analytic ..., numeric ...' above the reason."""
+    plugin = write(tmp_path / "mse.py", '''
+from dlrun.losses import Loss
+from dlrun.registry import losses
+
+
+@losses.register()
+class UnshapedMSE(Loss):
+    """MSE that forgets to reshape y."""
+
+    task = "regression"
+
+    def forward(self, z, y):
+        self._d = z - y
+        return float((self._d ** 2).mean())
+
+    def backward(self):
+        return 2 * self._d / self._d.size
+''')
+    r = cli("gradcheck", "UnshapedMSE", "--plugin", plugin)
+    assert r.code == 1, r.out + r.err
+    assert "z: FAIL for the reason below; where compared, backward and the differences agree" in r.out
+    assert "happy; worst" not in r.out and "grad shape (7, 7) != input shape (7, 1)" in r.out
