@@ -274,3 +274,31 @@ class UnshapedMSE(Loss):
     assert r.code == 1, r.out + r.err
     assert "z: FAIL for the reason below; where compared, backward and the differences agree" in r.out
     assert "happy; worst" not in r.out and "grad shape (7, 7) != input shape (7, 1)" in r.out
+
+
+def test_a_loss_that_changes_its_scores_in_place_is_not_differenced(cli, tmp_path):
+    """Each forward moved z by −y, so the differences were of no one function ('analytic -0.0857,
+    numeric -5.5e7'); a layer that mutates its input already stopped there."""
+    plugin = write(tmp_path / "inplace.py", '''
+from dlrun.losses import Loss
+from dlrun.registry import losses
+
+
+@losses.register()
+class InplaceMSE(Loss):
+    """MSE that subtracts the targets from the scores in place."""
+
+    task = "regression"
+
+    def forward(self, z, y):
+        z -= y.reshape(z.shape)
+        self._d = z
+        return float((z ** 2).mean())
+
+    def backward(self):
+        return 2 * self._d / self._d.size
+''')
+    r = cli("gradcheck", "InplaceMSE", "--plugin", plugin)
+    assert r.code == 1, r.out + r.err
+    assert "z: not compared: forward/backward modify z in place" in r.out and "numeric" not in r.out
+    assert "inputs-unchanged  FAIL  z modified in place by forward/backward" in r.out

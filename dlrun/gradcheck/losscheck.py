@@ -190,6 +190,10 @@ def _check_point(loss, dims: dict, settings: Settings, rng, where: str, log: aux
     mode = settings.mode_for(z.size, jacobian=False)
     if problem is not None:
         return TensorRun("z", "input", tuple(z.shape), str(z.dtype), mode, failed=True, notes=[problem])
+    if moved:  # each forward would evaluate at another point: differences would not be of one function
+        return TensorRun("z", "input", tuple(z.shape), str(z.dtype), mode, failed=True,
+                         notes=[f"not compared: forward/backward modify {' and '.join(moved)} in place (the check "
+                                f"stops there, as for a layer)"])
     value = lambda: _value(loss, z, y)  # noqa: E731
     if loss64 is None:
         side = twin.ScalarSide(value, {"z": z}, settings.dtype)
