@@ -379,3 +379,38 @@ def test_config_check_of_a_layer_whose_labels_are_a_dim_bound_to_an_option(cli, 
     write(tmp_path / "offset.py", broken)
     r = cli("gradcheck", "CenterOffset", "--plugin", str(tmp_path / "offset.py"))
     assert r.code == 1 and "backward did not write every element of weight.grad" in r.out
+
+
+def test_a_whole_model_whose_loss_is_not_one_function_is_not_differenced(cli, tmp_path):
+    """A layer masking with numpy's global generator made every parameter of the whole-model
+    check FAIL with absurd numbers (numeric 127892) and no reason; the model check now stops."""
+    write(tmp_path / "globaldrop.py", '''
+import numpy as np
+from dlrun.layers import Layer
+from dlrun.registry import layers
+
+
+@layers.register()
+class GlobalDrop(Layer):
+    """Dropout whose mask comes from numpy's global generator."""
+
+    def forward(self, x, y=None):
+        self._m = (np.random.random(x.shape) > 0.5) * 2.0
+        return x * self._m
+
+    def backward(self, dy):
+        return dy * self._m
+''')
+    cfg = write(tmp_path / "m.yaml", """\
+seed: 0
+plugins: [globaldrop.py]
+data: {type: spiral, points_per_class: 20}
+model: [{type: Linear, units: 8}, Tanh, GlobalDrop, {type: Linear, units: 3}]
+loss: SoftmaxCrossEntropy
+optimizer: {type: SGD, learning_rate: 0.1}
+""")
+    r = cli("gradcheck", cfg)
+    assert r.code == 2, r.out + r.err
+    assert "the model's loss differs between two evaluations at the same point" in r.out + r.err
+    assert "0.weight" not in r.out  # no parameter was differenced
+    assert "RESULT model[2] GlobalDrop: ERROR" in r.out

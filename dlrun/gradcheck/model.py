@@ -133,7 +133,12 @@ def _check_model(report, model, loss, ds, idx, settings, rng, twin_of=None) -> d
     model.train()
     mp = ModelProbe(model, loss, x, y, settings.seed)
     try:
-        mp.value()
+        first, again = mp.value(), mp.value()
+        if not abs(first - again) <= 1e-12 * max(1.0, abs(first)):  # (NaN too): no one function to difference
+            report.error = (f"the model's loss differs between two evaluations at the same point ({first:.6g}, then "
+                            f"{again:.6g}): a layer draws outside its seeded generator, keeps state between calls "
+                            f"or changes its input in place; the layer checks name which")
+            return None
         sig0 = mp.signature()
         dz = loss.backward()
         got, expected = tuple(getattr(dz, "shape", ())), (len(x), *model.shapes[-1])
