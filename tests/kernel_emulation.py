@@ -159,10 +159,10 @@ def _maxpool(v):
             isnan = val != val
             better = ~isnan & ~nan & (val > best)
             best = np.where(isnan | better, val, best)
-            win = np.where(better, p * kw + q, win)
+            win = np.where(isnan | better, p * kw + q, win)
             nan |= isnan
     v.y[...] = best
-    v.arg[...] = np.where(nan, -1, win)
+    v.arg[...] = win
 
 
 def _maxpool_grad(v):
@@ -173,6 +173,12 @@ def _maxpool_grad(v):
     o = np.where(inside, (nc * Ho + a) * Wo + b, 0)
     hit = inside & (_flat(v.arg)[o] == (r - a * kh) * kw + (c - b * kw))
     v.dx[...] = np.where(hit, _flat(v.dy)[o], 0)
+
+
+def _maxpool_nan(v):
+    hit = v.pending & (v.g != v.g)
+    v.m[...] = np.where(hit, True, v.m)
+    v.pending[...] = np.where(hit, False, v.pending)
 
 
 def _sgd(v):
@@ -218,6 +224,7 @@ EMULATORS = {
     "dlrun_embedding": _gather, "dlrun_embedding_grad": _scatter,
     "dlrun_sce_exp": _sce_exp, "dlrun_sce_nll": _sce_nll, "dlrun_sce_grad": _sce_grad,
     "dlrun_maxpool": _maxpool, "dlrun_maxpool_grad": _maxpool_grad,
+    "dlrun_maxpool_nan": _maxpool_nan,
     "dlrun_sgd": _sgd, "dlrun_sgd_momentum": _sgd_momentum, "dlrun_adam": _adam,
     "dlrun_rmsprop": _rmsprop, "dlrun_rmsprop_momentum": _rmsprop_momentum, "dlrun_adagrad": _adagrad,
 }

@@ -110,14 +110,42 @@ def test_regularizer_gpu_gradient_matches_the_cpu_gradient(name, dtype, monkeypa
     np.testing.assert_array_equal(gpu, cpu)
 
 
-def test_maxpool_gpu_path_marks_nan_windows_like_the_cpu(monkeypatch):
-    x = _pool_input(2, np.random.default_rng(3), np.float64)
-    x[1, 0, 2, 3] = np.nan
-    cpu = _layer_run({"type": "MaxPool2D", "pool_size": 2}, (2, 6, 8), [x], np.float64)
-    with emulate(monkeypatch):
-        gpu = _layer_run({"type": "MaxPool2D", "pool_size": 2}, (2, 6, 8), [x], np.float64)
-    np.testing.assert_array_equal(gpu[0][0], cpu[0][0])  # NaN in the same window, equal_nan
-    np.testing.assert_array_equal(gpu[0][1], cpu[0][1])
+NAN_POOLS = {  # the kernel each takes on GPU: disjoint windows one each way, others the NaN winners
+    "2": ({"type": "MaxPool2D", "pool_size": 2}, "dlrun_maxpool", "dlrun_maxpool_grad"),
+    "3x2": ({"type": "MaxPool2D", "pool_size": [3, 2]}, "dlrun_maxpool", "dlrun_maxpool_grad"),
+    "3-stride-1": ({"type": "MaxPool2D", "pool_size": 3, "stride": 1}, "dlrun_maxpool_nan", None),
+    "3-stride-2-pad-1": ({"type": "MaxPool2D", "pool_size": 3, "stride": 2, "padding": 1}, "dlrun_maxpool_nan", None),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", sorted(NAN_POOLS))
+def test_maxpool_gpu_path_sends_nan_windows_gradient_to_their_last_nan(case, dtype, monkeypatch):
+    """Windows with one or several NaNs: NaN out, and the gradient to the window's last NaN in
+    row-major order (as PyTorch), on the GPU path as on the CPU path and as the reference says."""
+    from test_maxpool_nan import reference
+
+    spec, forward_kernel, backward_kernel = NAN_POOLS[case]
+    rng = np.random.default_rng(3)
+    x = [_pool_input(n, rng, dtype) for n in (4, 3)]
+    for xb in x:
+        xb[rng.random(xb.shape) < 0.15] = np.nan
+    x[1][:] = np.where(np.isnan(x[1]), 0.0, x[1])  # a batch without NaN after one with them
+    cpu = _layer_run(spec, (2, 6, 8), x, dtype, training_buffers=True)
+    with emulate(monkeypatch) as calls:
+        gpu = _layer_run(spec, (2, 6, 8), x, dtype, training_buffers=True)
+    assert calls[forward_kernel] > 0 and (backward_kernel is None or calls[backward_kernel] == 2), calls
+    layer = registry.layers.build(spec)
+    Sequential([layer], (2, 6, 8), dtype=dtype, seed=0)
+    dys = np.random.default_rng(1)
+    for xb, (y0, dx0, _), (y1, dx1, _) in zip(x, cpu, gpu):
+        dy = dys.standard_normal(y0.shape).astype(dtype)  # the draws _layer_run made
+        ref_y, ref_dx = reference(xb.astype(np.float64), layer, dy.astype(np.float64))
+        np.testing.assert_array_equal(y1, y0)  # NaN in the same windows (equal_nan)
+        np.testing.assert_array_equal(y1, ref_y.astype(dtype))
+        np.testing.assert_array_equal(dx1, dx0)
+        np.testing.assert_allclose(dx1, ref_dx, rtol=1e-5, atol=1e-6)
+    assert np.isnan(cpu[0][0]).any()
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.3])

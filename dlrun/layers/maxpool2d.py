@@ -19,10 +19,10 @@ _POOL = Kernel("raw T x, " + _GEOMETRY, "T y, int32 arg", """
     T best = x[r0]; int win = 0; bool nan = false;
     for (int p = 0; p < kh; ++p) for (int q = 0; q < kw; ++q) {
         T v = x[r0 + p * W + q];
-        if (v != v) { nan = true; best = v; }
+        if (v != v) { nan = true; best = v; win = p * kw + q; }
         else if (!nan && v > best) { best = v; win = p * kw + q; }
     }
-    y = best; arg = nan ? -1 : win;""", "dlrun_maxpool")
+    y = best; arg = win;""", "dlrun_maxpool")
 _POOL_GRAD = Kernel("raw T dy, raw int32 arg, " + _GEOMETRY, "T dx", """
     long long c = i % W, r = (i / W) % H, nc = i / ((long long)W * H);
     long long a = r / kh, b = c / kw;
@@ -32,6 +32,10 @@ _POOL_GRAD = Kernel("raw T dy, raw int32 arg, " + _GEOMETRY, "T dx", """
         if (arg[o] == (r - a * kh) * kw + (c - b * kw)) g = dy[o];
     }
     dx = g;""", "dlrun_maxpool_grad")
+# Overlapping or padded pools on GPU: run over the window offsets in reverse order, this marks
+# the last NaN of each window that has no winner yet (``pending``: its maximum is NaN).
+_NAN_WINNER = Kernel("T g", "bool m, bool pending", """
+    if (pending && g != g) { m = true; pending = false; }""", "dlrun_maxpool_nan")
 
 
 @layers.register()
@@ -39,6 +43,8 @@ class MaxPool2D(Pool2D):
     """y[n,c,a,b] = max_{i,j} x̃[n, c, a·s_h + i, b·s_w + j]: the maximum of each pooling window.
 
     x̃ is x padded with -inf; ∂L/∂x goes to the one element of each window that gave the maximum.
+    A window holding a NaN has the maximum NaN, and its gradient goes to its NaN (the last one
+    in row-major window order when it holds several), as in PyTorch.
 
     Computed as the running maximum of the kh·kw strided sub-grids of the input (one
     whole-array operation per window offset), never by reshaping into windows. Ties (equal
@@ -110,8 +116,8 @@ class MaxPool2D(Pool2D):
 
     # GPU, non-overlapping unpadded windows (the usual pool): one kernel each way instead of a
     # launch per window offset. Forward records the winning offset of each window (first in
-    # row-major order on ties, -1 when the window holds a NaN, as the CPU masks); backward is a
-    # gather over input elements, so every dx element is written once and needs no zero fill.
+    # row-major order on ties, the last NaN when the window holds any, as the CPU masks); backward
+    # is a gather over input elements, so every dx element is written once and needs no zero fill.
     def _forward_gpu(self, xp, x):
         x = xp.ascontiguousarray(x)
         (kh, kw), (h, w), (ho, wo) = self.pool_size, x.shape[2:], self.win.out_hw
@@ -130,8 +136,9 @@ class MaxPool2D(Pool2D):
 
     def _winner_masks(self):
         """One boolean mask per window offset, true where that offset holds its window's
-        maximum and no earlier offset does (so ties go to exactly one element). Computed on
-        demand: evaluation-mode forwards never pay for them."""
+        maximum and no earlier offset does (so ties go to exactly one element). A window whose
+        maximum is NaN equals none of its values; its mask goes to its last NaN instead.
+        Computed on demand: evaluation-mode forwards never pay for them."""
         if self._masks is None:
             xp = self.xp
             masks, taken = [], None
@@ -143,8 +150,29 @@ class MaxPool2D(Pool2D):
                     xp.greater(m, taken, out=m)  # m & ~taken, in one pass
                     taken |= m
                 masks.append(m)
+            if self._out.dtype.kind == "f":
+                self._mark_nan_winners(xp, masks, taken)
             self._masks = masks
         return self._masks
+
+    def _mark_nan_winners(self, xp, masks, taken):
+        """Give each window without a winner (its maximum is NaN) to its last NaN, as PyTorch
+        does. Over the offsets in reverse order, the first NaN met in such a window takes it.
+        numpy looks for such windows first (one pass over ``taken``), so inputs without NaN pay
+        nothing more; CuPy runs one kernel per offset instead, as reading the answer on the
+        host would wait for the device."""
+        kernel = _NAN_WINNER.on(xp)
+        if kernel is None and taken.all():
+            return
+        pending = ~taken
+        for g, m in zip(reversed(self._grids), reversed(masks)):
+            if kernel is not None:
+                kernel(g, m, pending)
+            else:
+                hit = xp.isnan(g)
+                hit &= pending
+                m |= hit
+                pending ^= hit  # hit lies within pending: this clears it
 
     def backward(self, dy):
         xp = self.xp
