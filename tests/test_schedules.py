@@ -163,6 +163,82 @@ def test_per_step_warmup_reaches_lr0_at_the_last_warmup_step_then_anneals():
     assert got[4:] == pytest.approx([0.05 * (1 + math.cos(math.pi * k / 8)) for k in range(8)], rel=1e-12)
 
 
+def test_warmup_begin_at_start_factor_starts_there_and_reaches_lr0_when_then_starts():
+    # start_factor s = 0.25, W = 4: lr₀·(s + (1 − s)·(e − 1)/W) in epochs 1–4, lr₀ from epoch 5
+    spec = {"type": "warmup", "epochs": 4, "start_factor": 0.25, "begin_at_start_factor": True}
+    assert lrs(spec, base=0.1, n=6) == pytest.approx([0.025, 0.04375, 0.0625, 0.08125, 0.1, 0.1], rel=1e-14)
+    default = {k: v for k, v in spec.items() if k != "begin_at_start_factor"}
+    assert lrs(default, base=0.1, n=6) == pytest.approx([0.04375, 0.0625, 0.08125, 0.1, 0.1, 0.1], rel=1e-14)
+    # wrapping cosine: its epoch 1 (lr₀) is epoch W + 1, and it anneals over the 6 epochs left
+    got = lrs({**spec, "then": {"type": "cosine"}}, base=1.0, epochs=10)
+    want = [0.25, 0.4375, 0.625, 0.8125] + [0.5 * (1 + math.cos(math.pi * (k - 1) / 6)) for k in range(1, 7)]
+    assert got == pytest.approx(want, rel=1e-14)
+    # per step: the line at each step's start, k/(W·B) for step k from 0; then cosine over its steps
+    got = per_step_rates({**spec, "epochs": 1, "then": {"type": "cosine"}}, epochs=3, batches=4)
+    assert got[:4] == pytest.approx([0.1 * (0.25 + 0.75 * k / 4) for k in range(4)], rel=1e-12)
+    assert got[4:] == pytest.approx([0.05 * (1 + math.cos(math.pi * k / 8)) for k in range(8)], rel=1e-12)
+
+
+def torch_rates(make, steps, base=0.1):
+    """The rate of each of ``steps`` optimizer steps under a torch scheduler stepped after each."""
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=base)
+    sched = make(torch.optim.lr_scheduler, opt)
+    out = []
+    for _ in range(steps):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # SequentialLR's deprecation notes, if any
+            sched.step()
+    return out
+
+
+# the schedule warm-up wraps, and torch's counterpart given (lr_scheduler, optimizer, the steps
+# it spans, steps per epoch B)
+THEN = {
+    "alone": (None, None),
+    "cosine": ({"type": "cosine"}, lambda L, o, n, b: L.CosineAnnealingLR(o, T_max=n)),
+    "cosine-min-lr": ({"type": "cosine", "min_lr": 0.01}, lambda L, o, n, b: L.CosineAnnealingLR(o, T_max=n, eta_min=0.01)),
+    "step": ({"type": "step", "step_size": 2, "gamma": 0.5}, lambda L, o, n, b: L.StepLR(o, step_size=2, gamma=0.5)),
+    "exponential": ({"type": "exponential", "gamma": 0.8}, lambda L, o, n, b: L.ExponentialLR(o, gamma=0.8 ** (1 / b))),
+}
+
+
+@pytest.mark.parametrize("batches", [1, 3], ids=["per-epoch", "per-step"])
+@pytest.mark.parametrize("case", sorted(THEN))
+def test_warmup_matches_torch_linear_lr_and_sequential_lr(case, batches):
+    """begin_at_start_factor gives PyTorch's LinearLR, then SequentialLR into the wrapped schedule;
+    the default runs the same warm-up one epoch (or step) ahead, and the same schedule after it."""
+    if case == "step" and batches > 1:
+        pytest.skip("dlrun's step decay changes between epochs only; torch's StepLR stepped per batch counts batches")
+    then, torch_then = THEN[case]
+    epochs, warm, s = 10, 4, 0.25
+    n, w = epochs * batches, warm * batches  # torch counts the scheduler's steps
+
+    def make(L, o):
+        linear = L.LinearLR(o, start_factor=s, total_iters=w)
+        if then is None:
+            return linear
+        return L.SequentialLR(o, [linear, torch_then(L, o, n - w, batches)], milestones=[w])
+
+    want = torch_rates(make, n)
+    spec = {"type": "warmup", "epochs": warm, "start_factor": s, "then": then}
+
+    def ours(**extra):
+        if batches == 1:
+            return lrs({**spec, **extra}, base=0.1, epochs=epochs)
+        return per_step_rates({**spec, **extra}, base=0.1, epochs=epochs, batches=batches)
+
+    assert ours(begin_at_start_factor=True) == pytest.approx(want, rel=1e-12)
+    default = ours()
+    assert default[:w] == pytest.approx(want[1:w + 1], rel=1e-12)  # the warm-up, one step ahead
+    assert default[w:] == pytest.approx(want[w:], rel=1e-12)  # the wrapped schedule, unchanged
+
+
 @pytest.mark.parametrize("spec", [{"type": "step", "step_size": 1, "gamma": 0.5}, {"type": "exponential", "gamma": 0.5},
                                   "reduce_on_plateau"])
 def test_per_step_rates_agree_with_per_epoch_ones_at_each_epoch_start(spec):
