@@ -133,6 +133,26 @@ def source_line(component, error: BaseException) -> str:
     return (f" ({os.path.basename(source)}:{lines[-1].lineno})" if lines else "") + transposed(error)
 
 
+_PACKAGE = os.path.dirname(os.path.realpath(__file__))
+
+
+def defined_at(component, call: str) -> str:
+    """' (file.py:LINE)' of the ``def`` of method ``call`` of ``component``'s class, or of the class
+    when the method is inherited from dlrun (a plugin layer that overrides only build): where a
+    user looks when that method broke its contract; '' for dlrun's own code."""
+    cls = type(component)
+    for obj in (getattr(cls, call, None), cls):
+        obj = getattr(obj, "__func__", obj)
+        try:
+            file = os.path.realpath(inspect.getsourcefile(obj) or "")
+            line = inspect.getsourcelines(obj)[1] if file else None
+        except (TypeError, OSError):
+            continue
+        if line and not file.startswith(_PACKAGE + os.sep):
+            return f" ({os.path.basename(file)}:{line})"
+    return ""
+
+
 _BROADCAST = re.compile(r"from shape \((\d+),(\d+)\) into shape \((\d+),(\d+)\)")
 
 
@@ -184,7 +204,7 @@ def first_step(t, xb, yb, callbacks, window=None):
         shape = getattr(value, "shape", None)
         got = f"shape {tuple(shape)} {value.dtype}" if shape is not None else repr(value)
         raise ContractError(f"the loss {loss!r}: forward returned {got}; expected a scalar, the mean loss over "
-                            f"the batch (a missing .mean()?)")
+                            f"the batch (a missing .mean()?){defined_at(loss, 'forward')}")
     score = (value * len(yb), loss.count_correct(out, yb) if t.classification else 0)
     if t._sums is not None:  # train.metrics
         t.tracker.add(t._sums, out, yb, loss)
@@ -192,7 +212,7 @@ def first_step(t, xb, yb, callbacks, window=None):
     problem = mismatch(dy, out.shape, {out.dtype}, t.backend, t.model.dtype)
     if problem:
         raise ContractError(f"the loss {loss!r}: backward returned dL/dz as {problem} (the shape and dtype of "
-                            f"the model's output)")
+                            f"the model's output){defined_at(loss, 'backward')}")
     t.model.backward(dy)
     if window is not None and not t.accumulated(window):
         return score

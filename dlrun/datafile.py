@@ -14,16 +14,26 @@ from .options import FilePath, did_you_mean
 from .registry import data
 
 
+MAX_LINE = 1 << 24  # characters in one line of a CSV file (16 Mi: a million features of 15 characters)
+BINARY_PROBE = 1 << 16  # bytes read to tell a binary file from text before any parsing
+
+
 def read_csv(path: Path, label_column: int | None, header: bool | None):
-    """(features, labels or None, file line of each row); errors name the file and line."""
+    """(features, labels or None, file line of each row); errors name the file and line.
+    A binary file is refused from its first block, and lines are read in bounded pieces, so a
+    large file that is not CSV text costs neither time nor memory."""
+    refuse_binary(path)
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:  # (-sig: a spreadsheet's BOM)
-            reader = csv.reader(f)
+            reader = csv.reader(_bounded_lines(f, path))
             rows, lines = [], []
-            for r in reader:
-                if r and any(c.strip() for c in r):
-                    rows.append(r)
-                    lines.append(reader.line_num)
+            try:
+                for r in reader:
+                    if r and any(c.strip() for c in r):
+                        rows.append(r)
+                        lines.append(reader.line_num)
+            except csv.Error as e:
+                raise DataError(_csv_problem(path, reader.line_num, e)) from None
     except UnicodeDecodeError:
         raise DataError(_not_utf8(path)) from None
     if not rows:
@@ -54,14 +64,57 @@ def read_csv(path: Path, label_column: int | None, header: bool | None):
     return np.delete(values, lc, axis=1), values[:, lc], line_of
 
 
+def refuse_binary(path: Path) -> None:
+    """DataError naming the file and line when its first block holds a NUL byte, which no CSV
+    text has (a binary file, or an archive or array file with a .csv name)."""
+    with open(path, "rb") as f:
+        head = f.read(BINARY_PROBE)
+    at = head.find(b"\0")
+    if at >= 0:
+        line = head.count(b"\n", 0, at) + 1
+        raise DataError(f"{path}:{line}: a binary file, not CSV text (a NUL byte at byte {at + 1:,}); expected "
+                        f"numbers separated by commas, one sample per line (or an .npy or .npz file under its own "
+                        f"suffix)")
+
+
+def _bounded_lines(f, path: Path):
+    """The lines of text file ``f``, each read at most MAX_LINE characters at a time: a line
+    longer than that (a file without line breaks) is refused, not read whole into memory."""
+    n = 0
+    while line := f.readline(MAX_LINE + 1):
+        n += 1
+        if len(line) > MAX_LINE:
+            raise DataError(f"{path}:{n}: a line longer than {MAX_LINE:,} characters; expected one sample per line "
+                            f"(is this a CSV file?)")
+        yield line
+
+
+def _csv_problem(path: Path, line: int, e: csv.Error) -> str:
+    """'FILE:LINE: ...' for what Python's csv module refuses (a cell beyond its size limit)."""
+    if "field larger than field limit" in str(e):
+        return (f"{path}:{line}: a cell longer than {csv.field_size_limit():,} characters; expected numbers "
+                f"separated by commas")
+    return f"{path}:{line}: not readable as CSV ({e})"
+
+
 def _not_utf8(path: Path) -> str:
-    """'FILE:LINE: ...' for the first line of a CSV that is not UTF-8 text."""
-    for n, raw in enumerate(Path(path).read_bytes().split(b"\n"), 1):
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            return (f"{path}:{n}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); save the file "
-                    f"as UTF-8 (or plain ASCII)")
+    """'FILE:LINE: ...' for the first line of a CSV that is not UTF-8 text (read in bounded pieces)."""
+    with open(path, "rb") as f:
+        n, column, carry = 1, 0, b""
+        while piece := f.readline(MAX_LINE):
+            raw, carry = carry + piece, b""
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                if e.reason == "unexpected end of data" and not raw.endswith(b"\n"):  # a character cut by the piece
+                    raw, carry = raw[:e.start], raw[e.start:]
+                else:
+                    return (f"{path}:{n}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
+                            f"{column + e.start + 1}); save the file as UTF-8 (or plain ASCII)")
+            if raw.endswith(b"\n"):
+                n, column = n + 1, 0
+            else:  # a piece of a long line
+                column += len(raw)
     return f"{path}: not UTF-8 text; save the file as UTF-8"
 
 
@@ -162,6 +215,9 @@ def _read(p: Path, label_column: int, header: bool | None, task: str, features_k
                 if x.ndim == 0:
                     raise DataError(f"{p}: array {features_key!r} is a single number; expected one sample per row")
                 x = (x[:, None] if x.ndim == 1 else x).astype(np.float64)  # 1-D: one feature per sample
+                if 0 in x.shape[1:]:
+                    raise DataError(f"{p}: array {features_key!r} has shape {x.shape}: samples without features; "
+                                    f"expected at least one feature per sample")
         elif suffix == ".npy":
             expect_npy(p)
             arr = np.load(p, allow_pickle=False)

@@ -210,14 +210,15 @@ class Sequential:
         self._expect(i, "backward", f"{name}.grad", g, tuple(p.data.shape), {p.data.dtype})
         if contract.unwritten(g):
             raise LayerContractError(f"model[{i}] {layer!r}: backward did not write every element of {name}.grad; "
-                                     f"{contract.UNWRITTEN_HINT}")
+                                     f"{contract.UNWRITTEN_HINT}{contract.defined_at(layer, 'backward')}")
 
     def _expect(self, i: int, call: str, what: str, a, shape: tuple, dtypes) -> None:
         problem = contract.mismatch(a, shape, dtypes, self.backend, self.dtype)
         if problem:
             verb = "left" if what.endswith(".grad") else "returned"
             hint = " (a missing return statement?)" if a is None and verb == "returned" else ""
-            raise LayerContractError(f"model[{i}] {self.layers[i]!r}: {call} {verb} {what} as {problem}{hint}")
+            raise LayerContractError(f"model[{i}] {self.layers[i]!r}: {call} {verb} {what} as {problem}{hint}"
+                                     f"{contract.defined_at(self.layers[i], call)}")
 
     def predict(self, x, batch_size: int | None = None) -> np.ndarray:
         """Raw outputs for host array ``x``, computed in evaluation mode, in batches (all at once

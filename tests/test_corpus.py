@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import ROOT, run_cli, write
+from conftest import ROOT, Result, run_cli, write
 
 C = "tests/corpus/configs"
 D = "tests/corpus/data"
@@ -308,3 +308,79 @@ def test_a_batch_whose_outputs_cannot_fit_is_refused_with_the_batch_size_that_wo
                                "their gradients (6.1 MiB a sample), more than the 1.0 GiB of memory available; make "
                                "train.batch_size at most 167")
     run.prepare(load_config("configs/spiral.yaml", ["model[0].units=400000", "train.batch_size=167"]))  # fits
+
+
+# -- in process (dlrun.cli.main): inputs too large, too deep or of the wrong kind -----------------
+# One line on stderr, exit 2, within a bound of time (each ran for seconds to minutes, or ended in
+# an internal error, before it was refused); no interpreter start-up per case.
+
+def run_main(capsys, *argv) -> Result:
+    """``dlrun ARGV`` run in this process; the exit code and what it printed."""
+    from dlrun.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in argv])
+    r = capsys.readouterr()
+    return Result(e.value.code, r.out, r.err)
+
+
+def _cfg(data: str) -> str:
+    return f"data: {data}\nmodel: [{{type: Linear, units: 2}}]\nloss: SoftmaxCrossEntropy\noptimizer: SGD\n"
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory):
+    """Files too large or of the wrong kind, made here rather than kept in the corpus, and a
+    trained run for evaluate --data."""
+    from dlrun.config import load_config
+    from dlrun.run import train
+
+    d = tmp_path_factory.mktemp("bad_inputs")
+    write(d / "bigcell.csv", "1,2,0\n" + "1" * 140_000 + ",2,1\n")
+    with open(d / "nul.csv", "wb") as f:  # 16 MiB of NUL bytes, sparse: only the first block may be read
+        f.truncate(16 << 20)
+    (d / "nul_late.csv").write_bytes(b"1,2,0\n3,4,1\n\x00\x00\x00\n")
+    write(d / "long.csv", "1" * ((16 << 20) + 10))  # no line break
+    np.savez(d / "zero.npz", x=np.zeros((10, 0)), y=np.zeros(10))
+    for name in ("bigcell.csv", "nul.csv", "nul_late.csv", "long.csv", "zero.npz"):
+        write(d / f"{name.split('.')[0]}.yaml", _cfg(f"{{type: file, path: {name}}}"))
+    cfg = load_config(ROOT / C / "valid.yaml")
+    train(cfg, d / "runs")
+    (run,) = (d / "runs").iterdir()
+    return {"tmp": d, "run": run}
+
+
+IN_PROCESS_CASES = [
+    # data files
+    ("data_cell_too_long", ["check", "{tmp}/bigcell.yaml"], ["bigcell.csv:2: a cell longer than 131,072 characters"]),
+    ("data_nul_bytes", ["check", "{tmp}/nul.yaml"], ["nul.csv:1: a binary file, not CSV text (a NUL byte at byte 1)"]),
+    ("data_nul_after_rows", ["check", "{tmp}/nul_late.yaml"], ["nul_late.csv:3: a binary file, not CSV text"]),
+    ("data_line_too_long", ["check", "{tmp}/long.yaml"], ["long.csv:1: a line longer than 16,777,216 characters"]),
+    ("data_zero_features", ["check", "{tmp}/zero.yaml"], ["zero.npz: array 'x' has shape (10, 0): samples without "
+                                                          "features; expected at least one feature per sample"]),
+    # a plugin layer that breaks the contract: named with the line of the method that did
+    ("plugin_forward_dtype", ["check", f"{C}/plugin_float64_forward.yaml"],
+     ["plugin_float64_forward.yaml:5: model[1] Float64Forward(): forward returned its output as shape (20, 4) "
+      "float64; expected shape (20, 4) float32 on cpu (wrong_contract.py:13)"]),
+    ("plugin_backward_shape", ["check", f"{C}/plugin_short_backward.yaml"],
+     ["model[1] ShortBackward(): backward returned dx as shape (20, 1) float32; expected shape (20, 4) float32 on "
+      "cpu (wrong_contract.py:27)"]),
+    ("plugin_backward_shape_train", ["train", f"{C}/plugin_short_backward.yaml", "--runs-dir", "{tmp}/runs-plugin"],
+     ["model[1] ShortBackward(): backward returned dx as shape (20, 1) float32", "(wrong_contract.py:27)"]),
+]
+
+
+@pytest.mark.parametrize("case,argv,fragments", IN_PROCESS_CASES, ids=[c[0] for c in IN_PROCESS_CASES])
+def test_bad_input_in_process(case, argv, fragments, bad_inputs, capsys, monkeypatch):
+    import time
+
+    monkeypatch.chdir(ROOT)
+    start = time.perf_counter()
+    r = run_main(capsys, *(a.format(**bad_inputs) if a.startswith("{tmp}") or a == "{run}" else a for a in argv))
+    seconds = time.perf_counter() - start
+    assert r.code == 2, (r.code, r.err)
+    assert len(r.err.splitlines()) == 1, r.err
+    for f in fragments:
+        assert f in r.err, f"{f!r} not in stderr:\n{r.err}"
+    assert "Traceback" not in r.err + r.out
+    assert seconds < 5, f"{case} took {seconds:.1f} s"
