@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from . import registry
 from .metrics.base import split_entry
-from .config_yaml import Source, _join, apply_override, dump_yaml, key_paths, parse_value, parse_yaml  # noqa: F401
+from .config_yaml import (Source, _join, apply_override, dump_yaml, key_paths, parse_value,  # noqa: F401
+                          parse_yaml, read_config_text)
 from .errors import ConfigError, DlrunError, Location, collect
 from .options import FilePath, NonNegativeInt, OptionError, _got, check_value, did_you_mean, recorded
 from .settings import EarlyStoppingSettings, TrainSettings, monitor_errors  # noqa: F401  (re-exported)
@@ -247,11 +248,7 @@ def load_config(path: str | Path, overrides: list[str] = (), seed: int | None = 
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}" + (" (it is a folder)" if p.is_dir() else ""), Location(str(p)))
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read the config file ({e})", Location(str(p))) from None
-    raw, source = parse_yaml(text, str(p))
+    raw, source = parse_yaml(read_config_text(p), str(p))
     raw = copy.deepcopy(raw) if raw is not None else {}
     if not isinstance(raw, dict):
         raise ConfigError(f"expected a mapping at the top of the file, got {type(raw).__name__}", Location(str(p), 1))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -17,7 +18,55 @@ class _Loader(yaml.SafeLoader):
     """SafeLoader whose numbers follow YAML 1.2 rather than 1.1: ``1e-3`` is a float (1.1 insists
     on ``1.0e-3``), ``0o17`` is octal, while ``010`` and ``1:30`` are not numbers (1.1 reads them as
     octal 8 and base-60 90: in a config they are typos, and become errors naming the value).
-    Beyond 1.2, ``_`` separates digits as in Python (``60_000``)."""
+    Beyond 1.2, ``_`` separates digits as in Python (``60_000``).
+
+    Composing stops at the limits below (see :class:`TooLarge`), so a hostile or mistaken
+    file (thousands of nested brackets, millions of values) is refused in bounded time and
+    memory instead of exhausting Python's stack."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = self._nodes = 0
+
+    def compose_node(self, parent, index):
+        self._nodes += 1
+        if self._nodes > MAX_WRITTEN:
+            raise TooLarge(f"{{what}} holds more than {MAX_WRITTEN:,} values; a config holds settings, not data "
+                           f"(put data in a data file: data: {{{{type: file, path: ...}}}})", self.peek_event().start_mark)
+        if self._depth >= MAX_DEPTH:
+            raise TooLarge(f"{{what}} nests lists and mappings more than {MAX_DEPTH} levels deep; a config needs "
+                           f"a few levels", self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+# A config is a small text file of a few hundred values (the shipped ones are under 2 KB, five
+# levels deep). These limits keep parsing to about a second whatever a file holds (PyYAML composes
+# some 40,000 values a second) and Python's stack safe (composing recurses once per level).
+MAX_BYTES = 1 << 20  # the file (or a --set / --data value)
+MAX_WRITTEN = 10_000  # values written out in it
+MAX_VALUES = 100_000  # values once YAML aliases are expanded: aliases must not multiply them without bound
+MAX_DEPTH = 50  # levels of nested lists and mappings
+
+
+class TooLarge(Exception):
+    """YAML beyond the limits above: the message (``{what}`` stands for 'the config' or 'the
+    value'), the YAML mark where it was found and the key path (when known); each caller says
+    which file or flag it was."""
+
+    def __init__(self, message: str, mark=None, path: str | None = None):
+        super().__init__(message)
+        self.message, self.mark, self.path = message, mark, path
+
+    def text(self, what: str) -> str:
+        """The message about ``what`` ('the config': a file, whose line is the anchor's for an alias)."""
+        return self.message.format(what=what, at=" (the line is the anchor's)" if what == "the config" else "")
+
+    def where(self, file: str | None) -> Location:
+        return Location(file, self.mark.line + 1 if self.mark is not None else None, self.path or None)
 
 
 _INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
@@ -92,20 +141,20 @@ def _join(path: str, key) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
-MAX_VALUES = 100_000  # a config is a few hundred values; aliases must not multiply them without bound
-
-
 def _walk(node, path: str, lines: dict, errors: list, file: str, seen_nodes: list, parents: tuple = ()) -> None:
-    """Record the line of every key path; refuse an alias that contains itself and alias chains
-    that expand to more than MAX_VALUES values (a "billion laughs" file)."""
+    """Record the line of every key path; refuse an alias that contains itself, and alias chains
+    that expand to more than MAX_VALUES values (a "billion laughs" file) or MAX_DEPTH levels
+    (TooLarge, located by the caller)."""
     if any(node is p for p in parents):
-        raise ConfigError("a YAML alias refers to a value that contains it, an endless structure (the line is "
-                          "the anchor's)",
-                          Location(file, node.start_mark.line + 1, path))
+        raise TooLarge("a YAML alias refers to a value that contains it, an endless structure{at}", node.start_mark,
+                       path)
     seen_nodes[0] += 1
     if seen_nodes[0] > MAX_VALUES:
-        raise ConfigError(f"the config expands to more than {MAX_VALUES:,} values through YAML aliases (&name / "
-                          f"*name); write the repeated parts out or use fewer levels of aliases", Location(file))
+        raise TooLarge(f"{{what}} expands to more than {MAX_VALUES:,} values through YAML aliases (&name / "
+                       f"*name); write the repeated parts out or use fewer levels of aliases")
+    if len(parents) >= MAX_DEPTH:
+        raise TooLarge(f"{{what}} nests lists and mappings more than {MAX_DEPTH} levels deep through YAML "
+                       f"aliases (&name / *name); a config needs a few levels", node.start_mark, path)
     lines.setdefault(path, node.start_mark.line + 1)
     parents = (*parents, node)
     if isinstance(node, yaml.MappingNode):
@@ -136,15 +185,70 @@ def _unshare(value):
     return value
 
 
+def _load(text: str, lines: dict, errors: list, file: str | None) -> Any:
+    """The YAML document in ``text``: composed within the limits (TooLarge otherwise), walked
+    (lines of key paths, duplicate keys into ``errors``, endless and exploding aliases refused)
+    and only then constructed, from the same nodes, so the text is parsed once."""
+    if len(text) > MAX_BYTES:
+        raise TooLarge(f"{{what}} is {len(text):,} characters long; a config is a small text file of settings "
+                       f"(at most {MAX_BYTES:,} bytes)")
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _walk(node, "", lines, errors, file, [0])
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def read_config_text(p: Path) -> str:
+    """A config file's text: refused unread when larger than MAX_BYTES (a config is a small text
+    file; a data file named by mistake would take minutes to parse), and named with the line and
+    column of the first byte that is not UTF-8."""
+    try:
+        size = p.stat().st_size
+        if size > MAX_BYTES:
+            raise ConfigError(f"the file is {_size(size)}; a config is a small text file of settings (at most "
+                              f"{_size(MAX_BYTES)}). Is it a data file? Name one under data: "
+                              f"{{type: file, path: ...}}", Location(str(p)))
+        data = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"cannot read the config file ({e.strerror or e})", Location(str(p))) from None
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")  # (a BOM, as some editors write)
+    except UnicodeDecodeError as e:
+        start = data.rfind(b"\n", 0, e.start) + 1
+        column = len(data[start:e.start].decode("utf-8", errors="replace")) + 1
+        raise ConfigError(f"not UTF-8 text (byte 0x{data[e.start]:02x} at column {column}); save the file as UTF-8 "
+                          f"(or plain ASCII)", Location(str(p), data.count(b"\n", 0, e.start) + 1)) from None
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 10 * 2**20 else f"{n:,} bytes"
+
+
+def _reader_error(e: yaml.reader.ReaderError, text: str) -> tuple[int, str]:
+    """(line, message) for a character YAML refuses (a control character: a binary file?)."""
+    line = text.count("\n", 0, e.position) + 1
+    column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
+    char = e.character if isinstance(e.character, int) else ord(e.character or "\0")
+    return line, (f"control character U+{char:04X} at column {column}; a config is text (is this a binary "
+                  f"file?)")
+
+
 def parse_yaml(text: str, file: str | None = None) -> tuple[Any, Source]:
     """Parse YAML safely; return the data and a Source with line numbers for every key path."""
     source = Source(file)
     errors: list[DlrunError] = []
     try:
-        node = yaml.compose(text, Loader=_Loader)
-        if node is not None:  # before constructing: the walk refuses endless and exploding aliases
-            _walk(node, "", source.lines, errors, file, [0])
-        data = yaml.load(text, Loader=_Loader)
+        data = _load(text, source.lines, errors, file)
+    except TooLarge as e:
+        raise ConfigError(e.text("the config"), e.where(file)) from None
+    except yaml.reader.ReaderError as e:
+        line, message = _reader_error(e, text)
+        raise ConfigError(message, Location(file, line)) from None
     except yaml.constructor.ConstructorError as e:
         mark = e.problem_mark or e.context_mark
         tag = re.search(r"tag '([^']*)'", e.problem or "")
@@ -191,13 +295,12 @@ def apply_override(raw: dict, item: str, source: Source) -> None:
                           Location("--set"))
     keys = _split_path(key.strip())
     try:
-        node = yaml.compose(text, Loader=_Loader) if text.strip() else None
         errors: list[DlrunError] = []
-        if node is not None:  # duplicate keys and alias bombs, as in a file
-            _walk(node, "", {}, errors, None, [0])
+        value = _unshare(_load(text, {}, errors, None)) if text.strip() else None  # a file's limits and checks
         if errors:
             raise ConfigError(f"{errors[0].message} in the value", Location(flag, None, key.strip()))
-        value = yaml.load(text, Loader=_Loader) if node is not None else None
+    except TooLarge as e:
+        raise ConfigError(e.text("the value"), Location(flag, None, key.strip())) from None
     except yaml.YAMLError as e:
         # meant as a mapping or list, or a tag or a number no setting takes: a plain string would mislead
         if text.strip().startswith(("{", "[")) or isinstance(e, yaml.constructor.ConstructorError):
@@ -243,11 +346,23 @@ def dump_yaml(data: Any) -> str:
 
 
 def parse_value(text: str, where: str) -> Any:
-    """A command-line value written as YAML (``spiral``, ``{type: spiral, seed: 3}``)."""
+    """A command-line value written as YAML (``spiral``, ``{type: spiral, seed: 3}``), within
+    the limits of a config file."""
+    errors: list[DlrunError] = []
     try:
-        return yaml.load(text, Loader=_Loader)
+        value = _load(text, {}, errors, None)
+    except TooLarge as e:
+        raise ConfigError(e.text("the value"), Location(where)) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at column {mark.column + 1}" if mark is not None else ""
         why = getattr(e, "problem", None) or type(e).__name__
-        raise ConfigError(f"cannot parse {text!r} as YAML: {why}{at}", Location(where)) from None
+        raise ConfigError(f"cannot parse {_shown(text)!r} as YAML: {why}{at}", Location(where)) from None
+    if errors:
+        raise ConfigError(f"{errors[0].message} in the value", Location(where))
+    return _unshare(value)
+
+
+def _shown(text: str) -> str:
+    """A value as an error message shows it: whole up to 60 characters, else its start."""
+    return text if len(text) <= 60 else f"{text[:57]}... ({len(text):,} characters)"

@@ -314,6 +314,10 @@ def test_a_batch_whose_outputs_cannot_fit_is_refused_with_the_batch_size_that_wo
 # One line on stderr, exit 2, within a bound of time (each ran for seconds to minutes, or ended in
 # an internal error, before it was refused); no interpreter start-up per case.
 
+_ALIAS_BOMB = ("{type: spiral, seed: [&a [1,1,1,1,1,1,1,1,1,1], " + ", ".join(
+    f"&{n} [{','.join([f'*{p}'] * 10)}]" for p, n in zip("abcde", "bcdef")) + "]}")  # 10^6 values, 228 characters
+
+
 def run_main(capsys, *argv) -> Result:
     """``dlrun ARGV`` run in this process; the exit code and what it printed."""
     from dlrun.cli import main
@@ -336,6 +340,9 @@ def bad_inputs(tmp_path_factory):
     from dlrun.run import train
 
     d = tmp_path_factory.mktemp("bad_inputs")
+    valid = (ROOT / C / "valid.yaml").read_text()
+    write(d / "large.yaml", valid + ("# " + "x" * 77 + "\n") * 26_000)  # 2 MB of comments
+    write(d / "values.yaml", valid + "extra: [" + "0, " * 10_000 + "]\n")
     write(d / "bigcell.csv", "1,2,0\n" + "1" * 140_000 + ",2,1\n")
     with open(d / "nul.csv", "wb") as f:  # 16 MiB of NUL bytes, sparse: only the first block may be read
         f.truncate(16 << 20)
@@ -351,6 +358,27 @@ def bad_inputs(tmp_path_factory):
 
 
 IN_PROCESS_CASES = [
+    # nesting, aliases and size: the limits a config file has, for --set and --data values too
+    ("config_nested_3000", ["check", f"{C}/nested_3000.yaml"], ["nested_3000.yaml:9: the config nests lists and "
+                                                                  "mappings more than 50 levels deep"]),
+    ("set_nested_3000", ["check", f"{C}/valid.yaml", "--set", "seed=" + "[" * 3000 + "]" * 3000],
+     ["--set seed=(a value of 6005 characters): seed: the value nests lists and mappings more than 50 levels deep"]),
+    ("set_alias_loop", ["check", f"{C}/valid.yaml", "--set", "seed=&a [*a]"],
+     ["--set seed=&a [*a]: seed: a YAML alias refers to a value that contains it"]),
+    ("data_alias_loop", ["evaluate", "{run}", "--data", "{type: spiral, seed: &a [*a]}"],
+     ["--data: a YAML alias refers to a value that contains it"]),
+    ("data_alias_bomb", ["evaluate", "{run}", "--data", _ALIAS_BOMB],
+     ["--data: the value expands to more than 100,000 values through YAML aliases"]),
+    ("data_nested", ["evaluate", "{run}", "--data", "[" * 100 + "]" * 100],
+     ["--data: the value nests lists and mappings more than 50 levels deep"]),
+    ("config_too_large", ["check", "{tmp}/large.yaml"], ["large.yaml: the file is 2,0", "a config is a small text "
+                                                         "file of settings (at most 1,048,576 bytes)"]),
+    ("config_too_many_values", ["check", "{tmp}/values.yaml"], ["values.yaml:9: the config holds more than 10,000 "
+                                                                "values"]),
+    # config text
+    ("config_not_utf8", ["check", f"{C}/not_utf8.yaml"], ["not_utf8.yaml:3: not UTF-8 text (byte 0xe9 at column 36)"]),
+    ("config_control_char", ["check", f"{C}/control_char.yaml"], ["control_char.yaml:5: control character U+0001 at "
+                                                                  "column 19"]),
     # data files
     ("data_cell_too_long", ["check", "{tmp}/bigcell.yaml"], ["bigcell.csv:2: a cell longer than 131,072 characters"]),
     ("data_nul_bytes", ["check", "{tmp}/nul.yaml"], ["nul.csv:1: a binary file, not CSV text (a NUL byte at byte 1)"]),
