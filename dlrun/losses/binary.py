@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
 
@@ -106,18 +107,28 @@ class Hinge(Loss):
     ∂L/∂z_ij = [m_ij > 0]/N for j ≠ y_i and −Σ_j [m_ij > 0]/N for j = y_i, where m_ij is the
     term inside max (its kink at 0 takes the zero branch). Gives no probabilities.
 
+    PyTorch's MultiMarginLoss also divides each sample's sum by C, the number of classes: by
+    default this loss and its gradient are C times PyTorch's, so a recipe ported from PyTorch
+    trains here at C times its effective learning rate. ``class_reduction: mean`` gives
+    PyTorch's L = (1/(N·C)) Σ_i Σ_{j≠y_i} max(0, z_ij − z_iy_i + margin) and its gradient;
+    with ``class_weights`` w it is MultiMarginLoss(weight=w, margin=margin).
+
     Args:
         margin: the score gap Δ the true class should keep over every other class.
         class_weights: one weight ≥ 0 per class: sample i's terms and gradient count w[y_i]
             times (still divided by N); ``balanced``: n / (C·n_k) from the training labels; null
             weights every sample 1.
+        class_reduction: how a sample's terms combine: ``sum`` over the wrong classes (cs231n),
+            or ``mean``: that sum divided by C, the number of classes (PyTorch's MultiMarginLoss).
     """
 
     task = "classification"
 
-    def __init__(self, margin: PositiveFloat = 1.0, class_weights: ClassWeights = None):
+    def __init__(self, margin: PositiveFloat = 1.0, class_weights: ClassWeights = None,
+                 class_reduction: Literal["sum", "mean"] = "sum"):
         self.margin = margin
         self.class_weights = weights_option(class_weights)
+        self.class_reduction = class_reduction
 
     def forward(self, z, y):
         xp = array_module(z)
@@ -129,15 +140,18 @@ class Hinge(Loss):
         self._m, self._rows, self._y = m, rows, y
         self._wy = self.sample_weights(y, z)
         per_sample = m.sum(axis=1)
+        if self.class_reduction == "mean":
+            per_sample /= z.shape[1]
         return per_sample.mean() if self._wy is None else xp.dot(per_sample, self._wy) * (1.0 / len(per_sample))
 
     def backward(self):
         d = (self._m > 0).astype(self._m.dtype)
         d[self._rows, self._y] = -d.sum(axis=1)
+        n = d.shape[0] * (d.shape[1] if self.class_reduction == "mean" else 1)  # N, or N·C
         if self._wy is None:
-            d /= d.shape[0]
+            d /= n
         else:
-            d *= (self._wy * (1.0 / d.shape[0]))[:, None]
+            d *= (self._wy * (1.0 / n))[:, None]
         return d
 
     def kink_distance(self, z, y):
@@ -149,4 +163,5 @@ class Hinge(Loss):
         return m / math.sqrt(2)
 
     def __repr__(self) -> str:
-        return f"Hinge(margin={self.margin}{', ' + self._weights_repr() if self.class_weights else ''})"
+        reduction = ", class_reduction='mean'" if self.class_reduction == "mean" else ""
+        return f"Hinge(margin={self.margin}{', ' + self._weights_repr() if self.class_weights else ''}{reduction})"
