@@ -17,7 +17,7 @@ from . import registry
 from .metrics.base import split_entry
 from .config_yaml import (Source, _join, apply_override, dump_yaml, key_paths, parse_value,  # noqa: F401
                           parse_yaml, read_config_text)
-from .errors import ConfigError, DlrunError, Location, collect
+from .errors import ConfigError, DlrunError, Location, PluginError, collect
 from .options import FilePath, NonNegativeInt, OptionError, _got, check_value, did_you_mean, recorded
 from .settings import EarlyStoppingSettings, TrainSettings, monitor_errors  # noqa: F401  (re-exported)
 
@@ -137,8 +137,11 @@ def _check_fields(cls, given: dict, path: str, locate) -> tuple[Any, list]:
     return cls(**kwargs), errors
 
 
-def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
-    """Check a parsed config; raise every problem at once (ConfigErrors)."""
+def validate(raw: Any, source: Source, base_dir: Path | None = None, run_plugins: bool = True) -> Config:
+    """Check a parsed config; raise every problem at once (ConfigErrors).
+
+    ``run_plugins``: load the files its ``plugins:`` list names. False for a config recorded in a
+    checkpoint, which never runs code: each file must already have been loaded (``--plugin``)."""
     locate = source.locate
     if not isinstance(raw, dict):
         raise ConfigError(f"expected a mapping with keys such as model, data, loss, optimizer; got {type(raw).__name__}", locate(""))
@@ -178,9 +181,14 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None) -> Config:
         raw["plugins"] = plugins
     plugin_failed = None
     if plugins:
-        from .plugins import load_plugins
+        from .plugins import load_plugins, loaded
 
         try:
+            if not run_plugins:
+                for p in plugins:
+                    if not loaded(p):
+                        raise PluginError(f"{p}: plugin code runs only from files named on the command line; "
+                                          f"add --plugin {p} to run it")
             load_plugins(plugins)
         except DlrunError as e:
             e.where = e.where or locate("plugins")
@@ -256,20 +264,22 @@ def load_config(path: str | Path, overrides: list[str] = (), seed: int | None = 
 
 
 def config_from_dict(raw: dict, name: str = "run", overrides: list[str] = (), device: str | None = None,
-                     origin: str | None = None) -> Config:
+                     origin: str | None = None, run_plugins: bool = True) -> Config:
     """Validate an already-parsed config (a checkpoint's recorded config, or one built in Python).
 
     ``overrides`` are ``--set`` items and ``device`` the ``--device`` flag, applied first;
-    ``origin`` names where the dict came from in error messages (a checkpoint file).
+    ``origin`` names where the dict came from in error messages (a checkpoint file);
+    ``run_plugins=False`` (a checkpoint's config) loads no plugin file: those it lists must have
+    been named with ``--plugin``.
     """
     src = Source(origin, known=set(key_paths(raw)))
     raw = copy.deepcopy(raw)
     raw.setdefault("name", name)
-    return _resolve(raw, src, overrides, None, device, None)
+    return _resolve(raw, src, overrides, None, device, None, run_plugins)
 
 
 def _resolve(raw: dict, source: Source, overrides, seed: int | None, device: str | None,
-             base_dir: Path | None) -> Config:
+             base_dir: Path | None, run_plugins: bool = True) -> Config:
     """Apply ``--set`` items and the --seed/--device flags, then validate; all problems at once."""
     errors: list[DlrunError] = []
     for item in overrides:
@@ -283,7 +293,7 @@ def _resolve(raw: dict, source: Source, overrides, seed: int | None, device: str
             source.flags[key] = flag
     config = None
     try:
-        config = validate(raw, source, base_dir)
+        config = validate(raw, source, base_dir, run_plugins)
     except DlrunError as e:
         errors.append(e)
     collect(errors)  # --set problems and the file's problems, all at once

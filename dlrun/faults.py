@@ -197,12 +197,18 @@ class NonFiniteGuard:
 
 
 class StopOnSignal(Callback):
-    """Turns SIGINT/SIGTERM (caught by :func:`catch_signals`) into Interrupted at a batch boundary."""
+    """Turns SIGINT/SIGTERM (caught by :func:`catch_signals`) into Interrupted at a batch boundary.
 
-    def __init__(self):
+    A signal that arrives once the last epoch has ended (``epochs``, or the epoch an early
+    stopping control in ``stoppers`` ends) stops nothing: the run finishes (summary.json,
+    checkpoints), and the caller reports the signal afterwards (``signum``)."""
+
+    def __init__(self, epochs: int | None = None, stoppers=()):
         self.signum: int | None = None
         self.epoch = self.batch = self.batches = 0
         self.every = 1
+        self.epochs, self.stoppers = epochs, list(stoppers)
+        self.finishing = False  # the run's ending: signals are only recorded
 
     def on_train_begin(self, trainer):
         self.every = getattr(trainer, "accumulate", 1)  # steps end windows of this many batches
@@ -220,7 +226,10 @@ class StopOnSignal(Callback):
             self._stop()
 
     def on_epoch_end(self, epoch, metrics):
-        if self.signum is not None:
+        if self.epochs is not None and epoch >= self.epochs or any(
+                getattr(c, "stopped_epoch", None) == epoch for c in self.stoppers):
+            self.finishing = True  # training is over: the ending runs whatever arrives
+        elif self.signum is not None:
             self._stop()
 
     def record(self) -> dict:
@@ -236,7 +245,8 @@ class StopOnSignal(Callback):
 
 @contextmanager
 def catch_signals(stop: StopOnSignal):
-    """While active, SIGINT/SIGTERM set ``stop.signum``; a second one stops at once, unsaved."""
+    """While active, SIGINT/SIGTERM set ``stop.signum``; a second one stops at once, unsaved
+    (unless ``stop.finishing``: the run's ending, which is short, is never cut)."""
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
@@ -244,11 +254,11 @@ def catch_signals(stop: StopOnSignal):
     old = {s: signal.getsignal(s) for s in sigs}
 
     def handler(signum, frame):
-        if stop.signum is not None:
+        if stop.signum is not None and not stop.finishing:
             err = Interrupted(f"second {signal.Signals(signum).name}: stopped at once without saving", signum)
             err.immediate = True
             raise err
-        stop.signum = signum
+        stop.signum = stop.signum or signum
 
     for s in sigs:
         signal.signal(s, handler)

@@ -1,8 +1,9 @@
 """Using a trained model: rebuild it from a checkpoint alone, read inputs, and tabulate predictions.
 
-The checkpoint records the resolved config, so no YAML file is needed. Plugin layers are
-re-loaded from the path recorded at training time: a missing file is an error, a file whose
-source changed gives a warning (returned, for the CLI to print).
+The checkpoint records the resolved config, so no YAML file is needed. A checkpoint never runs
+code: the plugin files its model needs must be named with ``--plugin`` (a recorded plugin that
+was not is an error saying which flag to pass); a named file whose source changed since the
+checkpoint was written gives a warning (returned, for the CLI to print).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from .datafile import expect_npy, read_csv
 from .losses import Loss
 from .errors import CheckpointError, DataError, DlrunError, PluginError, UsageError
 from .model import Sequential
-from .plugins import relocate
+from .plugins import named_for
 from .preflight import check_labels, check_model_indices
 from .run import build_model, load_data
 from .trainer import Trainer, predict
@@ -57,9 +58,9 @@ def open_model(target: str | Path, device: str | None = None) -> Restored:
     meta = ckpt.meta
     if "config" not in meta or "input_shape" not in meta:
         raise CheckpointError(f"{path}: the checkpoint records no config or input shape; it cannot be rebuilt")
-    recorded, warnings = relocate(meta["config"], meta.get("plugins"), path)
+    recorded, warnings = named_for(meta["config"], meta.get("plugins"), path)  # (files given with --plugin)
     try:
-        config = config_from_dict(recorded, device=device, origin=f"{path} (recorded config)")
+        config = config_from_dict(recorded, device=device, origin=f"{path} (recorded config)", run_plugins=False)
     except PluginError:
         raise
     except DlrunError as e:

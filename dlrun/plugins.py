@@ -53,9 +53,9 @@ def load_plugin(path: str | Path) -> None:
     except DlrunError as e:
         _forget(name, origin)
         raise PluginError(f"{p}{_line(e, p)}: {e.message}") from None
-    except Exception as e:  # the plugin's own code failed: say where, in one line
+    except (Exception, SystemExit) as e:  # the plugin's own code failed (or exited): say where, in one line
         _forget(name, origin)
-        raise PluginError(f"{p}{_line(e, p)}: plugin raised {type(e).__name__}: {e}") from None
+        raise PluginError(f"{p}{_line(e, p)}: plugin {_raised(e)}") from None
     finally:
         registry._loading_origin = None
     _loaded[key] = name
@@ -130,8 +130,15 @@ def blame(e: BaseException) -> PluginRaised | None:
     what = _component(owner) if owner is not None else None
     call = frame.f_code.co_name
     where = f"{os.path.basename(frame.f_code.co_filename)}:{hit.tb_lineno}"
-    head = f"{what}: {call} raised" if what else f"plugin code ({call}) raised"
-    return PluginRaised(f"{head} {type(e).__name__}: {e} ({where})")
+    head = f"{what}: {call}" if what else f"plugin code ({call})"
+    return PluginRaised(f"{head} {_raised(e)} ({where})")
+
+
+def _raised(e: BaseException) -> str:
+    """'raised ValueError: bad', or 'called sys.exit(0)': what code did that ended it."""
+    if isinstance(e, SystemExit):
+        return f"called sys.exit({e.code!r}), which ends the whole process; raise an exception instead"
+    return f"raised {type(e).__name__}" + (f": {e}" if str(e) else "")
 
 
 def _innermost(e: BaseException):
@@ -196,42 +203,81 @@ def _labels_problem(cls) -> str | None:
     return None
 
 
-def relocate(config: dict, records: list[dict], path) -> tuple[dict, list[str]]:
-    """The recorded ``config`` with each recorded plugin file that is gone replaced by the file
-    now defining its components (one given with ``--plugin``), and warnings for plugins that
-    moved or changed since checkpoint ``path`` was written. A plugin that is gone and not
-    replaced is a PluginError saying how to point to it."""
-    warnings, moved = [], {}
-    for rec in records or []:
+def named_for(config: dict, records: list[dict] | None, path) -> tuple[dict, list[str]]:
+    """The recorded ``config`` of checkpoint ``path`` with its ``plugins:`` list replaced by the
+    files the user named (``--plugin``) that define the recorded components, and warnings for
+    plugins that moved or changed since the checkpoint was written.
+
+    A checkpoint never causes code to run: it only names plugins. A recorded plugin whose
+    components no file given with ``--plugin`` (nor an installed entry point) defines is a
+    PluginError saying which ``--plugin`` to pass; its file is never imported from here."""
+    warnings, named, needed = [], [], []
+    records = list(records or [])
+    covered = {os.path.realpath(r["path"]) for r in records}
+    # a checkpoint written before plugin records: only the config's list says which files ran
+    records += [{"path": q, "defines": None} for q in config.get("plugins") or [] if os.path.realpath(q) not in covered]
+    for rec in records:
         old = Path(rec["path"])
-        names = rec.get("defines") or []
-        current = old
-        origins = {_origin_of(n) for n in names}  # a file given with --plugin that defines them all
-        given = origins.pop() if names and len(origins) == 1 and None not in origins else None
+        names = rec.get("defines")
+        if names is None:
+            if loaded(old):
+                named.append(str(old))
+            else:
+                needed.append((old, None))
+            continue
+        if not names:  # a file that registered nothing: the model does not need it
+            continue
+        origins = {registered_by(n) for n in names}
+        if None in origins:
+            needed.append((old, names))
+            continue
+        files = {o for o in origins if os.path.isfile(o)}  # (the rest: entry points, built-ins)
+        named += sorted(files)
+        given = files.pop() if len(files) == 1 else None
         if given is not None and os.path.realpath(given) != os.path.realpath(old):
-            current = Path(given)
-            moved[str(old)] = str(current)
-            warnings.append(f"plugin {old} is gone; using {current}, which defines {', '.join(names)}"
+            warnings.append(f"plugin {old} is gone; using {given}, which defines {', '.join(names)}"
                             if not old.is_file() else
-                            f"using {current} (given with --plugin) instead of the recorded plugin {old}, for "
+                            f"using {given} (given with --plugin) instead of the recorded plugin {old}, for "
                             f"{', '.join(names)}")
-        elif not old.is_file():
-            raise PluginError(f"{path}: the model needs plugin {old} (it defines {', '.join(names) or 'components'}), "
-                              f"but that file is missing; put it back, or name its new place with --plugin FILE.py")
-        if rec.get("sha256") and source_hash(current) != rec["sha256"]:
+        current = Path(given) if given is not None else None
+        if current is not None and rec.get("sha256") and source_hash(current) != rec["sha256"]:
             warnings.append(f"plugin {current} changed since {Path(path).name} was written (sha256 "
                             f"{rec['sha256'][:12]}… → {source_hash(current)[:12]}…); the model runs with the current code")
-    if moved:
-        config = {**config, "plugins": [moved.get(str(Path(q)), q) for q in config.get("plugins") or []]}
-    return config, warnings
+    if needed:
+        raise PluginError(_needed_message(path, needed))
+    return {**config, "plugins": list(dict.fromkeys(named))}, warnings
 
 
-def _origin_of(name: str) -> str | None:
-    """The plugin file that registered component ``name`` (of any kind), or None."""
+def _needed_message(path, needed: list) -> str:
+    """One line: the plugins a checkpoint's model needs that were not named, and the flags to pass."""
+    what = "; ".join(f"{old} (defines {', '.join(names)})" if names else str(old) for old, names in needed)
+    flags = " ".join(f"--plugin {old}" for old, _ in needed)
+    missing = [str(old) for old, _ in needed if not old.is_file()]
+    if missing:
+        gone = ("that file is missing" if len(needed) == 1 else
+                f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing")
+        return (f"{path}: the model needs plugin code from {what}, but {gone}; put it back, or name its new place "
+                f"with --plugin FILE.py")
+    return (f"{path}: the model needs plugin code from {what}; a checkpoint never runs code by itself: "
+            f"add {flags} to run it")
+
+
+def loaded(path: str | Path) -> bool:
+    """Whether plugin file ``path`` has been loaded (named with --plugin or by a config)."""
+    return str(Path(path).expanduser().resolve()) in _loaded
+
+
+def loaded_files() -> list[str]:
+    """The plugin files loaded so far, resolved, in the order they ran."""
+    return list(_loaded)
+
+
+def registered_by(name: str) -> str | None:
+    """Where component ``name`` (of any kind) was registered from: a plugin file, an entry
+    point's description, or 'builtin'; None when nothing registered it."""
     for reg in registry.REGISTRIES.values():
-        where = reg._origin.get(name)
-        if where is not None and Path(where).is_file():
-            return str(Path(where).resolve())
+        if name in reg._entries:
+            return reg.origin(name)
     return None
 
 

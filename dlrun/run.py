@@ -7,6 +7,7 @@ best ``train.monitor`` value; :mod:`dlrun.snapshot`, docs/runs.md).
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from .data import Dataset, check_range, load_data  # noqa: F401  (dlrun.run.load
 from .errors import CheckpointError, DlrunError, Interrupted, NonFiniteError, TrainingError, UsageError
 from .faults import StopOnSignal, catch_signals
 from .model import Sequential
-from .plugins import relocate
+from .plugins import blame, named_for
 from .preflight import (balance_class_weights, check_batch_memory, check_class_weights, check_labels,
                         check_model_indices)
 from .trainer import History, Trainer
@@ -45,10 +46,14 @@ def build_model(config: Config, input_shape, backend=None) -> Sequential:
 
 @dataclass
 class RunResult:
+    """A finished run. ``signal``: a SIGINT/SIGTERM that arrived after the last epoch, too late to
+    stop anything (the run finished; the caller reports it), else None."""
+
     run_dir: Path
     summary: dict
     history: History
     trainer: Trainer
+    signal: int | None = None
 
 
 def prepare(config: Config):
@@ -107,9 +112,11 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
     writer = snapshot.CheckpointWriter(run_dir / "checkpoints", config, config.train.checkpoint_every,
                                        monitor, mode, best, extra, restoring[0].min_delta if restoring else 0.0)
     ckpt = run_dir / "checkpoints" / "last.npz"
-    stop = StopOnSignal()
+    stop = StopOnSignal(config.train.epochs, deferred)
     start_step = trainer.step  # a resumed run that diverges before a good step leaves its checkpoint as it was
     try:
+        # the handlers stay until summary.json is written: a signal after the last epoch is
+        # reported once the run's ending is complete (stop.signum), never cuts it short
         with catch_signals(stop), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             t0 = time.perf_counter()
             try:
@@ -117,6 +124,7 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
                 history = trainer.fit(ds.x, ds.y, ds.x_val, ds.y_val, epochs=config.train.epochs,
                                       # the controls observe an epoch before the writer records it
                                       callbacks=[metrics_csv, *train_controls, writer, *callbacks, stop])
+                stop.finishing = True
                 for c in deferred:
                     c.restore_best()
             except Interrupted as e:
@@ -133,13 +141,35 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
                         writer.flush(_digest(trainer, ds))
                     e.message += f"\nthe last good checkpoint ({_at(trainer)}) is {ckpt}"
                 raise
+            except (Exception, SystemExit, KeyboardInterrupt) as e:
+                if isinstance(e, (DlrunError, OSError)):  # named where it was raised; a write that failed (below)
+                    raise
+                # code raised inside a batch (the trainer put the state back to where the epoch started
+                # or resumed): keep that state, as for a non-finite value, and name the code
+                named = plugin_fault(e)
+                if trainer.step > start_step:
+                    writer.flush(_digest(trainer, ds))
+                if named is None:  # a bug in dlrun itself: reported as an internal error
+                    raise
+                if ckpt.is_file():
+                    named.message += f"\nthe last good checkpoint ({_at(trainer)}) is {ckpt}"
+                raise named from None
             seconds = time.perf_counter() - t0 + seconds_before
+            summary = _summary(config, ds, trainer, run_dir, history, writer, extra, seconds)
     except OSError as e:
         kept = (f"the checkpoint {ckpt} is intact: once there is room, resume with: dlrun train --resume {run_dir}"
                 if ckpt.is_file() else "no checkpoint had been written yet, so the run cannot be resumed "
                                        "(its metrics.csv keeps the epochs run)")
         raise TrainingError(f"cannot write {e.filename or run_dir}: {e.strerror or e} (errno {e.errno}); {kept}") from None
-    last = history.last
+    return RunResult(run_dir, summary, history, trainer, stop.signum)
+
+
+def _summary(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, history: History, writer, extra: dict,
+             seconds: float) -> dict:
+    """Write summary.json: the last epoch's metrics (metrics.csv's last row when this process ran
+    no epoch: a resume that finishes a run whose ending was lost), the final model's on the
+    training data, and the run's facts."""
+    last = history.last or rundir.last_row(run_dir / "metrics.csv", trainer.epoch)
     summary = {k: last.get(k) for k in rundir.metric_columns(trainer.tracker.names)
                if k not in ("epoch", "learning_rate", "seconds")}
     final = trainer.evaluate(ds.x, ds.y)  # the saved weights, in evaluation mode (what predict sees)
@@ -148,12 +178,26 @@ def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks
                     "epochs": trainer.epoch, "seconds": round(seconds, 4), "seed": config.seed,
                     "device": config.device, "parameters": trainer.model.num_parameters,
                     "best": writer.best, **extra})
+    ckpt = run_dir / "checkpoints" / "last.npz"
     try:
         rundir.write_json(run_dir / "summary.json", summary)
     except OSError as e:
         raise TrainingError(f"cannot write {run_dir / 'summary.json'}: {e.strerror or e}; "
                             f"the checkpoint {ckpt} is complete") from None
-    return RunResult(run_dir, summary, history, trainer)
+    return summary
+
+
+def plugin_fault(e: BaseException) -> TrainingError | None:
+    """The error to report for ``e``, raised while training by code other than dlrun's: a plugin's
+    exception (named with its file:line), or a ``sys.exit`` / ``KeyboardInterrupt`` raised by code
+    (a signal never raises inside training: :func:`catch_signals` turns it into a stop). None for
+    an exception of dlrun's own."""
+    named = blame(e)
+    if named is None and isinstance(e, (SystemExit, KeyboardInterrupt)):
+        did = f"sys.exit({e.code!r}) was called" if isinstance(e, SystemExit) else "KeyboardInterrupt was raised"
+        named = TrainingError(f"training stopped: {did} during a training step by code outside dlrun's plugin files "
+                              f"(run with --debug for the traceback)")
+    return named
 
 
 def _digest(trainer: Trainer, ds) -> dict:
@@ -181,8 +225,9 @@ def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from
     train_controls = train_controls_for(config, ds, trainer)  # (prepare has checked them and the monitor)
     run_dir = rundir.new_run_dir(runs_dir, config.name)
     try:
-        rundir.write_config(run_dir, config)
-        return _fit(config, ds, trainer, run_dir, callbacks, extra, train_controls)
+        with rundir.RunLock(run_dir):
+            rundir.write_config(run_dir, config)
+            return _fit(config, ds, trainer, run_dir, callbacks, extra, train_controls)
     except BaseException:  # a run that saved nothing leaves nothing behind (an interrupted one saves)
         rundir.discard_if_empty(run_dir)
         raise
@@ -217,10 +262,11 @@ def resume_config(run_dir: str | Path, overrides=(), device: str | None = None,
     ckpt = checkpoint.read(path)
     if "config" not in ckpt.meta:
         raise CheckpointError(f"{path}: the checkpoint records no config; it cannot be resumed")
-    recorded, found = relocate(ckpt.meta["config"], ckpt.meta.get("plugins"), path)  # a moved plugin given with --plugin
+    recorded, found = named_for(ckpt.meta["config"], ckpt.meta.get("plugins"), path)  # (files given with --plugin)
     if warnings is not None:
         warnings.extend(found)
-    return config_from_dict(recorded, overrides=list(overrides), device=device, origin=str(path)), ckpt
+    return config_from_dict(recorded, overrides=list(overrides), device=device, origin=str(path),
+                            run_plugins=False), ckpt
 
 
 def config_edited(run_dir: str | Path, ckpt: checkpoint.Checkpoint) -> bool:
@@ -234,13 +280,21 @@ def config_edited(run_dir: str | Path, ckpt: checkpoint.Checkpoint) -> bool:
 
 
 def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, callbacks=()) -> RunResult:
-    """Continue a run in its own directory from ``last.npz`` up to ``config.train.epochs``."""
+    """Continue a run in its own directory from ``last.npz`` up to ``config.train.epochs``; a run
+    that trained all its epochs but whose ending was lost (no summary.json) is finished: its
+    summary.json and a best.npz that was not written are written, and nothing is trained."""
     run_dir = Path(run_dir)
+    with rundir.RunLock(run_dir):  # one process trains in a run directory at a time
+        rundir.remove_temporary_files(run_dir)  # (left by a write that was killed; none is live now)
+        return _resume(run_dir, config, ckpt, callbacks)
+
+
+def _resume(run_dir: Path, config: Config, ckpt: checkpoint.Checkpoint, callbacks) -> RunResult:
     position.check_split(ckpt.meta.get("config"), config)
     config.split_shares = ckpt.meta.get("split_shares", "per_class")  # the run's own split (data.split)
     ds, trainer = prepare(config)
     snapshot.restore(trainer, ckpt, config.seed, config.frozen)
-    if trainer.epoch >= config.train.epochs:
+    if trainer.epoch >= config.train.epochs and (trainer.position is not None or _finished(run_dir, trainer.epoch)):
         raise UsageError(f"{run_dir} has already trained {trainer.epoch} of {config.train.epochs} epochs; "
                          f"raise the total to continue, e.g. --set train.epochs={trainer.epoch + 10}")
     _monitor(config, ds, trainer)
@@ -262,3 +316,11 @@ def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, cal
         if not isinstance(e, Interrupted) and trainer.step == ckpt.meta.get("step"):  # is kept, so is config.yaml
             rundir.put_back(run_dir / "config.yaml", kept)
         raise
+
+
+def _finished(run_dir: Path, epochs: int) -> bool:
+    """Whether the run's summary.json records its ending after ``epochs`` epochs."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("epochs") == epochs
+    except (OSError, ValueError, AttributeError):
+        return False

@@ -4,7 +4,8 @@ Layout of ``RUNS_DIR/<name>-<YYYYmmdd-HHMMSS>/`` (checkpoints are :mod:`dlrun.sn
 
 * ``config.yaml``  — the resolved config, including the seed actually used;
 * ``metrics.csv``  — one row per epoch, appended as training goes;
-* ``summary.json`` — final metrics, epochs, seconds, the best epoch.
+* ``summary.json`` — final metrics, epochs, seconds, the best epoch;
+* ``.lock``        — held by the process training in it (:class:`RunLock`).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import csv
 import errno
 import json
 import os
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -72,13 +74,85 @@ def discard_if_empty(run_dir: Path) -> None:
             with open(metrics) as f:
                 if sum(1 for _ in f) > 1:  # an epoch's metrics were recorded: keep them
                     return
-        for name in ("config.yaml", "metrics.csv"):
+        for name in ("config.yaml", "metrics.csv", LOCK):
             (run_dir / name).unlink(missing_ok=True)
         if ckpts.is_dir():
             ckpts.rmdir()
         run_dir.rmdir()  # only if nothing else is there
     except OSError:
         pass
+
+
+LOCK = ".lock"
+
+
+class RunLock:
+    """Exclusive use of a run directory by the one process training in it (``with RunLock(d):``).
+
+    The lock is the operating system's lock on ``RUN/.lock`` (``flock``; ``msvcrt.locking`` on
+    Windows), which the system releases when its process ends, however it ends: a run left by a
+    killed process is never blocked. The file holds the owner's process id, for the refusal."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK
+        self.fd: int | None = None
+
+    def __enter__(self) -> "RunLock":
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise TrainingError(f"cannot write {self.path}: {e.strerror or e}") from None
+        try:
+            _lock(fd)
+        except OSError:
+            owner = os.read(fd, 32).decode(errors="replace").strip()
+            os.close(fd)
+            raise UsageError(f"{self.path.parent} is in use by process {owner or '(unknown)'}, which is training "
+                             f"in it; wait for it to finish or stop it (Ctrl-C), then try again") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # (releases the lock; the file stays, so no two processes lock two files)
+            self.fd = None
+
+
+try:
+    import fcntl
+
+    def _lock(fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except ImportError:  # pragma: no cover  (Windows)
+    import msvcrt
+
+    def _lock(fd: int) -> None:
+        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+
+
+# what a write killed before its rename leaves: checkpoints' .NAME.npz.tmp-PID, and .NAME.tmp
+_TEMPORARY = re.compile(r"^\..+\.(npz\.tmp-\d+|tmp)$")
+
+
+def remove_temporary_files(run_dir: Path) -> list[Path]:
+    """Delete the temporary files that writes killed mid-way (SIGKILL, power loss) left in the
+    run directory and its checkpoints folder; call with the :class:`RunLock` held, so that none
+    belongs to a live writer. Returns what was removed."""
+    removed = []
+    for folder in (run_dir, run_dir / "checkpoints"):
+        try:
+            names = [p for p in folder.iterdir() if _TEMPORARY.match(p.name) and p.is_file()]
+        except OSError:
+            continue
+        for p in names:
+            try:
+                p.unlink()
+                removed.append(p)
+            except OSError:
+                pass
+    return removed
 
 
 class MetricsWriter(Callback):
@@ -156,6 +230,24 @@ def truncate_metrics(path: Path, epoch: int, metrics: tuple[str, ...] = ()) -> N
         w.writerow(columns)
         w.writerows([r.get(c, "") for c in columns] for r in keep)
     os.replace(tmp, path)
+
+
+def last_row(path: Path, epoch: int) -> dict:
+    """metrics.csv's row of ``epoch`` as numbers (None for empty cells); {} when it has none."""
+    try:
+        with open(path, newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("epoch", "").isdigit() and int(r["epoch"]) == epoch]
+    except OSError:
+        return {}
+    if not rows:
+        return {}
+    out = {}
+    for k, v in rows[-1].items():
+        try:
+            out[k] = float(v) if v not in ("", None) else None
+        except ValueError:
+            out[k] = None
+    return out
 
 
 def previous_seconds(run_dir: Path, epochs: int, partial: float = 0.0) -> float:

@@ -19,7 +19,7 @@ from .config import Config
 from .errors import CheckpointError
 from .callbacks import check_monitor, control_states
 from .schedules import improved, resolve_mode
-from .plugins import source_hash
+from .plugins import loaded_files, source_hash
 from .position import EpochPosition
 from .hooks import Callback
 from .trainer import Trainer
@@ -31,15 +31,32 @@ def rng_state(gen) -> dict | None:
 
 
 def plugin_records(config: Config) -> list[dict]:
-    """Each plugin file of the config: resolved path, sha256, and the components it registers."""
-    records = []
-    for p in config.plugins:
-        path = Path(p).resolve()
-        defines = sorted(name for reg in registry.REGISTRIES.values() for name in reg._entries
-                         if reg.origin(name) not in ("builtin", None) and Path(reg.origin(name)).resolve() == path)
-        records.append({"path": str(path), "sha256": source_hash(path) if path.is_file() else None,
-                        "defines": defines})
-    return records
+    """Each plugin file the run used: resolved path, sha256, and the components it registers.
+
+    The config's ``plugins:`` files, and those given with ``--plugin`` that define a component
+    the config names, so that predict, evaluate and --resume can say which ``--plugin`` to pass."""
+    def defined_by(path: Path) -> list[str]:
+        return sorted(name for reg in registry.REGISTRIES.values() for name in reg._entries
+                      if reg.origin(name) not in ("builtin", None) and Path(reg.origin(name)).resolve() == path)
+
+    named = set(_strings(config.raw))
+    paths = [Path(p).resolve() for p in config.plugins]
+    paths += [Path(p) for p in loaded_files() if Path(p) not in paths and named & set(defined_by(Path(p)))]
+    return [{"path": str(path), "sha256": source_hash(path) if path.is_file() else None, "defines": defined_by(path)}
+            for path in paths]
+
+
+def _strings(value):
+    """Every string in a parsed config (component names among them)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
 
 
 def capture(trainer: Trainer, config: Config, extra: dict | None = None) -> tuple[dict, dict, dict]:

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import contract
 from .backend import array_module
-from .errors import Interrupted
+from .errors import Interrupted, NonFiniteError
 from .model import Sequential
 from .accumulate import GradAccumulator, windows
 from .metrics import Tracker
@@ -127,6 +127,7 @@ class Trainer:
         tracked = bool(self.tracker.metrics)
         fast = False
         epoch = done = 0
+        in_batches = False  # between the guard's mark and the epoch's end: its state may be half-updated
         try:
             while self.epoch < epochs:
                 epoch, done = self.epoch + 1, 0
@@ -147,6 +148,7 @@ class Trainer:
                 if tracked:  # (skipped without metrics: spiral's 1000 one-batch epochs felt the calls, +2.5%)
                     self._sums = self.tracker.zeros(start.metric_sums if start is not None else None)
                 guard.mark(shuffle_state, start)
+                in_batches = True
                 start = None
                 done = first
                 plan = windows(batches, bs, used, self.accumulate, first) if self.accumulate > 1 else None
@@ -173,7 +175,7 @@ class Trainer:
                                            first)
                     self.position = guard.position  # the state kept: where the epoch started or resumed
                     raise error
-                self.epoch = epoch
+                self.epoch, in_batches = epoch, False
                 m = self._evaluate_device(*val, penalty=penalty) if val is not None else _NO_VALIDATION
                 row = {"epoch": epoch, "train_loss": train_loss,
                        "train_accuracy": float(correct) / used if self.classification else None,
@@ -195,6 +197,10 @@ class Trainer:
                 self.position = guard.kept(EpochPosition(epoch, done, batches, n, bs, shuffle_state, float(loss_sum),
                                                          int(correct), time.perf_counter() - t0,
                                                          *self.tracker.position(self._sums)))
+            raise
+        except BaseException as e:  # code raised inside a batch: back to where the epoch started (or resumed)
+            if in_batches and not isinstance(e, NonFiniteError):  # (the replay has put its state back)
+                self.position = guard.restore(rewind_shuffle=True)
             raise
         finally:
             if fast:

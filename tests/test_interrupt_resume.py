@@ -148,25 +148,25 @@ def test_a_non_finite_state_at_an_interrupt_is_not_kept(tmp_path):
 
 @pytest.mark.slow
 def test_resuming_inside_an_epoch_with_other_batches_is_refused_and_a_failure_keeps_the_position(tmp_path):
-    write(tmp_path / "noise_plugin.py", NOISE)
+    plugin = write(tmp_path / "noise_plugin.py", NOISE)
     cfg = write(tmp_path / "cfg.yaml", NOISY.replace("EPOCHS", "6"))
     resumed, (meta,) = _interrupted(cfg, tmp_path / "b", InterruptAt(2, 3))
     saved = (resumed / "checkpoints" / "last.npz").read_bytes()
     rows = (resumed / "metrics.csv").read_text()
-    r = run_cli("train", "--resume", resumed, "--set", "train.batch_size=8")
+    r = run_cli("train", "--resume", resumed, "--set", "train.batch_size=8", "--plugin", plugin)
     assert r.code == 2 and "Traceback" not in r.err, r.err
     assert ("the run stopped after batch 3 of 5 of epoch 2 (72 training samples in 5 batches of 16, shuffled); "
             "the resumed config gives 72 training samples in 9 batches of 8, shuffled") in r.err
     assert "first finish epoch 2 with them (--set train.epochs=2), then resume with the new ones" in r.err
     assert (resumed / "metrics.csv").read_text() == rows  # nothing written
     # the same sizes from other data (another data seed) is refused too; it was not checked
-    r = run_cli("train", "--resume", resumed, "--set", "data.seed=9")
+    r = run_cli("train", "--resume", resumed, "--set", "data.seed=9", "--plugin", plugin)
     assert r.code == 2 and ("the run stopped after batch 3 of 5 of epoch 2, but the resumed config gives other "
                             "training data (same size, other values)") in r.err, r.err
     assert (resumed / "metrics.csv").read_text() == rows
     assert "data_digest" in meta
     # a run resumed inside an epoch that then diverges keeps the state it was resumed from
-    r = run_cli("train", "--resume", resumed, "--set", "optimizer.learning_rate=1e30")
+    r = run_cli("train", "--resume", resumed, "--set", "optimizer.learning_rate=1e30", "--plugin", plugin)
     assert r.code == 1 and "the last good checkpoint (batch 3 of 5 of epoch 2) is" in r.err, r.err
     after = checkpoint.read(resumed / "checkpoints" / "last.npz")
     assert after.meta["position"] == meta["position"] and after.meta["step"] == meta["step"]
@@ -178,7 +178,7 @@ def test_resuming_inside_an_epoch_with_other_batches_is_refused_and_a_failure_ke
     # with it: a resume then warned that config.yaml had been edited by hand)
     ckpt = checkpoint.read(resumed / "checkpoints" / "last.npz")
     assert ckpt.meta["config"]["optimizer"]["learning_rate"] == 0.3 and not run.config_edited(resumed, ckpt)
-    r = run_cli("train", "--resume", resumed, "--set", "train.epochs=2")
+    r = run_cli("train", "--resume", resumed, "--set", "train.epochs=2", "--plugin", plugin)
     assert r.code == 0 and "edited by hand" not in r.err, r.err
-    r = run_cli("train", "--resume", resumed, "--set", "train.batch_size=8", "--set", "train.epochs=3")
+    r = run_cli("train", "--resume", resumed, "--set", "train.batch_size=8", "--set", "train.epochs=3", "--plugin", plugin)
     assert r.code == 0, r.err

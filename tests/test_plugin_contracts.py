@@ -347,7 +347,9 @@ def test_a_moved_plugin_is_named_with_plugin_on_predict_evaluate_and_resume(tmp_
     assert r.code == 0, r.err
     assert f"is gone; using {moved}, which defines Twice" in r.err  # (was silent on --resume)
     r = run_cli("predict", f"{run}/checkpoints/last.npz", "--input", tmp_path / "x.csv")  # it records the new place
-    assert r.code == 0 and "is gone" not in r.err, r.err
+    assert r.code == 2 and f"add --plugin {moved}" in r.err, r.err
+    r = run_cli("predict", f"{run}/checkpoints/last.npz", "--input", tmp_path / "x.csv", "--plugin", moved)
+    assert r.code == 0 and "is gone" not in r.err and "warning" not in r.err, r.err
     # --plugin while the recorded file still exists: the given file is used (was: 'already registered')
     write(tmp_path / "copy" / "twice.py", SCALE)
     r = run_cli("evaluate", run, "--data", "spiral", "--plugin", tmp_path / "copy" / "twice.py")

@@ -147,7 +147,7 @@ class Doubler(Layer):
 
 
 @pytest.mark.slow
-def test_predict_reloads_plugin_layers_from_the_recorded_path(tmp_path):
+def test_predict_runs_plugin_layers_only_when_named_and_checks_the_recorded_source(tmp_path):
     plugin = write(tmp_path / "doubler.py", PLUGIN)
     cfg = write(tmp_path / "p.yaml", """\
 seed: 0
@@ -160,10 +160,12 @@ train: {epochs: 1}
 """)
     run = train(cfg, tmp_path / "runs")
     np.save(tmp_path / "x.npy", np.zeros((2, 2)))
-    r = run_cli("predict", run, "--input", tmp_path / "x.npy")
+    r = run_cli("predict", run, "--input", tmp_path / "x.npy")  # a checkpoint never runs code by itself
+    assert r.code == 2 and f"add --plugin {plugin.resolve()} to run it" in r.err, r.err
+    r = run_cli("predict", run, "--input", tmp_path / "x.npy", "--plugin", plugin)
     assert r.code == 0 and "warning" not in r.err, r.err
     plugin.write_text(PLUGIN + "\n# edited\n")
-    r = run_cli("predict", run, "--input", tmp_path / "x.npy")
+    r = run_cli("predict", run, "--input", tmp_path / "x.npy", "--plugin", plugin)
     assert r.code == 0 and "warning:" in r.err and "changed since" in r.err and str(plugin.resolve()) in r.err
     plugin.unlink()
     r = run_cli("predict", run, "--input", tmp_path / "x.npy")

@@ -75,7 +75,7 @@ def test_resume_equals_straight_run_with_stochastic_plugin_layer(tmp_path):
     straight = train(straight_cfg, tmp_path / "a")
     half = train(half_cfg, tmp_path / "b")
     assert len(metrics_rows(half)) == 3
-    r = run_cli("train", "--resume", half, "--set", "train.epochs=6")
+    r = run_cli("train", "--resume", half, "--set", "train.epochs=6", "--plugin", tmp_path / "noise_plugin.py")
     assert r.code == 0, r.err
     _assert_same_state(straight / "checkpoints" / "last.npz", half / "checkpoints" / "last.npz")
     _assert_same_state(straight / "checkpoints" / "best.npz", half / "checkpoints" / "best.npz")
@@ -324,10 +324,11 @@ def test_a_resume_that_fails_before_a_good_step_leaves_config_yaml_as_the_checkp
                                      "loss: SoftmaxCrossEntropy\noptimizer: SGD\ntrain: {epochs: 2}\n")
     run = train(cfg, tmp_path / "runs")
     before = (run / "config.yaml").read_bytes()
-    r = run_cli("train", "--resume", run, "--set", "train.epochs=3", "--set", "model[1].fail=true")
+    flaky = tmp_path / "flaky.py"
+    r = run_cli("train", "--resume", run, "--set", "train.epochs=3", "--set", "model[1].fail=true", "--plugin", flaky)
     assert r.code == 1 and "told to fail" in r.err, r.err
     assert (run / "config.yaml").read_bytes() == before
-    r = run_cli("train", "--resume", run, "--set", "train.epochs=3")
+    r = run_cli("train", "--resume", run, "--set", "train.epochs=3", "--plugin", flaky)
     assert r.code == 0 and "edited by hand" not in r.err, r.err
 
 

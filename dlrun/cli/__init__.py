@@ -116,7 +116,17 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(e, ClickUsageError) and e.ctx is not None:
             err.print(f"  see: {e.ctx.command_path} --help", highlight=False, markup=False)
         sys.exit(e.exit_code)
-    except (typer.Abort, KeyboardInterrupt):
+    except (SystemExit, KeyboardInterrupt) as e:  # raised by a plugin's code: its error, never a silent exit
+        named = blame(e)
+        if named is not None:
+            if debug_enabled():
+                traceback.print_exc()
+            sys.exit(fail(named))
+        if isinstance(e, SystemExit):
+            raise
+        err.print("interrupted")
+        sys.exit(130)
+    except typer.Abort:
         err.print("interrupted")
         sys.exit(130)
     except MemoryError as e:  # sizes from the command line or config (--dims N=1e11, units: 1e12)

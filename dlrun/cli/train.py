@@ -1,6 +1,7 @@
 """`dlrun train` (new runs, --resume, --init-from)."""
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Optional
 
@@ -63,3 +64,7 @@ def train_cmd(
                    and k not in ("train_loss", "train_accuracy", "val_loss", "val_accuracy"))  # train.metrics
     out.print(f"train_loss={s['train_loss']:.4f}{acc}{val}{more} epochs={s['epochs']} seconds={s['seconds']:.2f}")
     out.print(str(result.run_dir))
+    if result.signal is not None:  # it came after the last epoch: the run finished, and says so
+        err.print(f"interrupted: {signal.Signals(result.signal).name} received as training finished; the run is "
+                  f"complete (summary.json and checkpoints written), nothing to resume", markup=False)
+        raise typer.Exit(128 + result.signal)
