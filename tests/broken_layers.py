@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dlrun.layers.activations import ReLU
 from dlrun.layers.base import InputSpec, Layer
 from dlrun.layers.embedding import Embedding
 from dlrun.layers.large_margin import LargeMarginFC
@@ -397,6 +398,58 @@ class KeepsFirstBatchBuffer(Layer):
         return 2.0 * dy
 
 
+class AccumulatesInBuffer(Linear):
+    """Linear whose weight gradient is summed into a buffer of its own kept across calls
+    (``self._dw += ...`` where ``=`` belongs): each backward adds the last one's gradient."""
+
+    def build(self, input_shape):
+        out = super().build(input_shape)
+        self._dw = np.zeros_like(self.weight.data)
+        return out
+
+    def backward(self, dy):
+        if self._dw.shape != self.weight.data.shape:
+            self._dw = np.zeros_like(self.weight.data)
+        self._dw += dy.T @ self._x
+        self.weight.grad[...] = self._dw
+        self.bias.grad[...] = dy.sum(axis=0)
+        return dy @ self.weight.data
+
+
+class AnnealsInBackward(Linear):
+    """Linear scaled by a coefficient beta that backward anneals (beta *= 0.9) without declaring
+    it in ``state``: right for the forward just run, but the layer is another function after
+    every step, and checkpoints lose beta."""
+
+    def __init__(self, units: int = 4, beta: float = 1.0):
+        super().__init__(units)
+        self.beta = beta
+
+    def forward(self, x, y=None):
+        return self.beta * super().forward(x)
+
+    def backward(self, dy):
+        dx = super().backward(self.beta * dy)
+        self.beta *= 0.9
+        return dx
+
+
+class StaleMask(ReLU):
+    """ReLU whose backward mask (its branch_signature too) is computed only when the batch shape
+    changes: after the first batch of a shape it belongs to an earlier input."""
+
+    def forward(self, x, y=None):
+        if getattr(self, "_m", None) is None or self._m.shape != x.shape:
+            self._m = x > 0
+        return x * (x > 0)
+
+    def backward(self, dy):
+        return dy * self._m
+
+    def branch_signature(self):
+        return self._m
+
+
 BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
     MissingFactor: ({"x"}, set()),
     TransposedWeightGrad: ({"weight", "grad-structure"}, {"x", "bias"}),
@@ -428,5 +481,10 @@ BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
     UndeclaredPhase: ({"x", "weight", "bias"}, set()),
     Float32Scratch: ({"weight", "grad-structure"}, {"x", "bias"}),
     KeepsFirstBatchBuffer: ({"fast-mode"}, {"x"}),
+    # a layer that does not repeat itself fails the checks comparing two of its calls as well: those
+    # follow from the root cause (n/a), and are not blamed on causes of their own
+    AccumulatesInBuffer: ({"weight", "reentrant"}, {"x", "bias", "zero-upstream", "fast-mode", "non-contiguous"}),
+    AnnealsInBackward: ({"state", "reentrant"}, {"zero-upstream", "fast-mode", "non-contiguous"}),
+    StaleMask: ({"x", "state"}, {"kink-skips"}),
 }
 CORRECT = [FreesItsCache, ClobbersOutput]  # unusual but right: they must PASS

@@ -88,10 +88,10 @@ def print_report(report, shown: set | None = None) -> None:
         out.print(f"  {tensor_line(r)}", markup=False, soft_wrap=True)
         for n in r.notes:  # a grad-structure problem already starts with the tensor's name
             out.print(f"  {n}" if n.startswith(f"{r.name}: ") else f"  {r.name}: {n}", markup=False, soft_wrap=True)
-    if report.kinks and (report.kinks["redrawn"] or report.kinks["near"]):
+    if report.kinks and (report.kinks["redrawn"] or report.kinks["near"] or report.kinks.get("crossed")):
         out.print(f"  {kinks_line(report.kinks)}", markup=False, soft_wrap=True)
     for a in report.aux:
-        if a.status == "n/a":
+        if a.status == NA and not a.detail:  # (not run; one with a detail was not judged, and says why)
             continue
         out.print(f"  aux {a.name:<17} {_status(a.status)}" + (f"  {escape(a.detail)}" if a.detail else ""), soft_wrap=True)
     for c in report.children:
@@ -108,15 +108,19 @@ def print_report(report, shown: set | None = None) -> None:
 
 
 def kinks_line(k: dict) -> str:
-    """What redrawing away from declared kinks did (report.kinks)."""
+    """What redrawing away from kinks did (report.kinks)."""
     margin = f"--kink-margin {k['margin']:.1e}"
     if "float32_margin" in k:  # points differenced in float32 (no float64 copy) were held to the wider one
         margin += f" ({k['float32_margin']:.1e} where differences were taken in float32)"
-    line = f"kinks: {k['redrawn']} point draw(s) within {margin} of a kink were redrawn"
+    parts = []
+    if k["redrawn"] or k["near"]:
+        parts.append(f"{k['redrawn']} point draw(s) within {margin} of a kink were redrawn")
     if k["near"]:
-        line += (f"; {k['near']} point(s) still within it after --resample redraws were checked "
-                 f"(elements whose difference crosses a kink are skipped when the layer has a branch_signature)")
-    return line
+        parts.append(f"{k['near']} point(s) still within it after --resample redraws were checked (elements whose "
+                     f"difference crosses a kink are skipped when the layer has a branch_signature)")
+    if k.get("crossed"):
+        parts.append(f"{k['crossed']} point draw(s) with over 1% of their differences crossing a kink were redrawn")
+    return "kinks: " + "; ".join(parts)
 
 
 def summary_table(reports) -> Table:

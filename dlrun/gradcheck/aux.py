@@ -24,6 +24,12 @@
 * adds-gradient (regularizers): ``add_gradient`` adds its increment to the gradient it is given;
 * kink-skips (shown only when it fails): after every redraw a point still has over half of its
   differences skipped for crossing a kink.
+
+reentrant and state are root causes: a layer that does not give the same result twice at one
+point (a buffer that accumulates, a coefficient annealed in backward, a mask kept from an earlier
+call) also fails every check that compares two of its calls, and its tensors fail against
+differences taken after later calls. :func:`attribute` reports those as following from the root
+cause instead of blaming them on causes of their own.
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ import numbers
 import numpy as np
 
 from ..contract import UNWRITTEN_HINT, mark_unwritten, transposed_shape, unwritten
+from .diagnose import Pattern
 from .harness import LayerRaised
 from .report import FAIL, NA, PASS, AuxResult
 
@@ -124,9 +131,9 @@ def skip_problem(runs: list, redraws: int) -> str | None:
     if skipped <= 0.5 * (skipped + checked):
         return None
     return (f"{skipped} of {skipped + checked} differences crossed a kink (the branch signature changed under the "
-            f"step) after {redraws} redraw(s), so too little was compared: a signature must change only where the "
-            f"branch switches (a mask such as x > 0, an argmax), not with every value; or --eps is too large for "
-            f"how close together its kinks are")
+            f"step) after {redraws} redraw(s) of the point, so too little was compared: a signature must change only "
+            f"where the branch switches (a mask such as x > 0, an argmax), not with every value; or --eps is too large "
+            f"for how close together its kinks are")
 
 
 def float32_values(grad, what: str) -> str | None:
@@ -143,6 +150,36 @@ def float32_values(grad, what: str) -> str | None:
     return (f"{what}: every element of its gradient is a float32 value although the check runs in float64: backward "
             f"computes it in float32 (a scratch array made with np.float32?); make scratch arrays in the input's "
             f"dtype (np.zeros_like(x), or dtype=x.dtype)")
+
+
+ROOTS = ("reentrant", "state")  # the layer is not the same function from call to call
+# checks that compare two calls (second-point is not one: it names a stale cache itself)
+DERIVED = ("zero-upstream", "fast-mode", "non-contiguous", "kink-skips")
+
+
+def attribute(aux: list, tensors: list) -> None:
+    """When a root cause failed (reentrant, state), the checks that compare two calls of the layer
+    (DERIVED) fail whatever else is right or wrong, each naming a cause of its own (a reused buffer,
+    a copy through ravel, a signature that changes with every value), and the failing tensors were
+    compared with differences taken after later calls (a pattern such as '2 ×' is the number of
+    calls, not a factor in the formula). Those checks become n/a with a line naming the root
+    cause, and the tensors' pattern notes give way to one saying the same."""
+    roots = [a.name for a in aux if a.name in ROOTS and a.status == FAIL]
+    if not roots:
+        return
+    cause = " and ".join(f"aux {r}" for r in roots)
+    for a in aux:
+        if a.name in DERIVED and a.status == FAIL:
+            a.status = NA
+            a.detail = (f"not judged: follows from {cause} (the layer does not give the same result twice at one "
+                        f"point, so two calls differ whatever this check looks for)")
+    for t in tensors:
+        if t.status != FAIL:
+            continue
+        kept = [n for n in t.notes if not isinstance(n, Pattern)]
+        t.notes = kept + [f"{t.name}: not diagnosed further: the layer does not give the same result twice at one "
+                          f"point ({cause}), so its gradient and the finite differences come from calls that differ; "
+                          f"this failure may follow from that alone: fix it first"]
 
 
 def max_gap(a: dict, b: dict) -> tuple[str, float] | None:

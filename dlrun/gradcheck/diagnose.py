@@ -10,7 +10,9 @@ element compared at one point, are tested for:
 * a = 0 where n is not: a gradient never written (or written to a copy);
 * failures confined to a few indices of one axis (rows or columns of a weight matrix).
 
-Each finding is one line (a note of the tensor); nothing is said when no pattern fits.
+Each finding is one line (a note of the tensor, a :class:`Pattern`); nothing is said when no
+pattern fits. A pattern is a guess about backward's formula: when the layer does not repeat itself
+at one point (aux reentrant or state fails), the runner withdraws it (gradcheck.aux.attribute).
 """
 from __future__ import annotations
 
@@ -18,6 +20,10 @@ import numpy as np
 
 FIT = 1e-2  # relative residual below which a pattern "fits": float32 noise is ~1e-6, a bug ~1
 FEW = 3  # at most this many indices of an axis, for "confined to"
+
+
+class Pattern(str):
+    """A note that guesses the bug from the numbers' pattern (a factor, a sign, a transpose)."""
 
 
 def describe(name: str, shape: tuple, a: np.ndarray, n: np.ndarray, flat: np.ndarray, bad: np.ndarray) -> str | None:
@@ -28,15 +34,15 @@ def describe(name: str, shape: tuple, a: np.ndarray, n: np.ndarray, flat: np.nda
     if flat.size < 2 or not bad.any() or not np.isfinite(scale):
         return None
     if scale > 0 and not a.any():
-        return (f"backward's gradient for {name} is 0 at every element compared, finite differences are not: it "
-                f"is never written (or written to a copy, or the cache it reads is empty)")
+        return Pattern(f"backward's gradient for {name} is 0 at every element compared, finite differences are "
+                       f"not: it is never written (or written to a copy, or the cache it reads is empty)")
     if scale == 0:
         return None
     c = float(np.dot(a, n)) / scale ** 2
     if abs(c - 1) > 5 * FIT and np.linalg.norm(a - c * n) <= FIT * abs(c) * scale and np.count_nonzero(n) >= 2:
-        return _factor(name, c)
-    transposed = _transposed(name, shape, a, n, flat)
-    return transposed or _confined(name, shape, flat[bad], flat.size, int(bad.sum()))
+        return Pattern(_factor(name, c))
+    found = _transposed(name, shape, a, n, flat) or _confined(name, shape, flat[bad], flat.size, int(bad.sum()))
+    return None if found is None else Pattern(found)
 
 
 def _factor(name: str, c: float) -> str:

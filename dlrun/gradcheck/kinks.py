@@ -49,13 +49,15 @@ class Dodge:
 
     ``redrawn``: points drawn again for being too close; ``near``: points checked although
     still too close after every redraw (their crossing elements are then skipped, if the layer
-    has a signature, or compared: a failure there may be the kink's).
+    has a signature, or compared: a failure there may be the kink's); ``crossed``: points drawn
+    again because over 1% of their differences crossed a kink (the caller counts them).
     """
 
     margin: float
     fallback_margin: float | None = None
     redrawn: int = 0
     near: int = 0
+    crossed: int = 0
     declared: bool = False
     widened: bool = False  # a point was held to fallback_margin
 
@@ -98,10 +100,12 @@ class Dodge:
         return False
 
     def annotate(self, report) -> None:
-        """Record the counts (``report.kinks``) and the margins (its settings) when something
-        declared a distance; a smooth layer's report stays as it was."""
+        """Record the counts (``report.kinks``) when something declared a distance or a point was
+        redrawn for crossing kinks, and the margins (its settings) when something declared a
+        distance; a smooth layer's report stays as it was."""
+        if self.declared or self.crossed:
+            report.kinks = {"margin": self.margin, "redrawn": self.redrawn, "near": self.near, "crossed": self.crossed}
         if self.declared:
-            report.kinks = {"margin": self.margin, "redrawn": self.redrawn, "near": self.near}
             report.settings["kink_margin"] = self.margin
             if self.widened:
                 report.kinks["float32_margin"] = report.settings["float32_kink_margin"] = self.fallback_margin

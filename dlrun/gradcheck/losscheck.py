@@ -144,6 +144,7 @@ def scalar_report(name: str, settings: Settings, configs: list, where_of, check_
                     run = check_point(dims, where, point_log, dodge, attempt == settings.resample)
                     if run is not None and not kinks.too_many_skipped(run.skipped, run.checked):
                         break
+                    dodge.crossed += run is not None and attempt < settings.resample
                 else:
                     problem = None if run is None else aux.skip_problem([run], settings.resample)
                     if problem and not settings.detect_kinks:  # (shown only when it fails)

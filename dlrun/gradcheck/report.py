@@ -92,7 +92,7 @@ class LayerReport:
     warnings: list = field(default_factory=list)
     seconds: float = 0.0
     children: list = field(default_factory=list)  # per-layer reports of a whole-model check
-    kinks: dict | None = None  # declared kink distances: {"margin", "redrawn", "near"} (gradcheck.kinks.Dodge)
+    kinks: dict | None = None  # redrawn points: {"margin", "redrawn", "near", "crossed"} (gradcheck.kinks.Dodge)
 
     @property
     def failed(self) -> list[str]:

@@ -109,6 +109,15 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
     note = f"declared state {', '.join(declared)} changes in a step; frozen and restored during the check" if declared else ""
     log.record("state", not hidden, f"{'; '.join(hidden)} in one forward/backward but is not declared in `state`",
                where, note)
+    if h.signed:  # the branch choices at the point now, after the calls above: the differences' reference
+        h.forward(x, y)
+        now = h.signature()
+        if not kinks.same(now, sig0):
+            log.record("state", False, "branch_signature() differs between two forwards at the same point: forward "
+                       "keeps its branch choices (a mask, an argmax) from an earlier call instead of taking them from "
+                       "this input: a stale cache, which backward reads too (compute the mask in every forward)",
+                       where)
+        sig0 = now
 
     g64 = g.astype(np.float64)
     side = twin.own_side(h, x, y, trainable, sig0, out0, settings.dtype)
@@ -234,6 +243,7 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
         log.record("float32", problem is None, problem or "")
     report.tensors = list(results.values())
     report.aux = log.listing()
+    aux.attribute(report.aux, report.tensors)
     dodge.annotate(report)
     report.seconds = time.perf_counter() - t0
     return report
@@ -264,6 +274,7 @@ def _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settin
                     continue
                 if not kinks.too_many_skipped(sum(r.skipped for r in runs), sum(r.checked for r in runs)):
                     break
+                dodge.crossed += not final  # (drawn again for it: counted with the kinks)
             else:
                 problem = aux.skip_problem(runs, settings.resample)
                 if problem and not settings.detect_kinks:  # (the detector's skips come from the chosen step)

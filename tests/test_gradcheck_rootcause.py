@@ -1,0 +1,118 @@
+"""gradcheck names a root cause without blaming its consequences on other causes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from broken_layers import AccumulatesInBuffer, AnnealsInBackward, StaleMask
+from conftest import write
+from test_gradcheck_broken import registered
+
+from dlrun.gradcheck import FAIL, PASS, check_layer
+from dlrun.gradcheck.diagnose import Pattern
+from dlrun.gradcheck.report import NA
+
+HERE = __import__("pathlib").Path(__file__).resolve().parent
+
+
+def plugin(tmp_path, cls) -> str:
+    """A --plugin file registering the fixture ``cls`` of broken_layers under its own name (the
+    CLI runs in a subprocess)."""
+    return str(write(tmp_path / f"{cls.__name__.lower()}.py", f"""
+import sys
+sys.path.insert(0, {str(HERE)!r})
+from broken_layers import {cls.__name__}
+from dlrun.registry import layers
+layers.register("{cls.__name__}")({cls.__name__})
+"""))
+
+
+def _aux(report, name):
+    return next(a for a in report.aux if a.name == name)
+
+
+def _tensor(report, name):
+    return next(t for t in report.tensors if t.name == name)
+
+
+@pytest.mark.parametrize("cls, roots", [(AccumulatesInBuffer, "aux reentrant"),
+                                        (AnnealsInBackward, "aux reentrant and aux state")])
+def test_a_layer_that_does_not_repeat_itself_is_blamed_once(cls, roots):
+    """A buffer that accumulates, a coefficient annealed in backward: the checks that compare two
+    calls failed too, each with a cause of its own (a reused buffer, a copy through ravel, backward
+    not multiplied by the upstream gradient), and the tensors got a '2 ×' factor hint."""
+    with registered(cls) as name:
+        report = check_layer(name)
+    assert report.verdict == FAIL
+    for check in ("zero-upstream", "fast-mode", "non-contiguous"):
+        a = _aux(report, check)
+        assert a.status in (PASS, NA), (check, a)
+        if a.status == NA:
+            assert a.detail.startswith(f"not judged: follows from {roots}"), a.detail
+    failed = [t for t in report.tensors if t.status == FAIL]
+    assert failed
+    for t in failed:
+        assert not any(isinstance(n, Pattern) or "×" in n for n in t.notes), t.notes
+        assert any(f"not diagnosed further: the layer does not give the same result twice at one point ({roots})"
+                   in n for n in t.notes), t.notes
+    assert set(report.failed) <= {"x", "weight", "bias", "reentrant", "state"}, report.failed
+
+
+def test_the_accumulating_buffer_fails_what_it_broke_and_only_that(cli, tmp_path):
+    with registered(AccumulatesInBuffer) as name:
+        report = check_layer(name)
+    assert {a.name for a in report.aux if a.status == NA and a.detail} == {"zero-upstream", "fast-mode",
+                                                                           "non-contiguous"}
+    r = cli("gradcheck", "AccumulatesInBuffer", "--plugin", plugin(tmp_path, AccumulatesInBuffer))
+    assert r.code == 1 and "RESULT AccumulatesInBuffer: FAIL (weight, reentrant)" in r.out, r.out
+    assert "aux fast-mode         n/a  not judged: follows from aux reentrant" in r.out, r.out
+    assert "a constant factor" not in r.out and "writes through a copy" not in r.out
+
+
+def test_a_stale_mask_with_a_signature_is_stale_state_and_its_point_is_compared(cli, tmp_path):
+    """The mask backward reads (and branch_signature returns) came from an earlier input: every
+    difference at the second point was skipped as a kink crossing, redrawn 20 times, and kink-skips
+    blamed the signature's design or --eps; the JSON said 0 redraws."""
+    with registered(StaleMask) as name:
+        report = check_layer(name)
+    r = cli("gradcheck", "StaleMask", "--plugin", plugin(tmp_path, StaleMask), "--json")
+    state = _aux(report, "state")
+    assert state.status == FAIL and "branch_signature() differs between two forwards at the same point" in state.detail
+    assert "stale cache" in state.detail
+    x = _tensor(report, "x")
+    assert x.status == FAIL and x.skipped == 0 and x.checked > 0, x  # compared, not skipped away
+    assert _aux(report, "kink-skips").status != FAIL
+    d = json.loads(r.out)
+    assert d["kinks"]["redrawn"] == d["kinks"]["crossed"] == 0 and "redraw(s)" not in r.out
+
+
+def test_redraws_for_crossed_kinks_are_counted_in_json_as_the_text_says(cli, tmp_path):
+    """A signature that changes with every value: the text said 'after 20 redraw(s)', the JSON
+    nothing of them."""
+    path = write(tmp_path / "everykink.py", '''
+from dlrun.layers import InputSpec, Layer
+from dlrun.registry import layers
+
+
+@layers.register()
+class EveryValueSignature(Layer):
+    """y = 2x, whose branch_signature is the input itself: every step changes it."""
+
+    input_spec = InputSpec(shape=("D",))
+
+    def forward(self, x):
+        self._x = x.copy()
+        return 2 * x
+
+    def backward(self, dy):
+        return 2 * dy
+
+    def branch_signature(self):
+        return self._x
+''')
+    args = ("gradcheck", "EveryValueSignature", "--plugin", path, "--resample", "3")
+    text = cli(*args)
+    d = json.loads(cli(*args, "--json").out)
+    assert "after 3 redraw(s) of the point" in text.out, text.out
+    assert d["kinks"]["crossed"] == 4 * 3, d["kinks"]  # 2 shapes x 2 points, each redrawn 3 times
+    assert "kinks: 12 point draw(s) with over 1% of their differences crossing a kink were redrawn" in text.out
