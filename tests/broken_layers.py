@@ -450,6 +450,16 @@ class StaleMask(ReLU):
         return self._m
 
 
+class AssignsTransposedGrad(Linear):
+    """Linear writing xᵀ·dy into weight.grad in place: (D, units) into (units, D), which numpy
+    refuses unless the weight is square (then it runs, transposed)."""
+
+    def backward(self, dy):
+        self.weight.grad[...] = self._x.T @ dy
+        self.bias.grad[...] = dy.sum(axis=0)
+        return dy @ self.weight.data
+
+
 BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
     MissingFactor: ({"x"}, set()),
     TransposedWeightGrad: ({"weight", "grad-structure"}, {"x", "bias"}),
@@ -486,5 +496,6 @@ BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
     AccumulatesInBuffer: ({"weight", "reentrant"}, {"x", "bias", "zero-upstream", "fast-mode", "non-contiguous"}),
     AnnealsInBackward: ({"state", "reentrant"}, {"zero-upstream", "fast-mode", "non-contiguous"}),
     StaleMask: ({"x", "state"}, {"kink-skips"}),
+    AssignsTransposedGrad: ({"weight", "grad-structure"}, {"bias"}),  # (backward raised: x is not compared)
 }
 CORRECT = [FreesItsCache, ClobbersOutput]  # unusual but right: they must PASS

@@ -1,14 +1,15 @@
-"""gradcheck names a root cause without blaming its consequences on other causes."""
+"""gradcheck names a root cause without blaming its consequences on other causes; a gradient
+written with the wrong shape is a FAIL."""
 from __future__ import annotations
 
 import json
 
 import pytest
-from broken_layers import AccumulatesInBuffer, AnnealsInBackward, StaleMask
+from broken_layers import AccumulatesInBuffer, AnnealsInBackward, AssignsTransposedGrad, StaleMask
 from conftest import write
 from test_gradcheck_broken import registered
 
-from dlrun.gradcheck import FAIL, PASS, check_layer
+from dlrun.gradcheck import FAIL, PASS, Settings, check_layer
 from dlrun.gradcheck.diagnose import Pattern
 from dlrun.gradcheck.report import NA
 
@@ -116,3 +117,40 @@ class EveryValueSignature(Layer):
     assert "after 3 redraw(s) of the point" in text.out, text.out
     assert d["kinks"]["crossed"] == 4 * 3, d["kinks"]  # 2 shapes x 2 points, each redrawn 3 times
     assert "kinks: 12 point draw(s) with over 1% of their differences crossing a kink were redrawn" in text.out
+
+
+def test_a_transposed_gradient_written_in_place_is_a_fail_naming_it(cli, tmp_path):
+    """p.grad[...] = x.T @ dy: numpy refuses the broadcast; that was exit 2, as for a usage error."""
+    with registered(AssignsTransposedGrad) as name:
+        report = check_layer(name)
+        square = check_layer(name, settings=Settings(dims="D=3,C=3"))
+    r = cli("gradcheck", "AssignsTransposedGrad", "--plugin", plugin(tmp_path, AssignsTransposedGrad))
+    assert report.verdict == FAIL and report.failed == ["weight", "grad-structure"], report.failed
+    weight = _tensor(report, "weight")
+    assert weight.status == FAIL and weight.shapes == [[4, 3]]
+    assert any("weight: backward writes an array of shape (3, 4) into weight.grad, of shape (4, 3) (transposed"
+               in n for n in weight.notes), weight.notes
+    assert "each other's transpose" in report.error  # the raise itself, with its line, is still shown
+    assert r.code == 1 and "RESULT AssignsTransposedGrad: FAIL (weight, grad-structure)" in r.out, r.out
+    # square: it runs, and the pattern names the transpose
+    assert any("is the transpose of the finite differences" in n for n in _tensor(square, "weight").notes)
+
+
+def test_a_gradient_of_another_shape_written_in_place_is_a_fail_too(cli, tmp_path):
+    rows = write(tmp_path / "rows.py", '''
+from dlrun.layers.linear import Linear
+from dlrun.registry import layers
+
+
+@layers.register()
+class RowSumBias(Linear):
+    """Linear whose bias gradient sums over the wrong axis, written in place."""
+
+    def backward(self, dy):
+        self.weight.grad[...] = dy.T @ self._x
+        self.bias.grad[...] = dy.sum(axis=1)
+        return dy @ self.weight.data
+''')
+    r = cli("gradcheck", "RowSumBias", "--plugin", rows)
+    assert r.code == 1 and "RESULT RowSumBias: FAIL (bias, grad-structure)" in r.out, r.out
+    assert "bias: backward writes an array of shape (7,) into bias.grad, of shape (4,)" in r.out

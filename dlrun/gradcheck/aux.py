@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 
 import numpy as np
 
@@ -180,6 +181,25 @@ def attribute(aux: list, tensors: list) -> None:
         t.notes = kept + [f"{t.name}: not diagnosed further: the layer does not give the same result twice at one "
                           f"point ({cause}), so its gradient and the finite differences come from calls that differ; "
                           f"this failure may follow from that alone: fix it first"]
+
+
+_BROADCAST = re.compile(r"could not broadcast input array from shape \(([\d, ]*)\) into shape \(([\d, ]*)\)")
+
+
+def misfit_gradient(e: LayerRaised, tensors: dict) -> tuple[list[str], str] | None:
+    """``backward`` raised numpy's broadcast error while writing into an array of a gradient's
+    shape (``p.grad[...] = x.T @ dy``): the names of the tensors of that shape (``tensors``: name ->
+    shape) and a line saying what was written, or None for any other error."""
+    m = _BROADCAST.search(str(e.error)) if e.call == "backward" and isinstance(e.error, ValueError) else None
+    if m is None:
+        return None
+    got, into = (tuple(int(v) for v in g.replace(" ", "").split(",") if v) for g in m.groups())
+    names = [n for n, shape in tensors.items() if tuple(shape) == into]
+    if not names:
+        return None
+    what = " or ".join(f"{n}.grad" if n != "x" else "dx" for n in names)
+    return names, (f"{', '.join(names)}: backward writes an array of shape {got} into {what}, of shape {into}"
+                   f"{transposed_shape(got, into) or ': the gradient has the wrong shape'}")
 
 
 def max_gap(a: dict, b: dict) -> tuple[str, float] | None:

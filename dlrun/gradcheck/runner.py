@@ -13,7 +13,7 @@ from .compare import explain_rounding
 from .dtypes import float32_problem
 from .jacobian import TooLarge, check_jacobians
 from .numeric import TensorRun, check_tensor
-from .report import LayerReport, TensorResult, merge, new_report
+from .report import FAIL, LayerReport, TensorResult, merge, new_report
 from .settings import Settings
 
 def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where: str, log: aux.AuxLog):
@@ -232,6 +232,8 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
                               dodge)
         except (LayerRaised, ContractError, TooLarge) as e:
             report.error = str(e)
+            if isinstance(e, LayerRaised) and e.call == "backward":  # p.grad[...] = x.T @ dy: a wrong gradient
+                _misfit(e, layer, spec, n, shape, results, log)
             break
     if few and all(few):  # no configuration repeats labels enough (the defaults have one that does)
         report.warnings.append(few[0])
@@ -247,6 +249,26 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
     dodge.annotate(report)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _misfit(e: LayerRaised, layer, spec, n: int, shape: tuple, results: dict, log: aux.AuxLog) -> None:
+    """Record a backward that raised writing an array of the wrong shape into a gradient as a
+    FAIL of that gradient (grad-structure and the tensor), beside the error."""
+    shapes = {k: p.data.shape for k, p in layer.params.items() if p.trainable}
+    if spec.kind in inputs.FLOAT_KINDS:
+        shapes = {"x": (n, *shape), **shapes}
+    found = aux.misfit_gradient(e, shapes)
+    if found is None:
+        return
+    names, detail = found
+    log.record("grad-structure", False, detail, e.where)
+    for k in names:
+        t = results.setdefault(k, TensorResult(k, "input" if k == "x" else "param", dtype=str(layer.dtype)))
+        if list(shapes[k]) not in t.shapes:
+            t.shapes.append(list(shapes[k]))
+        t.status = FAIL
+        if detail not in t.notes:
+            t.notes.append(detail)
 
 
 def _check_phases(h, spec, dims, shape, out_shape, n, phases, where_dims, settings, rng, results, log, dodge):
