@@ -460,6 +460,22 @@ class AssignsTransposedGrad(Linear):
         return dy @ self.weight.data
 
 
+class ComputesInFloat32(Linear):
+    """A correct Linear that computes in float32 whatever it is given, by design, and returns the
+    input's dtype: a float64 check differences float32 rounding."""
+
+    def forward(self, x, y=None):
+        self._x = x
+        w, b = self.weight.data.astype(np.float32), self.bias.data.astype(np.float32)
+        return (x.astype(np.float32) @ w.T + b).astype(x.dtype)
+
+    def backward(self, dy):
+        g = dy.astype(np.float32)
+        self.weight.grad[...] = g.T @ self._x.astype(np.float32)
+        self.bias.grad[...] = g.sum(axis=0)
+        return (g @ self.weight.data.astype(np.float32)).astype(dy.dtype)
+
+
 BUGS = {  # class -> (tensors or aux checks that must FAIL, ones that must not)
     MissingFactor: ({"x"}, set()),
     TransposedWeightGrad: ({"weight", "grad-structure"}, {"x", "bias"}),

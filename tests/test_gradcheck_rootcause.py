@@ -1,11 +1,11 @@
 """gradcheck names a root cause without blaming its consequences on other causes; a gradient
-written with the wrong shape is a FAIL."""
+written with the wrong shape is a FAIL; a layer computing in float32 is pointed at --dtype float32."""
 from __future__ import annotations
 
 import json
 
 import pytest
-from broken_layers import AccumulatesInBuffer, AnnealsInBackward, AssignsTransposedGrad, StaleMask
+from broken_layers import AccumulatesInBuffer, AnnealsInBackward, AssignsTransposedGrad, ComputesInFloat32, StaleMask
 from conftest import write
 from test_gradcheck_broken import registered
 
@@ -154,3 +154,16 @@ class RowSumBias(Linear):
     r = cli("gradcheck", "RowSumBias", "--plugin", rows)
     assert r.code == 1 and "RESULT RowSumBias: FAIL (bias, grad-structure)" in r.out, r.out
     assert "bias: backward writes an array of shape (7,) into bias.grad, of shape (4,)" in r.out
+
+
+def test_a_layer_computing_in_float32_is_pointed_at_dtype_float32(cli, tmp_path):
+    args = ("gradcheck", "ComputesInFloat32", "--plugin", plugin(tmp_path, ComputesInFloat32))
+    r64, r32 = cli(*args), cli(*args, "--dtype", "float32")
+    assert r64.code == 1 and "check it with --dtype float32" in r64.out, r64.out
+    assert "forward computes in float32" in r64.out
+    assert r32.code == 0, r32.out
+
+
+def test_float32_hints_stay_off_correct_float64_layers():
+    report = check_layer("Linear")
+    assert report.verdict == PASS and not any("--dtype float32" in n for t in report.tensors for n in t.notes)

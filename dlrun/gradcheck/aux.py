@@ -86,8 +86,19 @@ def grad_problem(grad, ref, what: str) -> str | None:
         return (f"{what}: grad shape {tuple(shape)} != {'input' if what in ('x', 'z') else 'param'} shape "
                 f"{tuple(ref.shape)}{transposed_shape(shape, ref.shape)}")
     if grad.dtype != ref.dtype:
-        return f"{what}: grad dtype {grad.dtype} != tensor dtype {ref.dtype}"
+        return f"{what}: grad dtype {grad.dtype} != tensor dtype {ref.dtype}" + by_design(grad.dtype, ref.dtype)
     return None
+
+
+def by_design(got, want) -> str:
+    """'; a layer that computes in float32 by design ...' when float32 came back from a float64
+    check, else ''."""
+    if np.dtype(got) != np.float32 or np.dtype(want) != np.float64:
+        return ""
+    return "; " + FLOAT32_BY_DESIGN
+
+
+FLOAT32_BY_DESIGN = "if the layer computes in float32 by design, check it with --dtype float32"
 
 
 def unwritten_by(h, trainable: dict, x, y, g: np.ndarray, grads: dict) -> dict:
@@ -144,13 +155,34 @@ def float32_values(grad, what: str) -> str | None:
     (errors near 1e-7 pass the float64 tolerances)."""
     if grad is None or getattr(grad, "dtype", None) != np.float64:
         return None
-    nz = grad[grad != 0]
-    nz = nz[np.isfinite(nz)]
-    if nz.size < 4 or not np.array_equal(nz.astype(np.float32).astype(np.float64), nz):
+    if not float32_valued(grad):
         return None
     return (f"{what}: every element of its gradient is a float32 value although the check runs in float64: backward "
             f"computes it in float32 (a scratch array made with np.float32?); make scratch arrays in the input's "
-            f"dtype (np.zeros_like(x), or dtype=x.dtype)")
+            f"dtype (np.zeros_like(x), or dtype=x.dtype), or, {FLOAT32_BY_DESIGN}")
+
+
+def float32_valued(a) -> bool:
+    """Whether every finite nonzero element of a float64 array (at least 4) is a float32 number,
+    not all of them integers: what a computation in float32 gives, and a float64 one from random
+    inputs with odds of about 2⁻²⁹ per element."""
+    if a is None or getattr(a, "dtype", None) != np.float64:
+        return False
+    nz = a[a != 0]
+    nz = nz[np.isfinite(nz)]
+    return bool(nz.size >= 4 and np.array_equal(nz.astype(np.float32).astype(np.float64), nz)
+                and not np.array_equal(nz, np.round(nz)))
+
+
+def float32_note(out, dtype: str) -> str | None:
+    """A float64 check's note for failing tensors when forward computes in float32 (its output
+    is float32, or holds float32 values only): float64's step differences float32 rounding."""
+    if dtype != "float64" or out is None:
+        return None
+    if getattr(out, "dtype", None) != np.float32 and not float32_valued(out):
+        return None
+    return ("forward computes in float32 (its output holds float32 values only), so differences with float64's step "
+            f"1e-6 measure float32 rounding, not the derivative; {FLOAT32_BY_DESIGN} (float32's step and tolerances)")
 
 
 ROOTS = ("reentrant", "state")  # the layer is not the same function from call to call

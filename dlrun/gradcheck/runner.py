@@ -34,7 +34,8 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
         raise ContractError(f"forward returned {type(out).__name__}, expected an array of shape {expected} ({where})")
     log.record("output-shape", tuple(out.shape) == expected and out.dtype == settings.np_dtype,
                f"forward returned shape {tuple(out.shape)} {out.dtype}, expected {expected} {np.dtype(settings.np_dtype)} "
-               f"(the shape build declared, the dtype of the check)", where)
+               f"(the shape build declared, the dtype of the check){aux.by_design(out.dtype, settings.np_dtype)}",
+               where)
     bad_out = ~np.isfinite(_host(out)) if out.dtype.kind in "fc" else np.zeros(0, bool)
     log.record("output-finite", not bad_out.any(),
                f"forward's output holds {int(bad_out.sum())} NaN or inf values at finite inputs, first at out"
@@ -151,6 +152,10 @@ def run_point(h: Harness, spec, point, out_shape, settings: Settings, rng, where
                                  dtype=str(arr.dtype)))
     if side.dtype == "float32":
         explain_rounding(runs, g64, out0, probe.h)
+    in_float32 = aux.float32_note(out0, settings.dtype)
+    for r in runs:  # (those grad-structure failed carry its note: compared, they would have failed here)
+        if r.failed and r.checked and in_float32 and in_float32 not in r.notes:
+            r.notes.append(in_float32)
 
     unwired = paths.unwired(h, trainable, grads, x, y, out0, rng)
     log.record("wiring", not unwired, f"perturbing {', '.join(unwired)} does not change the output "
