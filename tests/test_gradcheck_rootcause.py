@@ -1,5 +1,6 @@
 """gradcheck names a root cause without blaming its consequences on other causes; a gradient
-written with the wrong shape is a FAIL; a layer computing in float32 is pointed at --dtype float32."""
+written with the wrong shape is a FAIL; a layer computing in float32 is pointed at --dtype float32;
+the report shows the options each check built the layer with."""
 from __future__ import annotations
 
 import json
@@ -167,3 +168,14 @@ def test_a_layer_computing_in_float32_is_pointed_at_dtype_float32(cli, tmp_path)
 def test_float32_hints_stay_off_correct_float64_layers():
     report = check_layer("Linear")
     assert report.verdict == PASS and not any("--dtype float32" in n for t in report.tensors for n in t.notes)
+
+
+def test_the_report_shows_the_options_it_built_the_layer_with(cli):
+    report = check_layer("Linear")
+    assert [b["layer"] for b in report.built] == ["Linear(units=4, use_bias=True)", "Linear(units=2, use_bias=True)"]
+    assert report.built[0]["options"] == {"units": 4, "use_bias": True}
+    r = cli("gradcheck", "Linear", "--dims", "C=7")
+    assert r.out.splitlines()[0] == "gradcheck Linear(units=7, use_bias=True)", r.out
+    d = json.loads(cli("gradcheck", "Linear", "--dims", "C=7", "--set", "use_bias=false", "--json").out)
+    assert d["built"] == [{"layer": "Linear(units=7, use_bias=False)", "options": {"units": 7, "use_bias": False}}]
+    assert check_layer("LargeMarginFC", {"k": 0.3}).built[0]["layer"] == "LargeMarginFC(units=4, k=0.3)"

@@ -35,8 +35,8 @@ def _status(s: str) -> str:
 def tensor_table(report) -> Table:
     """One row per tensor, narrow enough for 80 columns: the role is in --json, and each tensor's
     band and worst element go on a line below the table (see tensor_line)."""
-    t = Table(title=f"gradcheck {report.layer}", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-              padding=(0, 1), collapse_padding=True)
+    t = Table(title=escape(f"gradcheck {title(report)}"), title_justify="left", box=box.SIMPLE_HEAD,
+              pad_edge=False, padding=(0, 1), collapse_padding=True)
     # shapes wrap between configurations, never inside one (a squeezed column would print one
     # character per line)
     widest = max((len(s) for r in report.tensors for s in r.shape_text.split()), default=5)
@@ -52,6 +52,17 @@ def tensor_table(report) -> Table:
     s = report.settings
     t.caption = " ".join(f"{k}={v}" for k, v in s.items())
     return t
+
+
+def title(report) -> str:
+    """The check's name with the options each shape configuration built it with:
+    ``Linear(units=4, use_bias=True); Linear(units=2, use_bias=True)``, or inside a config's
+    report ``model[0] Linear(units=64, use_bias=True)``."""
+    if not report.built:
+        return report.layer
+    built = "; ".join(b["layer"] for b in report.built)
+    name = report.built[0]["layer"].split("(")[0]
+    return report.layer[:-len(name)] + built if report.layer.endswith(name) else f"{report.layer}: {built}"
 
 
 def tensor_line(r) -> str:
@@ -84,6 +95,8 @@ def print_report(report, shown: set | None = None) -> None:
             err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
     if report.tensors:
         out.print(tensor_table(report))
+    else:  # (the table's title names it otherwise)
+        out.print(f"gradcheck {title(report)}", markup=False, soft_wrap=True)
     for r in report.tensors:
         out.print(f"  {tensor_line(r)}", markup=False, soft_wrap=True)
         for n in r.notes:  # a grad-structure problem already starts with the tensor's name

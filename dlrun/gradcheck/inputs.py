@@ -63,6 +63,34 @@ def layer_options(spec, dims: dict | None, user: dict) -> dict:
     return opts
 
 
+def built_with(name: str, given: dict) -> dict:
+    """The layer as a check builds it: ``{"layer": "Linear(units=4, use_bias=True)", "options":
+    {...}}``, the options given (the spec's with dims bound, the user's ``--set``) and the defaults
+    that shape the function (numbers, booleans, strings, tuples; not initializers or regularizers,
+    which parameters redrawn at every point make moot), in the constructor's order."""
+    shown = {}
+    for o in registry.layers.options(name):
+        if o.name in given:
+            shown[o.name] = given[o.name]
+        elif (isinstance(o.default, (bool, int, float, str, tuple)) and not o.required
+              and registry.registry_for_type(o.hint) is None):
+            shown[o.name] = o.default
+    shown.update({k: v for k, v in given.items() if k not in shown})
+    text = ", ".join(f"{k}={v!r}" for k, v in shown.items())
+    return {"layer": f"{name}({text})", "options": {k: _plain(v) for k, v in shown.items()}}
+
+
+def _plain(v):
+    """An option value as JSON writes it (a tuple as a list; an object by its repr)."""
+    if isinstance(v, (bool, int, float, str)) or v is None:
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    return repr(v)
+
+
 def build_layer(name: str, options: dict, path: str):
     """Instantiate through the registry so options are validated like config values."""
     return registry.layers.build({"type": name, **options}, path)

@@ -93,6 +93,9 @@ class LayerReport:
     seconds: float = 0.0
     children: list = field(default_factory=list)  # per-layer reports of a whole-model check
     kinks: dict | None = None  # redrawn points: {"margin", "redrawn", "near", "crossed"} (gradcheck.kinks.Dodge)
+    # the layer as each shape configuration built it, with its options: {"layer": "Linear(units=4,
+    # use_bias=True)", "options": {...}} (gradcheck.inputs.built_with)
+    built: list = field(default_factory=list)
 
     @property
     def failed(self) -> list[str]:

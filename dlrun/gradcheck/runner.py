@@ -208,9 +208,13 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
     t0 = time.perf_counter()
     few: list = []  # per configuration: a note when its labels barely repeat
     for dims in configs:
-        layer = inputs.build_layer(name, inputs.layer_options(spec, dims, options or {}), name)
+        given = inputs.layer_options(spec, dims, options or {})
+        layer = inputs.build_layer(name, given, name)
         n = dims["N"] if dims else batch
         where_dims = inputs.dims_label(spec, dims, input_shape)
+        built = inputs.built_with(name, given)
+        if built not in report.built:
+            report.built.append(built)
         try:
             shape = tuple(input_shape) if dims is None else inputs.per_sample_shape(spec, dims)
             layer.setup(dev.backend, settings.np_dtype, np.random.default_rng(settings.seed), settings.seed)
