@@ -179,3 +179,16 @@ def test_the_report_shows_the_options_it_built_the_layer_with(cli):
     d = json.loads(cli("gradcheck", "Linear", "--dims", "C=7", "--set", "use_bias=false", "--json").out)
     assert d["built"] == [{"layer": "Linear(units=7, use_bias=False)", "options": {"units": 7, "use_bias": False}}]
     assert check_layer("LargeMarginFC", {"k": 0.3}).built[0]["layer"] == "LargeMarginFC(units=4, k=0.3)"
+
+
+def test_a_square_weight_is_forced_by_setting_an_option_to_a_dim(cli):
+    """--set units=D binds units to D in each configuration (or the one --dims gives): a transposed
+    square gradient then runs and is named in both; 'D' was refused as not a positive integer."""
+    with registered(AssignsTransposedGrad) as name:
+        report = check_layer(name, {"units": "D"})
+    assert [b["layer"] for b in report.built] == [f"{name}(units=3, use_bias=True)", f"{name}(units=5, use_bias=True)"]
+    weight = _tensor(report, "weight")
+    assert weight.shapes == [[3, 3], [5, 5]] and report.error is None, (weight.shapes, report.error)
+    assert any("is the transpose of the finite differences" in n for n in weight.notes), weight.notes
+    r = cli("gradcheck", "Linear", "--set", "units=D", "--dims", "D=6")
+    assert r.code == 0 and r.out.splitlines()[0] == "gradcheck Linear(units=6, use_bias=True)", r.out

@@ -52,14 +52,15 @@ def per_sample_shape(spec, dims: dict) -> tuple[int, ...]:
 
 
 def layer_options(spec, dims: dict | None, user: dict) -> dict:
-    """The spec's default options with dims bound, overridden by the user's ``--set`` options.
+    """The spec's default options with dims bound, overridden by the user's ``--set`` options,
+    where a dim name is bound too (``--set units=D``: a square weight in every configuration).
 
     Without dims (a layer inside a model) only the user's (the config's) options are used.
     """
     if dims is None:
         return dict(user)
     opts = {k: bind(v, dims) for k, v in spec.options.items()}
-    opts.update(user)
+    opts.update({k: bind(v, dims) for k, v in user.items()})
     return opts
 
 
