@@ -19,6 +19,7 @@ except ImportError:  # pragma: no cover
 from rich.console import Console
 from rich.markup import escape
 
+from ..console import Stopped, stop_on_signals
 from ..errors import ConfigErrors, DlrunError, Interrupted
 from ..plugins import blame
 
@@ -101,7 +102,13 @@ def main(argv: list[str] | None = None) -> None:
         args = ["--debug"] + [a for a in args if a != "--debug"]
     _argv[:] = args
     try:
-        code = app(args=args, standalone_mode=False, prog_name="dlrun")  # typer.Exit(n) returns n here
+        with stop_on_signals():  # SIGINT/SIGTERM raise Stopped (training catches its own while it fits)
+            code = app(args=args, standalone_mode=False, prog_name="dlrun")  # typer.Exit(n) returns n here
+    except Stopped as e:  # one line, after the cleanups on the way out (no half-written output file)
+        if debug_enabled():
+            traceback.print_exc()
+        err.print(e.word, markup=False, highlight=False)
+        sys.exit(e.exit_code)
     except DlrunError as e:
         if debug_enabled():
             traceback.print_exc()
