@@ -40,7 +40,7 @@ def prepare(w: Workload, device: str = "cpu"):
     model, opt, backend = trainer.model, trainer.optimizer, trainer.backend
     init = {k: v.copy() for k, v in model.state_arrays().items()}
     opt0 = {k: np.zeros_like(v) if k != "iterations" else v for k, v in opt.state_dict().items()}
-    x, y = trainer._to_device(x, y)
+    x, y = trainer.to_device(x, y)
 
     def run():
         model.load_state_arrays(init)

@@ -117,7 +117,7 @@ def prepare(w: Workload, device: str = "cpu"):
         torch.backends.cudnn.allow_tf32 = False
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     model = torch.nn.Sequential(*[_module(l, s) for l, s in zip(dl_model.layers, dl_model.shapes)]).to(dev)
-    regularizer = trainer._regularized[0][1] if trainer._regularized else None
+    regularizer = trainer.training_step.regularized[0][1] if trainer.training_step.regularized else None
     opt = _optimizer(trainer.optimizer, model, dl_model, regularizer)
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
     xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(dev)

@@ -45,7 +45,7 @@ def main() -> None:
     run_dlrun, _ = bench_dlrun.prepare(w)
     run_numpy = bench_numpy.prepare(w)
     trainer, x, y, epochs, _ = bench_dlrun.build(w)
-    xd, yd = trainer._to_device(x, y)
+    xd, yd = trainer.to_device(x, y)
     fit_t, loop_t, dl_t, np_t = [], [], [], []
     for _ in range(args.runs):
         dl_t.append(run_dlrun()[0])
@@ -54,12 +54,12 @@ def main() -> None:
         t0 = time.perf_counter()
         trainer.fit(xd, yd, epochs=epochs)
         fit_t.append(time.perf_counter() - t0)
-        trainer._fast_mode(True)
+        trainer.fast_mode(True)
         t0 = time.perf_counter()
         for _ in range(epochs):
             trainer.train_step(xd, yd)
         loop_t.append(time.perf_counter() - t0)
-        trainer._fast_mode(False)
+        trainer.fast_mode(False)
     us = 1e6 / epochs
     d, n, f, s = (min(t) * us for t in (dl_t, np_t, fit_t, loop_t))
     print(f"# framework overhead, spiral shrunk to 2-1-3 on {len(x)} samples, {epochs} steps, min of {args.runs}")

@@ -3,8 +3,8 @@
 The config is validated, the data loaded and split, the model built, one batch drawn and run
 forward, through the loss and backward, layer by layer. Each layer's output and gradients are
 checked for the shape its ``build`` promised and for NaN/inf, and its memory is measured. Then
-one training step runs as the trainer's first does, checking the loss, regularizers, schedule
-and optimizer (:func:`dlrun.contract.first_step`).
+the same step continues as the trainer's first does, checking the loss, regularizers, schedule
+and optimizer (:class:`dlrun.contract.FirstStep`): one observed training step does it all.
 """
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint, contract, run
+from . import checkpoint, run
 from .config import Config
 from .errors import LayerContractError, Location, NonFiniteError
 from .faults import nonfinite_kind
+from .step import StepObserver
 
 
 @dataclass(frozen=True)
@@ -79,20 +80,54 @@ def _owner(a):
     return a
 
 
-def _located(config: Config, i: int, call, *args):
-    """``call(*args)``, with a contract error located at the config line of ``model[i]`` (the
-    message names the layer already)."""
-    try:
-        return call(*args)
-    except LayerContractError as e:
-        if e.where is None:
-            at = config.locate(f"model[{i}]")
-            e.where = Location(at.source, at.line) if at is not None else None
-        raise
+class FirstBatch(StepObserver):
+    """`dlrun check`'s observer of the first training step: every layer call runs with its
+    contract checks, every output and gradient is checked for NaN/inf, and each layer's memory
+    (its output and what it cached for backward) is counted, once per owning array."""
+
+    checks_layers = True
+
+    def __init__(self, model, loss):
+        self.model, self.loss_fn = model, loss
+        # memory is counted once per owning array (views share it); the owners stay referenced in
+        # `held`, so that no id is reused by a later array while counting
+        self.held = [_owner(a) for _, p in model.named_parameters() for a in (p.data, p.grad) if a is not None]
+        self.counted: set[int] = {id(a) for a in self.held}
+        self.activations = [0] * len(model.layers)
+        self.value = None
+
+    def forward(self, k, layer, out):
+        i = self.model.order[k]
+        if (kind := nonfinite_kind(out)) is not None:
+            raise NonFiniteError(f"model[{i}] {layer!r} produced {kind} in forward on the first batch", 1, 1,
+                                 f"model[{i}]")
+        mem = 0
+        for a in map(_owner, [out, *_arrays(layer)]):
+            if id(a) not in self.counted:
+                self.counted.add(id(a))
+                self.held.append(a)
+                mem += int(a.nbytes)
+        self.activations[i] = mem
+
+    def loss(self, value, out, y):
+        self.value = value
+        if (kind := nonfinite_kind(value)) is not None:
+            raise NonFiniteError(f"the loss {self.loss_fn!r} is {kind} on the first batch", 1, 1, "loss")
+
+    def backward(self, k, layer, dx):
+        i = self.model.order[k]
+        for pname, p in layer.params.items():
+            if p.trainable and (kind := nonfinite_kind(p.grad)) is not None:
+                raise NonFiniteError(f"model[{i}] {layer!r} produced {kind} in backward (the gradient of "
+                                     f"{pname}) on the first batch", 1, 1, f"model[{i}]")
+        if dx is not None and (kind := nonfinite_kind(dx)) is not None:
+            raise NonFiniteError(f"model[{i}] {layer!r} produced {kind} in backward (dx) on the first batch",
+                                 1, 1, f"model[{i}]")
 
 
 def check_config(config: Config, checkpoint_path: str | Path | None = None) -> CheckReport:
-    """Build everything a run needs and run one forward/backward; raise the first problem."""
+    """Build everything a run needs and run its first training step on one batch, observed
+    (:class:`FirstBatch`); raise the first problem."""
     ds, trainer = run.prepare(config)
     model, loss, b = trainer.model, trainer.loss, trainer.backend
     ckpt = None
@@ -105,60 +140,31 @@ def check_config(config: Config, checkpoint_path: str | Path | None = None) -> C
         ckpt = str(checkpoint_path)
     n = len(ds.x)
     bs = min(config.train.batch_size or n, n)
-    xb, yb = trainer._to_device(ds.x[:bs], ds.y[:bs])
-    # memory is counted once per owning array (views share it); the owners stay referenced in
-    # `held`, so that no id is reused by a later array while counting
-    held = [_owner(a) for _, p in model.named_parameters() for a in (p.data, p.grad) if a is not None]
-    counted: set[int] = {id(a) for a in held}
-    activations = [0] * len(model.layers)
-    h = xb
-    with np.errstate(all="ignore"):
-        # in the order training runs the layers (Sequential.order), so memory is what training holds
-        for k, i in enumerate(model.order):
-            layer = model.layers[i]
-            h = _located(config, i, model.checked_call, k, "forward", h, yb)  # as training checks it
-            if (kind := nonfinite_kind(h)) is not None:
-                raise NonFiniteError(f"model[{i}] {layer!r} produced {kind} in forward on the first batch", 1, 1,
-                                     f"model[{i}]")
-            mem = 0
-            for a in map(_owner, [h, *_arrays(layer)]):
-                if id(a) not in counted:
-                    counted.add(id(a))
-                    held.append(a)
-                    mem += int(a.nbytes)
-            activations[i] = mem
-        value = loss.forward(h, yb)
-        if (kind := nonfinite_kind(value)) is not None:
-            raise NonFiniteError(f"the loss {loss!r} is {kind} on the first batch", 1, 1, "loss")
-        dy = loss.backward()
-        for k in reversed(range(len(model.order))):
-            i = model.order[k]
-            layer = model.layers[i]
-            dy = _located(config, i, model.checked_call, k, "backward", dy)
-            for pname, p in layer.params.items():
-                if p.trainable and (kind := nonfinite_kind(p.grad)) is not None:
-                    raise NonFiniteError(f"model[{i}] {layer!r} produced {kind} in backward (the gradient of "
-                                         f"{pname}) on the first batch", 1, 1, f"model[{i}]")
-            if (kind := nonfinite_kind(dy)) is not None:
-                raise NonFiniteError(f"model[{i}] {layer!r} produced {kind} in backward (dx) on the first batch",
-                                     1, 1, f"model[{i}]")
-        # then one whole training step as the trainer's first: the loss's returns, the regularizers,
-        # the schedule's first rate and the optimizer's step are checked as training checks them
-        controls = run.train_controls_for(config, ds, trainer)
-        for c in controls:
-            c.on_train_begin(trainer)
-            c.on_epoch_begin(1, trainer.epoch_batches(n)[1])
-        trainer._sums = trainer.tracker.zeros()  # train.metrics: their update and result run too
-        contract.first_step(trainer, xb, yb, controls)
-        trainer.tracker.results(trainer._sums, "train_")
+    xb, yb = trainer.to_device(ds.x[:bs], ds.y[:bs])
+    first = FirstBatch(model, loss)
+    # the step runs as the trainer's first: the loss's returns, the regularizers, the schedule's
+    # first rate, the optimizer's step and train.metrics are checked as training checks them
+    controls = run.train_controls_for(config, ds, trainer)
+    try:
+        with np.errstate(all="ignore"):
+            for c in controls:
+                c.on_train_begin(trainer)
+                c.on_epoch_begin(1, trainer.epoch_batches(n)[1])
+            sums = trainer.tracker.zeros()
+            trainer.training_step.observed(xb, yb, controls, sums=sums, observers=[first])
+            trainer.tracker.results(sums, "train_")
+    except LayerContractError as e:  # located at the config line of the layer (the message names it)
+        i = getattr(e, "layer_index", None)
+        if e.where is None and i is not None:
+            at = config.locate(f"model[{i}]")
+            e.where = Location(at.source, at.line) if at is not None else None
+        raise
     rows = []
-    for i, (layer, act) in enumerate(zip(model.layers, activations)):
+    for i, (layer, act) in enumerate(zip(model.layers, first.activations)):
         ps = list(layer.params.values())
         rows.append(LayerReport(i, repr(layer), model.shapes[i], sum(p.size for p in ps),
                                 sum(int(p.data.nbytes) for p in ps),
                                 sum(int(p.grad.nbytes) for p in ps if p.grad is not None), act,
                                 sum(p.size for p in ps if not p.trainable)))
     return CheckReport(ds.name, n, 0 if ds.x_val is None else len(ds.x_val), model.input_shape, bs, rows,
-                       float(value), b.name, str(model.dtype), ckpt)
-
-
+                       float(first.value), b.name, str(model.dtype), ckpt)

@@ -16,6 +16,7 @@ import numpy as np
 
 from .backend import array_module
 from .errors import ContractError, LayerError, ShapeError
+from .step import StepObserver
 
 
 def loose_arrays(layer) -> dict:
@@ -192,50 +193,50 @@ def mismatch(a, shape: tuple, dtypes, backend, model_dtype) -> str | None:
 _OPTIMIZER_OWN = {"learning_rate", "params", "state", "iterations", "spec"}
 
 
-def first_step(t, xb, yb, callbacks, window=None):
-    """:meth:`Trainer.train_step`'s first call: the same step, checking what the loss, the
-    regularizers and the optimizer return (the layers are checked by the model's first calls).
-    A plugin that breaks its contract is named here instead of by a numpy error an epoch later.
-    With gradient accumulation every batch up to the first step's last comes here."""
-    loss, opt = t.loss, t.optimizer
-    out = t.model.forward(xb, yb)
-    value = loss.forward(out, yb)
-    if getattr(value, "shape", ()) != () or not hasattr(value, "__float__"):
-        shape = getattr(value, "shape", None)
-        got = f"shape {tuple(shape)} {value.dtype}" if shape is not None else repr(value)
-        raise ContractError(f"the loss {loss!r}: forward returned {got}; expected a scalar, the mean loss over "
-                            f"the batch (a missing .mean()?){defined_at(loss, 'forward')}")
-    score = (value * len(yb), loss.count_correct(out, yb) if t.classification else 0)
-    if t._sums is not None:  # train.metrics
-        t.tracker.add(t._sums, out, yb, loss)
-    dy = loss.backward()
-    problem = mismatch(dy, out.shape, {out.dtype}, t.backend, t.model.dtype)
-    if problem:
-        raise ContractError(f"the loss {loss!r}: backward returned dL/dz as {problem} (the shape and dtype of "
-                            f"the model's output){defined_at(loss, 'backward')}")
-    t.model.backward(dy)
-    if window is not None and not t.accumulated(window):
-        return score
-    for p, reg in t._regularized:
+class FirstStep(StepObserver):
+    """The checks of the first training step (a :class:`~dlrun.step.StepObserver`): what the loss,
+    the regularizers and the optimizer return (the layers are checked by the model's first
+    calls). A plugin that breaks its contract is named here instead of by a numpy error an epoch
+    later. With gradient accumulation every batch up to the first step's last is observed."""
+
+    def __init__(self, model, loss):
+        self.model, self.loss_fn = model, loss
+        self._before = None
+
+    def loss(self, value, out, y):
+        if getattr(value, "shape", ()) != () or not hasattr(value, "__float__"):
+            shape = getattr(value, "shape", None)
+            got = f"shape {tuple(shape)} {value.dtype}" if shape is not None else repr(value)
+            loss = self.loss_fn
+            raise ContractError(f"the loss {loss!r}: forward returned {got}; expected a scalar, the mean loss over "
+                                f"the batch (a missing .mean()?){defined_at(loss, 'forward')}")
+
+    def loss_backward(self, dy, out):
+        m = self.model
+        problem = mismatch(dy, out.shape, {out.dtype}, m.backend, m.dtype)
+        if problem:
+            loss = self.loss_fn
+            raise ContractError(f"the loss {loss!r}: backward returned dL/dz as {problem} (the shape and dtype of "
+                                f"the model's output){defined_at(loss, 'backward')}")
+
+    def regularizer(self, p, reg):
         penalty = reg.penalty(p.data)
         if getattr(penalty, "shape", ()) != () or not hasattr(penalty, "__float__"):
             raise ContractError(f"the regularizer {reg!r}: penalty returned {penalty!r:.60}; expected a scalar "
                                 f"(the sum over the tensor)")
-        reg.add_gradient(p.data, p.grad)
-    for cb in callbacks:
-        cb.on_after_backward(t)
-    before = _public(opt)
-    opt.step()
-    changed = [k for k, v in _public(opt).items() if k not in _OPTIMIZER_OWN and not _same(before.get(k, _NEW), v)]
-    if changed:
-        raise ContractError(f"the optimizer {opt!r} changed self.{changed[0]} in its first step; checkpoints "
-                            f"do not save it, so --resume would not continue the run exactly. Keep per-parameter "
-                            f"buffers in slots (slots = ('velocity',), then state['velocity'] in _update), count "
-                            f"steps with self.iterations, and name scratch and diagnostic attributes with a leading "
-                            f"underscore (self._last_norm)")
-    t.step += 1
-    t._unchecked = False
-    return score
+
+    def update(self, optimizer):
+        self._before = _public(optimizer)
+
+    def updated(self, optimizer):
+        after = _public(optimizer)
+        changed = [k for k, v in after.items() if k not in _OPTIMIZER_OWN and not _same(self._before.get(k, _NEW), v)]
+        if changed:
+            raise ContractError(f"the optimizer {optimizer!r} changed self.{changed[0]} in its first step; checkpoints "
+                                f"do not save it, so --resume would not continue the run exactly. Keep per-parameter "
+                                f"buffers in slots (slots = ('velocity',), then state['velocity'] in _update), count "
+                                f"steps with self.iterations, and name scratch and diagnostic attributes with a leading "
+                                f"underscore (self._last_norm)")
 
 
 _NEW = object()

@@ -22,6 +22,7 @@ import numpy as np
 from .backend import array_module
 from .errors import Interrupted, NonFiniteError
 from .hooks import Callback
+from .step import StepObserver
 
 
 def nonfinite_kind(a) -> str | None:
@@ -137,11 +138,15 @@ class NonFiniteGuard:
         ``batches`` start after the epoch's first ``first`` (a resumed epoch's batches done)."""
         self.restore()
         where = None
+        finder = FirstNonFinite(self.trainer.model, self.trainer.loss)
+        step = self.trainer.training_step
         try:  # a layer may raise instead (an Embedding index out of range): the restore still runs
             with np.errstate(all="ignore"):
                 for b, (xb, yb, window) in enumerate(batches, start=first + 1):
-                    where = self._replay_batch(xb, yb, callbacks, window)
-                    if where:
+                    try:
+                        step.observed(xb, yb, callbacks, window, observers=[finder])
+                    except _Found as found:
+                        where = found.where
                         break
         finally:
             self.restore()  # leave the last good state in the model (the end of the previous epoch)
@@ -155,45 +160,56 @@ class NonFiniteGuard:
         return NonFiniteError(f"epoch {epoch}, batch {b}: {where}; {kept}. Lower the learning rate, "
                               f"clip gradients or check the data and the named layer", epoch, b, where)
 
-    def _replay_batch(self, xb, yb, callbacks, window=None) -> str | None:
-        t = self.trainer
-        if (kind := nonfinite_kind(xb)) is not None:
-            return f"the input batch contains {kind}"
-        h = xb
-        for i, layer in enumerate(t.model.layers):
-            h = layer.forward(h, yb) if layer.needs_labels else layer.forward(h)
-            if (kind := nonfinite_kind(h)) is not None:
-                return f"model[{i}] {layer!r} produced {kind} in forward (its output)"
-        loss = t.loss.forward(h, yb)
-        if (kind := nonfinite_kind(loss)) is not None:
-            return f"the loss {t.loss!r} is {kind} (its input was finite)"
-        dy = t.loss.backward()
-        if (kind := nonfinite_kind(dy)) is not None:
-            return f"the loss {t.loss!r} produced {kind} in backward"
-        layers = list(enumerate(t.model.layers))
-        for i, layer in reversed(layers):
-            dy = layer.backward(dy)
+
+class _Found(Exception):
+    """The first non-finite value of a replayed step, and where it appeared."""
+
+    def __init__(self, where: str):
+        super().__init__(where)
+        self.where = where
+
+
+class FirstNonFinite(StepObserver):
+    """Stops a replayed training step at the first NaN or inf: in the input batch, a layer's
+    output (forward), the loss, its gradient, a layer's parameter gradient or ``dx`` (backward),
+    a regularizer's gradient, or a weight after the optimizer's step."""
+
+    def __init__(self, model, loss):
+        self.model, self.loss_fn = model, loss
+
+    @staticmethod
+    def _stop(a, before: str, after: str = "") -> None:
+        if (kind := nonfinite_kind(a)) is not None:
+            raise _Found(f"{before}{kind}{after}")
+
+    def begin(self, xb, yb):
+        self._stop(xb, "the input batch contains ")
+
+    def forward(self, k, layer, out):
+        self._stop(out, f"model[{self.model.order[k]}] {layer!r} produced ", " in forward (its output)")
+
+    def loss(self, value, out, y):
+        self._stop(value, f"the loss {self.loss_fn!r} is ", " (its input was finite)")
+
+    def loss_backward(self, dy, out):
+        self._stop(dy, f"the loss {self.loss_fn!r} produced ", " in backward")
+
+    def backward(self, k, layer, dx):
+        i = self.model.order[k]
+        for name, p in layer.params.items():
+            if p.trainable:
+                self._stop(p.grad, f"model[{i}] {layer!r} produced ", f" in backward (the gradient of {name})")
+        if dx is not None:
+            self._stop(dx, f"model[{i}] {layer!r} produced ", " in backward (dx, the gradient of its input)")
+
+    def regularizer(self, p, reg):
+        self._stop(p.grad, f"the regularizer {reg!r} produced ", " in a gradient")
+
+    def updated(self, optimizer):
+        for i, layer in enumerate(self.model.layers):
             for name, p in layer.params.items():
-                if p.trainable and (kind := nonfinite_kind(p.grad)) is not None:
-                    return f"model[{i}] {layer!r} produced {kind} in backward (the gradient of {name})"
-            if (kind := nonfinite_kind(dy)) is not None:
-                return f"model[{i}] {layer!r} produced {kind} in backward (dx, the gradient of its input)"
-        if window is not None and not t.accumulated(window):  # no step until the window's last batch
-            return None
-        for p, reg in t._regularized:
-            reg.add_gradient(p.data, p.grad)
-            if (kind := nonfinite_kind(p.grad)) is not None:
-                return f"the regularizer {reg!r} produced {kind} in a gradient"
-        for cb in callbacks:
-            cb.on_after_backward(t)
-        t.optimizer.step()
-        t.step += 1
-        for i, layer in layers:
-            for name, p in layer.params.items():
-                if (kind := nonfinite_kind(p.data)) is not None:
-                    return (f"the optimizer step made model[{i}].{name} {kind} (gradients were finite: "
-                            f"the step overflowed)")
-        return None
+                self._stop(p.data, f"the optimizer step made model[{i}].{name} ", " (gradients were finite: the "
+                                                                                  "step overflowed)")
 
 
 class StopOnSignal(Callback):

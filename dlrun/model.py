@@ -175,6 +175,41 @@ class Sequential:
         self._unchecked_backward = False
         return dy if self._stop == 0 else None
 
+    @property
+    def run_order(self) -> list[Layer]:
+        """The layers in the order forward runs them (``layers[order[k]]``; backward: reversed)."""
+        return self._run
+
+    @property
+    def backward_stop(self) -> int:
+        """The position in the execution order backward stops at: 0, or in fast training mode the
+        first trainable layer (the layers below it need no gradient)."""
+        return self._stop
+
+    def call(self, k: int, call: str, a, y=None, check: bool = False):
+        """The ``forward`` (with labels ``y`` if it takes them) or ``backward`` of the layer at
+        position ``k`` of the execution order alone, as :meth:`forward` and :meth:`backward` run
+        it: with the contract checks until a whole pass has passed them (or when ``check``), a
+        failure named with the layer."""
+        if check or (self._unchecked_forward if call == "forward" else self._unchecked_backward):
+            return self.checked_call(k, call, a, y)
+        layer = self._run[k]
+        try:
+            if call == "forward":
+                return layer.forward(a, y) if self._labelled[k] else layer.forward(a)
+            return layer.backward(a)
+        except (DlrunError, MemoryError):
+            raise
+        except Exception as e:
+            raise self._raised(e, call) from e
+
+    def passed_checks(self, call: str) -> None:
+        """A whole ``forward`` or ``backward`` pass has run with its contract checks: later ones skip them."""
+        if call == "forward":
+            self._unchecked_forward = False
+        else:
+            self._unchecked_backward = False
+
     def checked_call(self, k: int, call: str, a, y=None):
         """Run the ``forward`` (with labels ``y`` if it takes them) or ``backward`` of the layer at
         position ``k`` of the execution order on ``a`` alone, with the first call's contract checks

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import contract, run
+from . import run
 from .config import Config
 from .errors import UsageError
+from .step import StepObserver
 
 
 @dataclass(frozen=True)
@@ -51,78 +52,87 @@ class TimingReport:
                 + (self.metrics.total if self.metrics else 0.0))
 
 
+class PartClock(StepObserver):
+    """Times each part of an observed training step: the time since the previous hook, with the
+    device synchronised before each reading, so each part gets its own kernels' time."""
+
+    def __init__(self, layers: int, backend):
+        self.sync, self.clock = backend.synchronize, time.perf_counter
+        self.xp = backend.xp
+        self.keep = False  # False during warm-up steps
+        self.fwd = [[] for _ in range(layers)]
+        self.bwd = [[] for _ in range(layers)]
+        self.loss_f, self.loss_b, self.opt, self.steps, self.metric = [], [], [], [], []
+        self.finite = True  # every loss so far finite: a device flag, read once after the timing (a loss
+        # may return a 0-d buffer it reuses, so the values themselves cannot be kept)
+
+    def _lap(self, into: list | None) -> None:
+        self.sync()
+        now = self.clock()
+        if self.keep and into is not None:
+            into.append(now - self.last)
+        self.last = now
+
+    def begin(self, xb, yb):
+        self.sync()
+        self.last = self.start = self.clock()
+
+    def forward(self, k, layer, out):
+        self._lap(self.fwd[k])
+
+    def loss(self, value, out, y):
+        self._lap(self.loss_f)
+        self.finite = self.xp.logical_and(self.finite, self.xp.isfinite(value))  # (outside the timed parts)
+        self.last = self.clock()
+
+    def metrics(self):
+        self._lap(self.metric)
+
+    def loss_backward(self, dy, out):
+        self._lap(self.loss_b)
+
+    def backward(self, k, layer, dx):
+        self._lap(self.bwd[k])
+
+    def updated(self, optimizer):  # the regularizers' gradients and the optimizer's step
+        self._lap(self.opt)
+        if self.keep:
+            self.steps.append(self.last - self.start)
+
+
 def time_config(config: Config, batches: int = 20, warmup: int = 2) -> TimingReport:
     """Time ``batches`` training steps of the config's model (after ``warmup`` untimed ones)."""
     if batches < 1 or warmup < 0:
         raise UsageError(f"--batches must be at least 1, got {batches}")
     ds, trainer = run.prepare(config)
-    model, loss, opt, backend = trainer.model, trainer.loss, trainer.optimizer, trainer.backend
-    x, y = trainer._to_device(ds.x, ds.y)
+    model, loss, backend = trainer.model, trainer.loss, trainer.backend
+    x, y = trainer.to_device(ds.x, ds.y)
     n = len(x)
     bs = n if trainer.batch_size is None else min(trainer.batch_size, n)
-    layers = [model.layers[i] for i in model.order]  # execution order (see Sequential.order)
-    fwd = [[] for _ in layers]
-    bwd = [[] for _ in layers]
-    loss_f, loss_b, opt_t, step_t, metric_t = [], [], [], [], []
     sums = trainer.tracker.zeros()  # None without train.metrics
-    sync = backend.synchronize
-    clock = time.perf_counter
-    trainer._fast_mode(True)
+    step = trainer.training_step
+    clock = PartClock(len(model.order), backend)
+    trainer.fast_mode(True)
     # one untimed step first, training's checked first step: a layer, loss, regularizer or
     # optimizer that breaks its contract or raises is named as training names it
     with np.errstate(all="ignore"):
-        contract.first_step(trainer, x[:bs], y[:bs], ())
+        step(x[:bs], y[:bs])
     starts = [(b * bs) % max(n - bs + 1, 1) for b in range(warmup + batches)]
-    finite = True  # every loss so far finite: a device flag, read once after the timing (a loss may
-    # return a 0-d buffer it reuses, so the values themselves cannot be kept)
     saved = np.seterr(all="ignore")  # a diverging config is still timed; the report says it diverged
     try:
         for b, s in enumerate(starts):
-            keep = b >= warmup
-            xb, yb = x[s:s + bs], y[s:s + bs]
-            sync()
-            t_step = clock()
-            h = xb
-            for i, layer in enumerate(layers):
-                t0 = clock()
-                h = layer.forward(h, yb) if layer.needs_labels else layer.forward(h)
-                sync()
-                keep and fwd[i].append(clock() - t0)
-            t0 = clock()
-            value = loss.forward(h, yb)
-            sync()
-            keep and loss_f.append(clock() - t0)
-            finite = backend.xp.logical_and(finite, backend.xp.isfinite(value))  # (outside the timed part)
-            if sums is not None:  # as training adds them, right after the loss's forward
-                t0 = clock()
-                trainer.tracker.add(sums, h, yb, loss)
-                sync()
-                keep and metric_t.append(clock() - t0)
-            t0 = clock()
-            dy = loss.backward()
-            sync()
-            keep and loss_b.append(clock() - t0)
-            for i in range(len(layers) - 1, model._stop - 1, -1):
-                t0 = clock()
-                dy = layers[i].backward(dy)
-                sync()
-                keep and bwd[i].append(clock() - t0)
-            t0 = clock()
-            for p, reg in trainer._regularized:
-                reg.add_gradient(p.data, p.grad)
-            opt.step()
-            sync()
-            if keep:
-                opt_t.append(clock() - t0)
-                step_t.append(clock() - t_step)
+            clock.keep = b >= warmup
+            step.observed(x[s:s + bs], y[s:s + bs], sums=sums, observers=[clock])
     finally:
-        trainer._fast_mode(False)
+        trainer.fast_mode(False)
         np.seterr(**saved)
     med = statistics.median
-    rows = [PartTiming(f"{model.order[k]} {type(layer).__name__}", shape, med(fwd[k]), med(bwd[k]) if bwd[k] else None)
+    layers = model.run_order
+    rows = [PartTiming(f"{model.order[k]} {type(layer).__name__}", shape, med(clock.fwd[k]),
+                       med(clock.bwd[k]) if clock.bwd[k] else None)
             for k, (layer, shape) in enumerate(zip(layers, model.order_shapes))]
-    finite = bool(finite)
-    metrics = (PartTiming(f"metrics {', '.join(trainer.tracker.names)}", None, med(metric_t), None)
-               if metric_t else None)
-    return TimingReport(rows, PartTiming(f"loss {type(loss).__name__}", None, med(loss_f), med(loss_b)), med(opt_t),
-                        med(step_t), batches, bs, backend.name, model.order, finite, metrics)
+    metrics = (PartTiming(f"metrics {', '.join(trainer.tracker.names)}", None, med(clock.metric), None)
+               if clock.metric else None)
+    return TimingReport(rows, PartTiming(f"loss {type(loss).__name__}", None, med(clock.loss_f), med(clock.loss_b)),
+                        med(clock.opt), med(clock.steps), batches, bs, backend.name, model.order, bool(clock.finite),
+                        metrics)

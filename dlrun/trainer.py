@@ -5,7 +5,6 @@ the device once; per-epoch metrics are accumulated on the device and read once p
 """
 from __future__ import annotations
 
-import inspect
 import math
 import time
 
@@ -15,10 +14,11 @@ from . import contract
 from .backend import array_module
 from .errors import Interrupted, NonFiniteError
 from .model import Sequential
-from .accumulate import GradAccumulator, windows
+from .accumulate import windows
 from .metrics import Tracker
 from .hooks import Callback, History  # noqa: F401  (dlrun.trainer.Callback: what plugins and tests import)
 from .position import EpochPosition
+from .step import TrainingStep
 from .preflight import balance_class_weights, check_label_range
 
 
@@ -53,27 +53,29 @@ class Trainer:
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.accumulate = accumulate
-        self._accumulator = GradAccumulator(model) if accumulate > 1 else None
         self.shuffle_rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(3)[2])
         self.epoch = 0
-        self.step = 0
         # a point inside epoch ``epoch + 1`` that the state stands at (None: an epoch boundary):
         # set by a resume from a mid-epoch checkpoint, and by fit when an interrupt stops it
         self.position: EpochPosition | None = None
-        self._unchecked = True  # the first train_step checks what the loss and optimizer return
-        params = model.named_parameters()
-        if "arena" in inspect.signature(optimizer.setup).parameters:  # a plugin's setup may not take it
-            optimizer.setup(params, arena=model.arena)
-        else:
-            optimizer.setup(params)
-        self._regularized = [(p, p.regularizer or regularizer) for _, p in params
-                             if p.trainable and (p.regularizer or (regularizer and p.regularize))]
-        self.classification = getattr(loss, "task", "classification") == "classification"
         self.tracker = Tracker(metrics, self.backend)
+        # the one training step (what fit, the non-finite replay, dlrun time and dlrun check run)
+        self.training_step = TrainingStep(model, loss, optimizer, regularizer, accumulate, self.tracker, self,
+                                          contract.FirstStep(model, loss))
+        self.classification = self.training_step.classification
         self._sums = None  # the epoch's metric sums on the device, which train_step adds to
 
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (the training step's count)."""
+        return self.training_step.count
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.training_step.count = value
+
     # -- data on the device ---------------------------------------------------------------
-    def _to_device(self, x, y):
+    def to_device(self, x, y):
         """(x, y) on the model's device, contiguous, in the model's dtype (int64 labels): host
         arrays are copied once; arrays already there are used as they are when they match.
         Class labels are range-checked here, once: the losses index scores with them, and on
@@ -90,7 +92,7 @@ class Trainer:
             return xp.ascontiguousarray(a, dtype=dtype)
         return self.backend.asarray(np.ascontiguousarray(a), dtype=dtype)
 
-    def _fast_mode(self, on: bool) -> bool:
+    def fast_mode(self, on: bool) -> bool:
         """Switch the model (``train(fast=on)``) and the loss's buffers; returns ``on``.
 
         ``fit`` holds the fast mode across epochs and leaves it whenever code outside the loop
@@ -102,14 +104,14 @@ class Trainer:
         return on
 
     def _penalty(self) -> float:
-        return sum(reg.penalty(p.data) for p, reg in self._regularized) if self._regularized else 0.0
+        return self.training_step.penalty()
 
     def fit(self, x, y, x_val=None, y_val=None, epochs: int = 10, callbacks=(), history: History | None = None) -> History:
         """Train until ``epochs`` epochs have run in total (resumes from ``self.epoch``)."""
-        xd, yd = self._to_device(x, y)
+        xd, yd = self.to_device(x, y)
         balance_class_weights(self.loss, self.model, yd)  # class_weights: balanced, from these labels
         has_val = x_val is not None and len(x_val) > 0
-        val = self._to_device(x_val, y_val) if has_val else None
+        val = self.to_device(x_val, y_val) if has_val else None
         n = len(xd)
         bs, batches = self.epoch_batches(n)
         used = min(n, batches * bs)  # the samples an epoch trains on (all unless drop_last)
@@ -138,7 +140,7 @@ class Trainer:
                         cb.on_epoch_resume(epoch, first)
                 t0 = time.perf_counter() - (start.seconds if start is not None else 0.0)
                 if not fast:  # this loop consumes outputs at once: buffers, no input grad
-                    fast = self._fast_mode(True)
+                    fast = self.fast_mode(True)
                 shuffle_state = self.shuffle_rng.bit_generator.state if self.shuffle else None
                 order = self.shuffle_rng.permutation(n) if self.shuffle else None
                 order_d = self.backend.asarray(order) if order is not None else None
@@ -169,7 +171,7 @@ class Trainer:
                 train_loss = float(loss_sum) / used + penalty  # the loss reported, as checked
                 healthy = guard.healthy(train_loss)
                 if callbacks or val is not None or not healthy:  # others see the model: plain mode
-                    fast = self._fast_mode(False)
+                    fast = self.fast_mode(False)
                 if not healthy:  # replay the epoch to name the first non-finite value
                     error = guard.diagnose(epoch, self._epoch_batches(xd, yd, order_d, bs, used, first), callbacks,
                                            first)
@@ -204,7 +206,7 @@ class Trainer:
             raise
         finally:
             if fast:
-                self._fast_mode(False)
+                self.fast_mode(False)
         for cb in callbacks:
             cb.on_train_end(history.rows)
         return history
@@ -216,47 +218,10 @@ class Trainer:
         return bs, (n // bs if self.drop_last else math.ceil(n / bs))
 
     def train_step(self, xb, yb, callbacks=(), window=None):
-        """One optimisation step on a device batch; returns ``(batch loss × batch size, number of
-        correct predictions)`` as device scalars (see :meth:`_score`): nothing is read back to
-        the host, so on GPU the step never waits for it. The first is checked (contract.first_step).
-
-        ``window``: with gradient accumulation, the batch's ``(share, first, last)`` in its step's
-        window (:func:`dlrun.accumulate.windows`); the optimizer steps after a window's last batch."""
-        if self._unchecked:
-            return contract.first_step(self, xb, yb, callbacks, window)
-        out = self.model.forward(xb, yb)
-        score = self._score(out, yb, self._sums)
-        self.model.backward(self.loss.backward())
-        if window is not None and not self.accumulated(window):
-            return score
-        for p, reg in self._regularized:
-            reg.add_gradient(p.data, p.grad)
-        for cb in callbacks:
-            cb.on_after_backward(self)
-        self.optimizer.step()
-        self.step += 1
-        return score
-
-    def accumulated(self, window) -> bool:
-        """Fold the gradients just computed into the window's (``window``: share, first, last);
-        True when the window is complete and the step may run."""
-        share, first, last = window
-        if not last:
-            self._accumulator.add(share, first)
-            return False
-        self._accumulator.finish(share, first)
-        return True
-
-    def _score(self, out, y, sums=None):
-        """(batch loss × batch size, correct predictions; 0 for regression), to be added up over
-        an epoch: numpy scalars on the CPU, 0-d device arrays on the GPU (never read here). The
-        metrics of train.metrics add theirs to ``sums`` (before backward may reuse ``out``)."""
-        total = self.loss.forward(out, y) * len(y)
-        if sums is not None:
-            self.tracker.add(sums, out, y, self.loss)
-        if not self.classification:
-            return total, 0
-        return total, self.loss.count_correct(out, y)
+        """One optimisation step on a device batch, adding to the epoch's metric sums (see
+        :class:`~dlrun.step.TrainingStep`); returns ``(batch loss × batch size, number of correct
+        predictions)`` as device scalars."""
+        return self.training_step(xb, yb, callbacks, window, self._sums)
 
     def _epoch_batches(self, xd, yd, order_d, bs: int, used: int, first: int = 0):
         """The batches of one epoch from batch ``first`` on, in the order ``fit`` drew them, each
@@ -277,7 +242,7 @@ class Trainer:
         loss_sum, correct = self.backend.zero(np.float64), self.backend.zero(np.int64)
         sums = self.tracker.zeros()
         for s, e in self._batches(n, batch_size or self.batch_size or n):
-            batch_loss, batch_correct = self._score(self.model.forward(xd[s:e]), yd[s:e], sums)
+            batch_loss, batch_correct = self.training_step.score(self.model.forward(xd[s:e]), yd[s:e], sums)
             loss_sum += batch_loss
             if self.classification:
                 correct += batch_correct
@@ -289,7 +254,7 @@ class Trainer:
     def evaluate(self, x, y, batch_size: int | None = None) -> dict:
         """Loss (including regularization), accuracy and the train.metrics (``metrics``: name to
         value) on (x, y), in evaluation mode."""
-        m = self._evaluate_device(*self._to_device(x, y), batch_size)
+        m = self._evaluate_device(*self.to_device(x, y), batch_size)
         return {**m, "metrics": self.tracker.results(m["metrics"], "")}
 
     def predict(self, x, batch_size: int | None = None) -> np.ndarray:

@@ -280,21 +280,22 @@ def test_train_step_never_waits_for_the_host(case):
     loss = registry.losses.build("SoftmaxCrossEntropy")
     chosen = metrics.build(["f1", {"type": "top_k_accuracy", "k": 2}], loss, 3) if extras else ()
     trainer = Trainer(model, loss, registry.optimizers.build(opt_spec), reg, batch_size=16, metrics=chosen)
-    trainer._sums = trainer.tracker.zeros()  # (fit makes them each epoch)
+    sums = trainer.tracker.zeros()  # (fit makes them each epoch)
+    step = trainer.training_step
     callbacks = [GradientClipping(clip_norm=1.0, clip_value=5.0)] if extras else []
     for cb in callbacks:
         cb.on_train_begin(trainer)
     rng = np.random.default_rng(0)
     xb = cupy.asarray(_step_batch(specs, in_shape, rng))
     yb = cupy.asarray(rng.integers(0, 3, 16))
-    trainer._fast_mode(True)
-    trainer.train_step(xb, yb, callbacks)  # warm-up: kernels compiled, pool filled
+    trainer.fast_mode(True)
+    step(xb, yb, callbacks, sums=sums)  # warm-up: kernels compiled, pool filled
     before = {n: p.data.copy() for n, p in model.named_parameters()}
     gpu.synchronize()
     flag = cupy.zeros(1, dtype=np.int32)
     spin = cupy.RawKernel(_SPIN, "dlrun_spin")
     spin((1,), (1,), (flag, np.int64(20_000_000_000)))
-    loss_total, correct = trainer.train_step(xb, yb, callbacks)
+    loss_total, correct = step(xb, yb, callbacks, sums=sums)
     queued = cupy.cuda.Event()
     queued.record()
     still_held = not queued.done
