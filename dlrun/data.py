@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import seeding
 from .errors import ConfigError, ContractError, DataError
 from .options import NonNegativeFloat, NonNegativeInt, PositiveInt
 from .registry import data
@@ -82,7 +83,7 @@ def split(x: np.ndarray, y: np.ndarray, fraction: float, seed: int, stratify: bo
     n = len(x)
     if fraction <= 0:
         return x, y, None, None
-    rng = np.random.default_rng(seed)
+    rng = seeding.split_stream(seed)
     stratified = stratify and y.dtype.kind in "iu" and y.ndim == 1
     if stratified:
         members = []
@@ -144,7 +145,7 @@ def spiral(classes: PositiveInt = 3, points_per_class: PositiveInt = 100,
         noise: standard deviation of the angle noise.
         seed: seed of the noise.
     """
-    rng = np.random.default_rng(seed)
+    rng = seeding.data_stream(seed)
     n = points_per_class
     r = np.tile(np.linspace(0.0, 1.0, n), classes)
     base = np.linspace(0.0, 4.0, n)
@@ -195,7 +196,7 @@ def check_indices(ds: Dataset, layer: str, high: int | None = None) -> None:
 def load_data(config) -> Dataset:
     """Generate or read a config's data (a :class:`~dlrun.config.Config`) and split off the
     validation data (seeded, stratified), with errors placed at the config key that caused them."""
-    split_seed = config.seed if config.train.split_seed is None else config.train.split_seed
+    split_seed = seeding.split_seed(config.seed, config.train.split_seed)
     try:
         ds = config.build("data")
         if not isinstance(ds, Dataset):  # a plugin generator's return

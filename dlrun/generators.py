@@ -12,6 +12,7 @@ from typing import Annotated
 
 import numpy as np
 
+from . import seeding
 from .data import Dataset
 from .options import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range
 from .registry import data
@@ -35,7 +36,7 @@ def moons(samples: AtLeastTwo = 200, noise: NonNegativeFloat = 0.1, seed: NonNeg
     n1 = samples - n0
     t0, t1 = np.linspace(0.0, math.pi, n0), np.linspace(0.0, math.pi, n1)
     x = np.concatenate([np.stack([np.cos(t0), np.sin(t0)], 1), np.stack([1.0 - np.cos(t1), 0.5 - np.sin(t1)], 1)])
-    x += noise * np.random.default_rng(seed).standard_normal(x.shape)
+    x += noise * seeding.data_stream(seed).standard_normal(x.shape)
     y = np.repeat(np.array([0, 1], dtype=np.int64), [n0, n1])
     return Dataset(x, y, name="moons")
 
@@ -60,7 +61,7 @@ def circles(samples: AtLeastTwo = 200, noise: NonNegativeFloat = 0.05,
     t0 = np.linspace(0.0, 2 * math.pi, n0, endpoint=False)
     t1 = np.linspace(0.0, 2 * math.pi, n1, endpoint=False)
     x = np.concatenate([np.stack([np.cos(t0), np.sin(t0)], 1), factor * np.stack([np.cos(t1), np.sin(t1)], 1)])
-    x += noise * np.random.default_rng(seed).standard_normal(x.shape)
+    x += noise * seeding.data_stream(seed).standard_normal(x.shape)
     y = np.repeat(np.array([0, 1], dtype=np.int64), [n0, n1])
     return Dataset(x, y, name="circles")
 
@@ -81,7 +82,7 @@ def blobs(samples: PositiveInt = 300, classes: PositiveInt = 3, features: Positi
         box: centres are drawn uniformly in [−box, box] per coordinate.
         seed: seed of the centres and the points.
     """
-    rng = np.random.default_rng(seed)
+    rng = seeding.data_stream(seed)
     centers = rng.uniform(-box, box, size=(classes, features))
     counts = np.full(classes, samples // classes)
     counts[: samples % classes] += 1
@@ -102,7 +103,7 @@ def xor(samples: PositiveInt = 200, noise: NonNegativeFloat = 0.0, seed: NonNega
         noise: standard deviation of the Gaussian noise added after labelling.
         seed: seed of the points and the noise.
     """
-    rng = np.random.default_rng(seed)
+    rng = seeding.data_stream(seed)
     x = rng.uniform(-1.0, 1.0, size=(samples, 2))
     y = ((x[:, 0] > 0) ^ (x[:, 1] > 0)).astype(np.int64)
     x += noise * rng.standard_normal(x.shape)
@@ -128,7 +129,7 @@ def sine(samples: PositiveInt = 200, low: float = -3.0, high: float = 3.0, ampli
     """
     if not high > low:
         raise ValueError(f"high must exceed low, got low={low}, high={high}")
-    rng = np.random.default_rng(seed)
+    rng = seeding.data_stream(seed)
     x = rng.uniform(low, high, size=(samples, 1))
     y = amplitude * np.sin(frequency * x + phase) + noise * rng.standard_normal((samples, 1))
     return Dataset(x, y, name="sine")
@@ -151,7 +152,7 @@ def adding(samples: PositiveInt = 2000, steps: AtLeastTwo = 20, seed: NonNegativ
         steps: length of each sequence.
         seed: seed of the values and the marked steps.
     """
-    rng = np.random.default_rng(seed)
+    rng = seeding.data_stream(seed)
     values = rng.uniform(0.0, 1.0, (samples, steps))
     rows = np.arange(samples)
     first = rng.integers(0, steps // 2, samples)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import contract
+from . import contract, seeding
 from .arena import ParamArena
 from .backend import CPU, Backend
 from .errors import ConfigError, DlrunError, LayerContractError, Location, ShapeError
@@ -43,10 +43,8 @@ class Sequential:
         self.input_shape = tuple(int(s) for s in input_shape)
         self.backend = backend
         self.dtype = np.dtype(dtype)
-        root = np.random.SeedSequence(seed)
-        init_seq, run_seq = root.spawn(2)
-        init_rng = np.random.default_rng(init_seq)
-        run_seqs = run_seq.spawn(len(self.layers))
+        init_rng = seeding.initial_weights(seed)
+        run_seqs = seeding.layer_streams(seed, len(self.layers))
         self.shapes: list[tuple[int, ...]] = []
         shape = self.input_shape
         for i, layer in enumerate(self.layers):

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from . import seeding
 from .errors import CheckpointError, ConfigError
 
 
@@ -115,7 +116,7 @@ def check_split(recorded: dict | None, config) -> None:
     before = recorded.get("train") if isinstance(recorded.get("train"), dict) else {}
     fraction = float(before.get("validation_split") or 0.0)
     seed = before.get("split_seed") if before.get("split_seed") is not None else recorded.get("seed")
-    now = config.train.split_seed if config.train.split_seed is not None else config.seed
+    now = seeding.split_seed(config.seed, config.train.split_seed)
     if fraction == config.train.validation_split and (fraction == 0 or seed is None or seed == now):
         return
     if fraction != config.train.validation_split:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import callbacks as controls, checkpoint, metrics, position, rundir, snapshot
+from . import callbacks as controls, checkpoint, metrics, position, rundir, seeding, snapshot
 from .backend import get_backend
 from .config import Config, config_from_dict, parse_yaml
 from .data import Dataset, check_range, load_data  # noqa: F401  (dlrun.run.load_data)
@@ -32,7 +32,7 @@ from .trainer import History, Trainer
 def resolve_seed(config: Config) -> int:
     """The config's seed, or a fresh one recorded into ``config.raw``."""
     if config.seed is None:
-        config.seed = int(np.random.SeedSequence().entropy % (2**31))
+        config.seed = seeding.fresh_seed()
     config.raw["seed"] = config.seed
     return config.seed
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, checkpoint, registry
+from . import __version__, checkpoint, registry, seeding
 from .config import Config
 from .errors import CheckpointError
 from .callbacks import check_monitor, control_states
@@ -118,7 +118,7 @@ def restore(trainer: Trainer, ckpt: checkpoint.Checkpoint, seed: int, frozen=())
         trainer.shuffle_rng.bit_generator.state = shuffle
     states = rng.get("layers") or {}
     layers = trainer.model.layers
-    reseed = np.random.SeedSequence([seed, trainer.step]).spawn(len(layers))
+    reseed = seeding.resumed_layer_streams(seed, trainer.step, len(layers))
     for i, layer in enumerate(layers):
         state = states.get(str(i))
         if b.xp is not np:  # a CuPy generator has no exportable state: a fresh, deterministic stream

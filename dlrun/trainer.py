@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from . import contract
+from . import contract, seeding
 from .backend import array_module
 from .errors import Interrupted, NonFiniteError
 from .model import Sequential
@@ -53,7 +53,7 @@ class Trainer:
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.accumulate = accumulate
-        self.shuffle_rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(3)[2])
+        self.shuffle_rng = seeding.shuffling(seed)
         self.epoch = 0
         # a point inside epoch ``epoch + 1`` that the state stands at (None: an epoch boundary):
         # set by a resume from a mid-epoch checkpoint, and by fit when an interrupt stops it

@@ -1,0 +1,69 @@
+"""The seeding plan: every random stream of a run, derived from two numbers.
+
+A run has a **run seed** (``seed:``, or ``--seed``; a fresh one is drawn and recorded when
+neither is given) and a **split seed** (``train.split_seed``; unset, the run seed stands in for
+it). From them (numpy ``SeedSequence`` children, so the streams are independent of each other)::
+
+    SeedSequence(run seed)
+    ├── child 0  initial weights: one host generator, drawn from layer by layer in model order
+    ├── child 1  each layer's runtime generator (dropout masks, noise): child i of it for model[i]
+    └── child 2  shuffling: the order of every epoch's batches
+    split seed   the validation split: one generator that draws the held-out samples
+    data seed    a data generator's own ``data.seed`` option (its default otherwise): the data
+                 does not change with the run seed, so runs with other seeds see the same samples
+    SeedSequence([run seed, step])  a resumed run's layer generators on a device whose generator
+                 has no state to save (CuPy): child i for model[i], from the step it resumes at
+
+Every stream above is made here, and only here.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+_INITIAL, _LAYERS, _SHUFFLE = range(3)
+
+
+def fresh_seed() -> int:
+    """A new run seed, for a run that names none (recorded in its config.yaml and checkpoints)."""
+    return int(np.random.SeedSequence().entropy % (2**31))
+
+
+def _children(seed: int) -> list[np.random.SeedSequence]:
+    return np.random.SeedSequence(seed).spawn(3)
+
+
+def initial_weights(seed: int) -> np.random.Generator:
+    """The host generator the layers draw their initial weights from, in model order."""
+    return np.random.default_rng(_children(seed)[_INITIAL])
+
+
+def layer_streams(seed: int, layers: int) -> list[np.random.SeedSequence]:
+    """The seed of each layer's runtime generator (``layer.rng``), for ``model[0] ... model[n-1]``."""
+    return _children(seed)[_LAYERS].spawn(layers)
+
+
+def shuffling(seed: int) -> np.random.Generator:
+    """The generator that draws each epoch's order of the training samples."""
+    return np.random.default_rng(_children(seed)[_SHUFFLE])
+
+
+def split_seed(run_seed: int | None, split_seed: int | None) -> int | None:
+    """The seed of the validation split: ``train.split_seed``, or the run seed standing in for it."""
+    return run_seed if split_seed is None else split_seed
+
+
+def split_stream(seed: int | None) -> np.random.Generator:
+    """The generator that draws the validation samples (from :func:`split_seed`)."""
+    return np.random.default_rng(seed)
+
+
+def data_stream(seed: int | None) -> np.random.Generator:
+    """A data generator's own generator, from its ``seed`` option."""
+    return np.random.default_rng(seed)
+
+
+def resumed_layer_streams(seed: int, step: int, layers: int) -> list[np.random.SeedSequence]:
+    """Fresh, deterministic layer generators for a run resumed at ``step`` on a device whose
+    generators have no state to save (CuPy): reproducible, though not the stream an
+    uninterrupted run would have drawn."""
+    return np.random.SeedSequence([seed, step]).spawn(layers)
