@@ -9,7 +9,7 @@ from workloads import Workload, gemm_flops, resolve_layers
 
 
 def build(w: Workload, device: str = "cpu"):
-    """(trainer, x, y, epochs, cfg): a shipped config through dlrun.run.prepare, else from the specs."""
+    """(trainer, x, y, epochs, cfg): a shipped config through dlrun.assembly.assemble, else from the specs."""
     from dlrun import registry
     from dlrun.backend import get_backend
     from dlrun.model import Sequential
@@ -17,10 +17,11 @@ def build(w: Workload, device: str = "cpu"):
 
     if w.config:
         from dlrun.config import load_config
-        from dlrun.run import prepare
+        from dlrun.assembly import assemble
 
         cfg = load_config(w.config, list(w.overrides) + [f"device={device}"])
-        ds, trainer = prepare(cfg)
+        run = assemble(cfg)
+        ds, trainer = run.data, run.trainer
         trainer.shuffle = False  # same batch order as the torch side
         return trainer, ds.x.astype(np.float32), ds.y, cfg.train.epochs, cfg
     x, y = w.data()

@@ -15,8 +15,8 @@ from dataclasses import asdict
 from . import registry
 from .backend import array_module
 from .errors import ConfigError, ContractError
-from .options import did_you_mean
-from .schedules import Schedule, improved, resolve_mode
+from .monitor import check as check_monitor, improved, resolve_mode
+from .schedules import Schedule
 from .hooks import Callback
 
 
@@ -192,30 +192,6 @@ class EarlyStopping(Callback):
         """Load the best weights back (with ``restore_best_weights``, when the last epoch was not the best)."""
         if self.restore_best_weights and self.best_weights is not None and self.best_epoch != self.last_epoch:
             self.model.load_state_arrays(self.best_weights)
-
-
-def check_monitor(monitor: str, path: str, has_validation: bool, classification: bool, locate,
-                  metrics: tuple[str, ...] = ()) -> None:
-    """Raise a ConfigError when the run will not produce the metric ``monitor``: train_ or val_
-    with loss, accuracy (classification) or a metric of train.metrics (``metrics``, their names)."""
-    recorded = ("loss", "accuracy", *metrics) if classification else ("loss", *metrics)
-    prefix, _, name = monitor.partition("_")
-    if prefix == "val" and not has_validation:
-        raise ConfigError(f"monitor {monitor!r} needs validation data; set train.validation_split "
-                          f"(for example 0.2) or the file loader's data.validation_path, or monitor "
-                          f"train_{name or 'loss'}", locate(path))
-    if name == "accuracy" and not classification:
-        raise ConfigError(f"monitor {monitor!r}: a regression loss gives no accuracy; monitor "
-                          f"{monitor.replace('accuracy', 'loss')}", locate(path))
-    if prefix in ("train", "val") and name in recorded:
-        return
-    if prefix in ("train", "val") and name in registry.metrics:
-        raise ConfigError(f"monitor {monitor!r}: the run does not record {name}; add {name} to the list "
-                          f"train.metrics", locate(path))
-    names = [f"{p}_{n}" for p in ("train", "val") for n in recorded if p == "train" or has_validation]
-    raise ConfigError(f"monitor {monitor!r} is not a metric the run records{did_you_mean(monitor, names)}; "
-                      f"it records {', '.join(names)} (train_NAME and val_NAME for a metric of train.metrics)",
-                      locate(path))
 
 
 def control_states(controls) -> list[dict]:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint, run
+from . import checkpoint
+from .assembly import assemble
 from .config import Config
 from .errors import LayerContractError, Location, NonFiniteError
 from .faults import nonfinite_kind
@@ -128,7 +129,8 @@ class FirstBatch(StepObserver):
 def check_config(config: Config, checkpoint_path: str | Path | None = None) -> CheckReport:
     """Build everything a run needs and run its first training step on one batch, observed
     (:class:`FirstBatch`); raise the first problem."""
-    ds, trainer = run.prepare(config)
+    run = assemble(config)
+    ds, trainer = run.data, run.trainer
     model, loss, b = trainer.model, trainer.loss, trainer.backend
     ckpt = None
     if checkpoint_path is not None:
@@ -144,7 +146,7 @@ def check_config(config: Config, checkpoint_path: str | Path | None = None) -> C
     first = FirstBatch(model, loss)
     # the step runs as the trainer's first: the loss's returns, the regularizers, the schedule's
     # first rate, the optimizer's step and train.metrics are checked as training checks them
-    controls = run.train_controls_for(config, ds, trainer)
+    controls = run.controls
     try:
         with np.errstate(all="ignore"):
             for c in controls:

@@ -19,7 +19,8 @@ from .config_yaml import (Source, _join, apply_override, dump_yaml, key_paths, p
                           parse_yaml, read_config_text)
 from .errors import ConfigError, DlrunError, Location, PluginError, collect
 from .options import FilePath, NonNegativeInt, OptionError, _got, check_value, did_you_mean, recorded
-from .settings import EarlyStoppingSettings, TrainSettings, monitor_errors  # noqa: F401  (re-exported)
+from . import monitor
+from .settings import EarlyStoppingSettings, TrainSettings  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -239,7 +240,7 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None, run_plugins
                 registry.metrics.build(split_entry(spec, path, locate)[0], path, locate)
         except DlrunError as e:
             errors.append(e)
-    errors.extend(monitor_errors(train, locate))
+    errors.extend(monitor.config_errors(train, locate))
     if plugin_failed is not None:  # names it would have defined are unknown: one error, not ten
         unknown = [e for e in errors if getattr(e, "unknown_name", None)]
         if unknown:

@@ -191,7 +191,7 @@ def load_file(path: FilePath, label_column: int = -1, header: bool | None = None
             raise DataError(f"{val.name}: samples of shape {val.x.shape[1:]}, but the training file {ds.name} has "
                             f"samples of shape {ds.x.shape[1:]}; both files need the same columns")
     except DataError as e:
-        e.option = "validation_path"  # the config key to point at (run.load_data)
+        e.option = "validation_path"  # the config key to point at (data.load_data)
         raise
     return Dataset(ds.x, ds.y, val.x, val.y, name=ds.name, rows=ds.rows, rows_val=val.rows, name_val=val.name)
 

@@ -14,17 +14,16 @@ from typing import TextIO
 
 import numpy as np
 
-from . import checkpoint, metrics, registry, snapshot
+from . import checkpoint, evaluation, metrics, registry, snapshot, step
+from .assembly import build_model
 from .config import Config, config_from_dict, parse_value
-from .data import Dataset, check_range
+from .data import Dataset, check_range, load_data
 from .datafile import expect_npy, read_csv
 from .losses import Loss
 from .errors import CheckpointError, DataError, DlrunError, PluginError, UsageError
 from .model import Sequential
 from .plugins import named_for
 from .preflight import check_labels, check_model_indices
-from .run import build_model, load_data
-from .trainer import Trainer, predict
 
 
 @dataclass
@@ -42,13 +41,14 @@ class Restored:
     def classification(self) -> bool:
         return getattr(self.loss, "task", "classification") == "classification"
 
-    def trainer(self, batch_size: int | None = None) -> Trainer:
-        """A trainer for evaluation (loss includes the run's regularization, as val_loss does)."""
+    def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int | None = None) -> evaluation.Evaluation:
+        """What ``dlrun evaluate`` reports on (x, y): one forward pass, no optimizer; the loss
+        includes the run's regularization, as val_loss does, and the run's train.metrics."""
         cfg = self.config
         outputs = self.model.output_shape[-1] if self.model.output_shape else 1
-        return Trainer(self.model, self.loss, cfg.build("optimizer"), cfg.build("regularizer"),
-                       batch_size or cfg.train.batch_size, False, cfg.seed or 0,
-                       metrics=metrics.build(cfg.train.metrics, self.loss, outputs, cfg.locate))
+        tracker = metrics.Tracker(metrics.build(cfg.train.metrics, self.loss, outputs, cfg.locate), self.model.backend)
+        penalty = step.penalty(step.regularized(self.model, cfg.build("regularizer")))
+        return evaluation.evaluate(self.model, self.loss, x, y, batch_size or cfg.train.batch_size, penalty, tracker)
 
 
 def open_model(target: str | Path, device: str | None = None) -> Restored:
@@ -149,7 +149,7 @@ def predictions(restored: Restored, x: np.ndarray, proba: bool = False, batch_si
         raise UsageError(f"--proba: the loss {type(loss).__name__} defines no probabilities(z) (Hinge scores classes "
                          f"by margins); drop --proba, train with SoftmaxCrossEntropy, BinaryCrossEntropy or NLL, "
                          f"or give your loss a probabilities(z) method (docs/custom-layers.md)")
-    z = predict(restored.model, x, batch_size or restored.config.train.batch_size)
+    z = restored.model.predict(x, batch_size or restored.config.train.batch_size)
     if restored.classification:
         cols, vals, fmts = ["prediction"], [np.asarray(loss.predict(z))[:, None].astype(np.float64)], ["%d"]
         if proba:

@@ -15,33 +15,15 @@ from pathlib import Path
 
 import numpy as np
 
-from . import callbacks as controls, checkpoint, metrics, position, rundir, seeding, snapshot
-from .backend import get_backend
+from . import callbacks as controls, checkpoint, position, rundir, snapshot
 from .config import Config, config_from_dict, parse_yaml
-from .data import Dataset, check_range, load_data  # noqa: F401  (dlrun.run.load_data)
+from .assembly import Assembly, assemble
+from .data import Dataset
 from .errors import CheckpointError, DlrunError, Interrupted, NonFiniteError, TrainingError, UsageError
 from .faults import StopOnSignal, catch_signals
-from .model import Sequential
 from .plugins import blame, named_for
-from .preflight import (balance_class_weights, check_batch_memory, check_class_weights, check_labels,
-                        check_model_indices)
 from .trainer import History, Trainer
 
-
-
-def resolve_seed(config: Config) -> int:
-    """The config's seed, or a fresh one recorded into ``config.raw``."""
-    if config.seed is None:
-        config.seed = seeding.fresh_seed()
-    config.raw["seed"] = config.seed
-    return config.seed
-
-
-def build_model(config: Config, input_shape, backend=None) -> Sequential:
-    """Layers from the config, built for ``input_shape`` on the config's device."""
-    backend = backend or get_backend(config.device)
-    return Sequential(config.build_layers(), input_shape, backend, config.dtype, config.seed, config.locate,
-                      frozen=config.frozen)
 
 
 @dataclass
@@ -56,52 +38,12 @@ class RunResult:
     signal: int | None = None
 
 
-def prepare(config: Config):
-    """Everything a run needs, built and checked before any file is written."""
-    resolve_seed(config)
-    backend = get_backend(config.device)
-    ds = load_data(config)
-    check_range(ds, config.dtype)
-    model = build_model(config, ds.input_shape, backend)
-    check_model_indices(ds, model)
-    loss = config.build("loss")
-    check_class_weights(loss, model, config.locate("loss.class_weights"))
-    check_labels(ds, model, loss, config.locate)
-    balance_class_weights(loss, model, ds.y, config)  # (the training split's labels)
-    outputs = model.output_shape[-1] if model.output_shape else 1
-    trainer = Trainer(model, loss, config.build("optimizer"), config.build("regularizer"),
-                      config.train.batch_size, config.train.shuffle, config.seed, config.train.drop_last,
-                      config.train.accumulate_batches,
-                      metrics.build(config.train.metrics, loss, outputs, config.locate))
-    check_batch_memory(model, trainer.epoch_batches(len(ds.x))[0], config.locate("train.batch_size"))
-    _monitor(config, ds, trainer)  # settings that depend on the data: dlrun check and time see them too
-    train_controls_for(config, ds, trainer)
-    return ds, trainer
-
-
-def _monitor(config: Config, ds: Dataset, trainer: Trainer) -> tuple[str, str]:
-    """best.npz's metric and mode: ``train.monitor``; unset, early stopping's (so that the weights
-    restore_best_weights puts back are the ones saved), else val_loss or train_loss."""
-    has_val = ds.x_val is not None and len(ds.x_val) > 0
-    stopping = config.train.early_stopping
-    if config.train.monitor is None and stopping is not None:
-        return snapshot.resolve_monitor(stopping.monitor, has_val, trainer.classification, config.locate,
-                                        stopping.mode, trainer.tracker.modes, "train.early_stopping.monitor")
-    return snapshot.resolve_monitor(config.train.monitor, has_val, trainer.classification, config.locate,
-                                    metrics=trainer.tracker.modes)
-
-
-def train_controls_for(config: Config, ds: Dataset, trainer: Trainer) -> list:
-    """Clipping, schedule and early stopping from ``train:`` (raises before any file is written)."""
-    has_val = ds.x_val is not None and len(ds.x_val) > 0
-    return controls.from_config(config, has_val, trainer.classification, trainer.tracker.modes)
-
-
-def _fit(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, callbacks, extra: dict,
-         train_controls: list, best: dict | None = None, seconds_before: float = 0.0) -> RunResult:
+def _fit(run: Assembly, run_dir: Path, callbacks, extra: dict, best: dict | None = None,
+         seconds_before: float = 0.0) -> RunResult:
     """Fit to ``train.epochs`` with the ``train:`` controls and the metrics and checkpoint
     writers; write summary.json."""
-    monitor, mode = _monitor(config, ds, trainer)
+    config, ds, trainer, train_controls = run.config, run.data, run.trainer, run.controls
+    monitor, mode = run.monitor.name, run.monitor.mode
     trainer.controls = train_controls  # their state goes into every checkpoint
     # last.npz keeps the last epoch's weights: early stopping's best weights come back after it
     deferred = [c for c in train_controls if isinstance(c, controls.EarlyStopping)]
@@ -216,18 +158,17 @@ def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from
     ``init_from`` (a checkpoint or run directory) supplies the initial weights; the optimizer
     starts fresh. Names and shapes must match the configured model exactly.
     """
-    ds, trainer = prepare(config)
+    run = assemble(config)
     extra = {}
     if init_from is not None:
         ckpt = checkpoint.read(checkpoint.resolve(init_from))
-        snapshot.load_weights(trainer.model, ckpt)
+        snapshot.load_weights(run.model, ckpt)
         extra["init_from"] = os.path.abspath(ckpt.path)
-    train_controls = train_controls_for(config, ds, trainer)  # (prepare has checked them and the monitor)
     run_dir = rundir.new_run_dir(runs_dir, config.name)
     try:
         with rundir.RunLock(run_dir):
             rundir.write_config(run_dir, config)
-            return _fit(config, ds, trainer, run_dir, callbacks, extra, train_controls)
+            return _fit(run, run_dir, callbacks, extra)
     except BaseException:  # a run that saved nothing leaves nothing behind (an interrupted one saves)
         rundir.discard_if_empty(run_dir)
         raise
@@ -292,12 +233,12 @@ def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, cal
 def _resume(run_dir: Path, config: Config, ckpt: checkpoint.Checkpoint, callbacks) -> RunResult:
     position.check_split(ckpt.meta.get("config"), config)
     config.split_shares = ckpt.meta.get("split_shares", "per_class")  # the run's own split (data.split)
-    ds, trainer = prepare(config)
+    run = assemble(config)
+    ds, trainer = run.data, run.trainer
     snapshot.restore(trainer, ckpt, config.seed, config.frozen)
     if trainer.epoch >= config.train.epochs and (trainer.position is not None or _finished(run_dir, trainer.epoch)):
         raise UsageError(f"{run_dir} has already trained {trainer.epoch} of {config.train.epochs} epochs; "
                          f"raise the total to continue, e.g. --set train.epochs={trainer.epoch + 10}")
-    _monitor(config, ds, trainer)
     # stopped inside an epoch: it continues only as it started
     position.check_resume(trainer, ds.x, ds.y, ckpt.meta.get("data_digest"), str(ckpt.path))
     rundir.truncate_metrics(run_dir / "metrics.csv", trainer.epoch, trainer.tracker.names)
@@ -307,11 +248,10 @@ def _resume(run_dir: Path, config: Config, ckpt: checkpoint.Checkpoint, callback
     extra["resumed_from_epoch"] = trainer.epoch
     if trainer.position is not None:
         extra["resumed_from_batch"] = trainer.position.batches_done  # of epoch resumed_from_epoch + 1
-    train_controls = train_controls_for(config, ds, trainer)
-    controls.load_control_states(train_controls, ckpt.meta.get("controls"))
-    _offer_best_weights(run_dir, train_controls)
+    controls.load_control_states(run.controls, ckpt.meta.get("controls"))
+    _offer_best_weights(run_dir, run.controls)
     try:
-        return _fit(config, ds, trainer, run_dir, callbacks, extra, train_controls, ckpt.meta.get("best"), before)
+        return _fit(run, run_dir, callbacks, extra, ckpt.meta.get("best"), before)
     except DlrunError as e:  # failed before a good step (an interrupt saves its state and config): last.npz
         if not isinstance(e, Interrupted) and trainer.step == ckpt.meta.get("step"):  # is kept, so is config.yaml
             rundir.put_back(run_dir / "config.yaml", kept)

@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .callbacks import check_monitor
-from .errors import ConfigError
 from .options import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 
@@ -25,7 +23,7 @@ class EarlyStoppingSettings:
             (default: keep the last epoch's weights).
     """
 
-    monitor: str = "val_loss"  # checked against the metrics the run records (callbacks.check_monitor)
+    monitor: str = "val_loss"  # checked against the metrics the run records (dlrun.monitor.check)
     patience: NonNegativeInt = 5
     min_delta: NonNegativeFloat = 0.0
     mode: Literal["auto", "min", "max"] = "auto"
@@ -78,19 +76,3 @@ class TrainSettings:
     checkpoint_every: PositiveInt = 1
     metrics: Any = None  # a list of metric specs, checked against registry.metrics in validate()
     monitor: str | None = None
-
-
-def monitor_errors(train: TrainSettings, locate) -> list:
-    """Monitors that name no metric the run could record (loss, accuracy, train.metrics'), found
-    with the rest of the config's errors; whether the data gives them is checked when it is loaded."""
-    listed = tuple(m if isinstance(m, str) else m.get("name", m.get("type")) if isinstance(m, dict) else None
-                   for m in train.metrics or ())
-    stopping = train.early_stopping.monitor if train.early_stopping is not None else None
-    errors = []
-    for path, monitor in (("train.monitor", train.monitor), ("train.early_stopping.monitor", stopping)):
-        try:
-            if monitor is not None:
-                check_monitor(monitor, path, True, True, locate, tuple(n for n in listed if isinstance(n, str)))
-        except ConfigError as e:
-            errors.append(e)
-    return errors

@@ -17,8 +17,8 @@ import numpy as np
 from . import __version__, checkpoint, registry, seeding
 from .config import Config
 from .errors import CheckpointError
-from .callbacks import check_monitor, control_states
-from .schedules import improved, resolve_mode
+from .callbacks import control_states
+from .monitor import improved
 from .plugins import loaded_files, source_hash
 from .position import EpochPosition
 from .hooks import Callback
@@ -141,17 +141,6 @@ def frozen_changed(recorded: dict | None, frozen) -> str | None:
         return None
     return ", ".join(f"model[{i}].trainable changed ({'false -> true' if i in before else 'true -> false'})"
                      for i in moved)
-
-
-def resolve_monitor(monitor: str | None, has_val: bool, classification: bool, locate=None,
-                    mode: str = "auto", metrics: dict | None = None, path: str = "train.monitor") -> tuple[str, str]:
-    """The metric that picks best.npz and whether lower ("min") or higher ("max") is better
-    (``mode``: early stopping's, when best.npz follows it); a ConfigError located by ``locate``
-    (config.locate) at ``path`` when the run will not produce it (``metrics``: train.metrics',
-    name: mode)."""
-    name = monitor or ("val_loss" if has_val else "train_loss")
-    check_monitor(name, path, has_val, classification, locate or (lambda path: None), tuple(metrics or ()))
-    return name, resolve_mode(mode, name, metrics)
 
 
 class CheckpointWriter(Callback):

@@ -61,8 +61,7 @@ class TrainingStep:
             optimizer.setup(params, arena=model.arena)
         else:
             optimizer.setup(params)
-        self.regularized = [(p, p.regularizer or regularizer) for _, p in params
-                            if p.trainable and (p.regularizer or (regularizer and p.regularize))]
+        self.regularized = regularized(model, regularizer)
         self.count = 0  # optimizer steps taken
         self.observers: list[StepObserver] = []
         self.first_check = first_check  # None once the first step has passed it
@@ -174,4 +173,16 @@ class TrainingStep:
 
     def penalty(self) -> float:
         """The regularizers' penalty on the current weights (added to the reported losses)."""
-        return sum(reg.penalty(p.data) for p, reg in self.regularized) if self.regularized else 0.0
+        return penalty(self.regularized)
+
+
+def regularized(model, regularizer=None) -> list:
+    """``[(parameter, regularizer)]``: each trainable parameter's own regularizer, or the run-wide
+    ``regularizer`` for those that take it (``regularize``)."""
+    return [(p, p.regularizer or regularizer) for _, p in model.named_parameters()
+            if p.trainable and (p.regularizer or (regularizer and p.regularize))]
+
+
+def penalty(pairs: list) -> float:
+    """The summed penalty of ``regularized`` pairs on the current weights."""
+    return sum(reg.penalty(p.data) for p, reg in pairs) if pairs else 0.0

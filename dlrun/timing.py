@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import run
+from .assembly import assemble
 from .config import Config
 from .errors import UsageError
 from .step import StepObserver
@@ -104,7 +104,8 @@ def time_config(config: Config, batches: int = 20, warmup: int = 2) -> TimingRep
     """Time ``batches`` training steps of the config's model (after ``warmup`` untimed ones)."""
     if batches < 1 or warmup < 0:
         raise UsageError(f"--batches must be at least 1, got {batches}")
-    ds, trainer = run.prepare(config)
+    run = assemble(config)
+    ds, trainer = run.data, run.trainer
     model, loss, backend = trainer.model, trainer.loss, trainer.backend
     x, y = trainer.to_device(ds.x, ds.y)
     n = len(x)

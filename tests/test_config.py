@@ -178,10 +178,10 @@ def test_a_null_model_is_one_error_not_two(tmp_path):
 ])
 def test_labels_the_model_or_loss_cannot_take_are_placed_at_what_to_change(tmp_path, overrides, where, message):
     # they named the data only ("spiral: sample 201: ..."), no file:line and no config key
-    from dlrun.run import prepare
+    from dlrun.assembly import assemble
 
     with pytest.raises(DlrunError) as e:
-        prepare(load_config("configs/spiral.yaml", overrides))
+        assemble(load_config("configs/spiral.yaml", overrides))
     assert where in str(e.value) and message in str(e.value), str(e.value)
 
 

@@ -279,7 +279,7 @@ def test_a_parameter_larger_than_memory_is_refused_before_the_os_kills_the_proce
     import dlrun.layers.base as base
     from dlrun.config import load_config
     from dlrun.errors import ShapeError
-    from dlrun.run import build_model
+    from dlrun.assembly import build_model
 
     monkeypatch.setattr(base, "host_memory_available", lambda: 64 * 2**20)  # 64 MiB left
     cfg = load_config("configs/spiral.yaml", ["model[0].units=4000000"])  # 8e6 weights: 160 MB to make
@@ -295,19 +295,19 @@ def test_a_parameter_larger_than_memory_is_refused_before_the_os_kills_the_proce
 def test_a_batch_whose_outputs_cannot_fit_is_refused_with_the_batch_size_that_would(monkeypatch):
     # the same OS kill, from activations: the outputs and their gradients bound a step's peak
     import dlrun.preflight as preflight
-    from dlrun import run
+    from dlrun.assembly import assemble
     from dlrun.config import load_config
     from dlrun.errors import ConfigError
 
     monkeypatch.setattr(preflight, "host_memory_available", lambda: 2**30)  # 1 GiB left
     cfg = load_config("configs/spiral.yaml", ["model[0].units=400000", "train.batch_size=null"])
     with pytest.raises(ConfigError) as e:  # 2 × (400000 + 400000 + 3) float32 outputs = 6.1 MiB a sample
-        run.prepare(cfg)
+        assemble(cfg)
     assert e.value.exit_code == 2 and str(e.value.where) == "--set train.batch_size=null: train.batch_size"
     assert e.value.message == ("a batch of 300 needs at least 1.8 GiB for the layers' outputs and "
                                "their gradients (6.1 MiB a sample), more than the 1.0 GiB of memory available; make "
                                "train.batch_size at most 167")
-    run.prepare(load_config("configs/spiral.yaml", ["model[0].units=400000", "train.batch_size=167"]))  # fits
+    assemble(load_config("configs/spiral.yaml", ["model[0].units=400000", "train.batch_size=167"]))  # fits
 
 
 # -- in process (dlrun.cli.main): inputs too large, too deep or of the wrong kind -----------------

@@ -133,7 +133,7 @@ def test_a_csv_with_a_byte_order_mark_reads_like_one_without(tmp_path):
 
 def test_split_seed_fixes_the_validation_set_across_run_seeds():
     from dlrun.config import config_from_dict
-    from dlrun.run import load_data
+    from dlrun.data import load_data
 
     def val(seed, split_seed=None):
         train = {"validation_split": 0.2, **({} if split_seed is None else {"split_seed": split_seed})}

@@ -9,7 +9,8 @@ from conftest import run_cli, write
 from dlrun import checkpoint
 from dlrun.config import load_config
 from dlrun.errors import ConfigError
-from dlrun.run import build_model, train
+from dlrun.assembly import build_model
+from dlrun.run import train
 
 CONFIG = """\
 data: {type: spiral, points_per_class: 40}

@@ -8,7 +8,7 @@ import pytest
 from dlrun import registry
 from dlrun.config import config_from_dict
 from dlrun.data import split
-from dlrun.run import load_data
+from dlrun.data import load_data
 
 
 def gen(name, **kw):

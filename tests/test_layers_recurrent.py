@@ -11,7 +11,8 @@ from dlrun import registry
 from dlrun.backend import CPU
 from dlrun.config import config_from_dict
 from dlrun.errors import ConfigError
-from dlrun.run import prepare, train
+from dlrun.assembly import assemble
+from dlrun.run import train
 
 
 def _layer(name, x_shape, **options):
@@ -122,7 +123,7 @@ def test_a_recurrent_layer_on_flat_input_names_the_shape_it_needs():
            "model": [{"type": "Linear", "units": 4}, {"type": "LSTM", "units": 3}, {"type": "Linear", "units": 3}],
            "loss": "SoftmaxCrossEntropy", "optimizer": {"type": "Adam", "learning_rate": 0.01}}
     with pytest.raises(ConfigError) as e:
-        prepare(config_from_dict(raw))
+        assemble(config_from_dict(raw))
     assert "model[1]: LSTM expects (N, steps, features) input" in str(e.value)
     assert "got input of shape (4,) per sample" in str(e.value)
 
@@ -132,7 +133,7 @@ def test_a_sequence_given_where_a_vector_is_read_points_at_return_sequences():
            "model": [{"type": "GRU", "units": 3, "return_sequences": True}, {"type": "Linear", "units": 1}],
            "loss": "MSE", "optimizer": {"type": "Adam", "learning_rate": 0.01}}
     with pytest.raises(ConfigError) as e:
-        prepare(config_from_dict(raw))
+        assemble(config_from_dict(raw))
     assert ("model[1]: Linear expects (N, features) input; add a Flatten before it, got input of shape (5, 3) per "
             "sample (model[0] gives every step, return_sequences: true; set it to false for the last state)") in str(e.value)
 

@@ -13,6 +13,8 @@ import pytest
 from checkpoint_helpers import spiral_config
 from conftest import run_cli, write
 from dlrun import metrics, registry, run
+from dlrun.assembly import assemble
+from dlrun.data import load_data
 from dlrun.backend import get_backend
 from dlrun.config import config_from_dict, load_config
 from dlrun.errors import CheckpointError, ConfigError, Interrupted
@@ -141,7 +143,7 @@ def test_trainer_records_the_metrics_of_the_model_it_trains(tmp_path):
     and val_NAME equal the metric of the fixed model's predictions on each set."""
     result = run.train(config_from_dict(json.loads(json.dumps(BASE))), tmp_path)
     row = result.history.last
-    ds, model = run.load_data(config_from_dict(json.loads(json.dumps(BASE)))), result.trainer.model
+    ds, model = load_data(config_from_dict(json.loads(json.dumps(BASE)))), result.trainer.model
     for prefix, x, y in (("train", ds.x, ds.y), ("val", ds.x_val, ds.y_val)):
         table = per_class_oracle(y, model.predict(x).argmax(1), 3)
         assert row[f"{prefix}_f1"] == pytest.approx(table[:, 2].mean(), rel=1e-9)
@@ -195,7 +197,7 @@ def test_bad_metric_specs_are_config_errors_at_their_entry(tmp_path, metrics_spe
     raw = json.loads(json.dumps(BASE))
     raw["train"]["metrics"] = metrics_spec
     with pytest.raises(ConfigError) as e:
-        run.prepare(config_from_dict(raw))
+        assemble(config_from_dict(raw))
     assert message in str(e.value)
 
 
@@ -210,7 +212,7 @@ def test_monitors_must_name_a_metric_the_run_records(train, message):
     raw = json.loads(json.dumps(BASE))
     raw["train"].update(train)
     with pytest.raises(ConfigError) as e:
-        run.prepare(config_from_dict(raw))
+        assemble(config_from_dict(raw))
     assert message in str(e.value)
 
 
@@ -418,7 +420,7 @@ train: {{epochs: 3, validation_split: 0.2, metrics: [max_error, mae], monitor: v
 """)
     try:
         result = run.train(load_config(cfg), tmp_path / "runs")
-        ds = run.load_data(load_config(cfg))
+        ds = load_data(load_config(cfg))
     finally:
         registry.metrics.unregister("max_error")
     z = result.trainer.model.predict(ds.x_val)
@@ -437,9 +439,9 @@ def test_a_metric_recorded_twice_under_names_of_its_own(tmp_path):
                          "early_stopping": {"monitor": "val_f1_weighted", "patience": 9},
                          "schedule": {"type": "reduce_on_plateau", "monitor": "val_f1_weighted"}})
     config = config_from_dict(raw)
-    ds, trainer = run.prepare(config)
+    a = assemble(config)
+    ds, trainer, controls = a.data, a.trainer, a.controls
     assert trainer.tracker.names == ("f1", "f1_weighted") and trainer.tracker.modes["f1_weighted"] == "max"
-    controls = run.train_controls_for(config, ds, trainer)
     assert next(c for c in controls if isinstance(c, EarlyStopping)).mode == "max"
     assert next(c for c in controls if isinstance(c, LearningRateScheduler)).schedule.mode == "max"
     result = run.train(config_from_dict(raw), tmp_path)

@@ -161,7 +161,7 @@ def test_normalized_dense_forward_and_infers_input_size():
 
 
 def test_training_does_not_change_the_constant_scales(tmp_path):
-    from dlrun import run
+    from dlrun.assembly import assemble
     from dlrun.config import load_config
 
     path = tmp_path / "scales.yaml"
@@ -171,7 +171,8 @@ def test_training_does_not_change_the_constant_scales(tmp_path):
         "  - Tanh\n  - {type: Linear, units: 3}\nloss: SoftmaxCrossEntropy\n"
         "optimizer: {type: SGD, learning_rate: 0.5, momentum: 0.9}\n"
         "regularizer: {type: L2, strength: 0.01}\ntrain: {epochs: 5, batch_size: 16}\n")
-    ds, trainer = run.prepare(load_config(path))
+    a = assemble(load_config(path))
+    ds, trainer = a.data, a.trainer
     layer = trainer.model.layers[0]
     w0, s0 = layer.weights.data.copy(), layer.scales.data.copy()
     trainer.fit(ds.x, ds.y, epochs=5)
@@ -181,12 +182,13 @@ def test_training_does_not_change_the_constant_scales(tmp_path):
 
 @pytest.mark.parametrize("config", ["iris_requ.yaml", "large_margin.yaml"])
 def test_toy_configs_reach_95_percent(config):
-    from dlrun import run
+    from dlrun.assembly import assemble
     from dlrun.config import load_config
     from tests.conftest import CONFIGS
 
     cfg = load_config(CONFIGS / config)
-    ds, trainer = run.prepare(cfg)
+    a = assemble(cfg)
+    ds, trainer = a.data, a.trainer
     trainer.fit(ds.x, ds.y, epochs=cfg.train.epochs)
     assert trainer.evaluate(ds.x, ds.y)["accuracy"] >= 0.95  # evaluation mode: no margin applied
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import write
 from dlrun.config import load_config
 from dlrun.errors import DataError
-from dlrun.run import load_data
+from dlrun.data import load_data
 
 CONFIG = """\
 data: {type: file, path: train.csv, validation_path: %s}

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from .. import evaluation, inference
+from .. import inference
 from ..position import describe
 from . import app, out
 from .catalog import PLUGIN
@@ -31,7 +31,7 @@ def evaluate_cmd(
     """Evaluate a trained model on its run's validation data or on given data."""
     restored = open_trained(target, device, plugin)
     x, y, described = inference.evaluation_data(restored, data)
-    result = evaluation.evaluate(restored.trainer(batch_size), x, y, batch_size)
+    result = restored.evaluate(x, y, batch_size)
     if as_json:
         print(json.dumps({"checkpoint": str(restored.path), "data": described, **result.as_dict()}, indent=2))
         return

@@ -16,6 +16,7 @@ from .. import registry
 from ..backend import to_host
 from ..config import load_config
 from ..errors import DlrunError
+from ..assembly import build_model
 from ..model import Sequential
 from ..preflight import balance_class_weights
 from . import device as devices, kinks, twin
@@ -73,12 +74,12 @@ def check_config(path, overrides=(), settings: Settings | None = None, batch: in
     rng = np.random.default_rng(settings.seed)
     dev = devices.open_device(settings.device)  # --device, not the config's device key
     ds = cfg.build("data")
-    model = Sequential(cfg.build_layers(), ds.input_shape, dev.backend, settings.np_dtype, settings.seed, cfg.locate)
+    model = build_model(cfg, ds.input_shape, dev.backend, settings.np_dtype, settings.seed, frozen=False)
     loss = cfg.build("loss")
     balance_class_weights(loss, model, ds.y, cfg)  # class_weights: balanced, from the data's labels
     twin_of = None
     if settings.dtype == "float32":  # differences of a float64 copy of model and loss (gradcheck.twin)
-        twin_of = (Sequential(cfg.build_layers(), ds.input_shape, dev.backend, np.float64, settings.seed, cfg.locate),
+        twin_of = (build_model(cfg, ds.input_shape, dev.backend, np.float64, settings.seed, frozen=False),
                    cfg.build("loss"))
     for attempt in range(settings.resample + 1):  # a batch whose differences cross many kinks is redrawn
         idx = small_batch(ds.y, batch, rng)

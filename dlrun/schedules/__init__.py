@@ -10,7 +10,7 @@ rate of each epoch's last step is written to metrics.csv (``learning_rate``). Po
 absolute, so a resumed run continues the schedule where it stopped.
 """
 
-from .base import Mode, Monitor, Schedule, improved, resolve_mode
+from .base import Mode, Monitor, Schedule
 from . import decay, warmup, plateau, onecycle  # noqa: F401  (registration side effects)
 
-__all__ = ["Schedule", "Monitor", "Mode", "improved", "resolve_mode"]
+__all__ = ["Schedule", "Monitor", "Mode"]

@@ -1,14 +1,13 @@
-"""The schedule contract (:class:`Schedule`), the metric and mode types, and the improvement test
-shared by reduce_on_plateau, early stopping and best-checkpoint selection."""
+"""The schedule contract (:class:`Schedule`) and the option types of schedules that watch a
+metric (the metric and its direction are :mod:`dlrun.monitor`'s)."""
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from ..metrics.base import metric_mode
 from ..options import Range
 from ..registry import schedules
 
-Monitor = str  # train_loss, val_accuracy, val_mae, ...: checked against the run's metrics (callbacks.check_monitor)
+Monitor = str  # train_loss, val_accuracy, val_mae, ...: checked against the run's metrics (dlrun.monitor.check)
 Mode = Literal["auto", "min", "max"]
 Factor = Annotated[float, Range(0, 1, min_inclusive=False, max_inclusive=False)]  # (0, 1)
 
@@ -51,14 +50,3 @@ class Schedule:
 
 
 schedules.base = Schedule
-
-
-def resolve_mode(mode: str, monitor: str, modes: dict | None = None) -> str:
-    """'auto' means the metric's own direction: max for accuracies, F1 and R², min for losses and
-    errors (as Keras); ``modes``: the run's metrics' by column name (a metric given a name)."""
-    return mode if mode != "auto" else metric_mode(monitor, modes)
-
-
-def improved(current: float, best: float, mode: str, min_delta: float) -> bool:
-    """Whether ``current`` beats ``best`` by more than ``min_delta`` in direction ``mode``."""
-    return current < best - min_delta if mode == "min" else current > best + min_delta

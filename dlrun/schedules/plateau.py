@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from ..options import NonNegativeFloat, NonNegativeInt
 from ..registry import schedules
-from .base import Factor, Mode, Monitor, Schedule, improved, resolve_mode
+from ..monitor import improved, resolve_mode
+from .base import Factor, Mode, Monitor, Schedule
 
 
 @schedules.register("reduce_on_plateau")
