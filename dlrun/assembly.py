@@ -79,5 +79,5 @@ def assemble(config: Config) -> Assembly:
     check_batch_memory(model, trainer.epoch_batches(len(ds.x))[0], config.locate("train.batch_size"))
     has_val = ds.x_val is not None and len(ds.x_val) > 0
     watched = monitor.of_run(config, has_val, trainer.classification, trainer.tracker.modes)
-    built = controls.from_config(config, has_val, trainer.classification, trainer.tracker.modes)
-    return Assembly(config, ds, trainer, built, watched)
+    trainer.controls = controls.from_config(config, has_val, trainer.classification, trainer.tracker.modes)
+    return Assembly(config, ds, trainer, trainer.controls, watched)

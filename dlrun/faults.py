@@ -90,7 +90,11 @@ class NonFiniteGuard:
                     self.rngs[id(layer)] = copy.deepcopy(layer.rng)
                 except Exception:  # a device generator that cannot be copied: replay is then approximate
                     pass
-        self.step, self.iterations, self.learning_rate = t.step, t.optimizer.iterations, t.optimizer.learning_rate
+        # the trainer's counters; its arrays (weights, optimizer buffers) are copied above, into
+        # buffers kept across epochs, so a mark allocates nothing
+        state = t.state_dict()
+        self.counters = {"step": state["step"], "learning_rate": state["learning_rate"]}
+        self.iterations = t.optimizer.iterations  # (the optimizer's own counter, beside its buffers)
 
     def restore(self, rewind_shuffle: bool = False):
         """Put the state copied by :meth:`mark` back (and the shuffling generator, if asked);
@@ -107,7 +111,8 @@ class NonFiniteGuard:
                 setattr(layer, a, copy.deepcopy(v))
             if id(layer) in self.rngs:
                 layer.rng = copy.deepcopy(self.rngs[id(layer)])
-        t.step, t.optimizer.iterations, t.optimizer.learning_rate = self.step, self.iterations, self.learning_rate
+        t.load_state_dict(self.counters)
+        t.optimizer.iterations = self.iterations
         return self.position
 
     def kept(self, position):

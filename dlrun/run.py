@@ -44,7 +44,6 @@ def _fit(run: Assembly, run_dir: Path, callbacks, extra: dict, best: dict | None
     writers; write summary.json."""
     config, ds, trainer, train_controls = run.config, run.data, run.trainer, run.controls
     monitor, mode = run.monitor.name, run.monitor.mode
-    trainer.controls = train_controls  # their state goes into every checkpoint
     # last.npz keeps the last epoch's weights: early stopping's best weights come back after it
     deferred = [c for c in train_controls if isinstance(c, controls.EarlyStopping)]
     for c in deferred:
@@ -248,7 +247,6 @@ def _resume(run_dir: Path, config: Config, ckpt: checkpoint.Checkpoint, callback
     extra["resumed_from_epoch"] = trainer.epoch
     if trainer.position is not None:
         extra["resumed_from_batch"] = trainer.position.batches_done  # of epoch resumed_from_epoch + 1
-    controls.load_control_states(run.controls, ckpt.meta.get("controls"))
     _offer_best_weights(run_dir, run.controls)
     try:
         return _fit(run, run_dir, callbacks, extra, ckpt.meta.get("best"), before)

@@ -17,7 +17,6 @@ import numpy as np
 from . import __version__, checkpoint, registry, seeding
 from .config import Config
 from .errors import CheckpointError
-from .callbacks import control_states
 from .monitor import improved
 from .plugins import loaded_files, source_hash
 from .position import EpochPosition
@@ -63,18 +62,19 @@ def capture(trainer: Trainer, config: Config, extra: dict | None = None) -> tupl
     """Host copies of (model arrays, optimizer arrays, meta) for the trainer's current state."""
     model = trainer.model
     to_host = model.backend.to_host
+    state = trainer.state_dict()
     # copies, not views: a pending best.npz must not follow the live buffers
-    optim = {k: np.array(to_host(v)) for k, v in trainer.optimizer.state_dict().items()}
-    meta = {"dlrun_version": __version__, "epoch": trainer.epoch, "step": trainer.step,
+    optim = {k: np.array(to_host(v)) for k, v in state["optimizer"].items()}
+    meta = {"dlrun_version": __version__, "epoch": state["epoch"], "step": state["step"],
             "config": config.raw, "split_shares": config.split_shares,
             "input_shape": list(model.input_shape), "dtype": str(model.dtype),
             "device": model.backend.name,
-            "rng": {"shuffle": rng_state(trainer.shuffle_rng),
+            "rng": {"shuffle": state["shuffle"],
                     "layers": {str(i): rng_state(layer.rng_made) for i, layer in enumerate(model.layers)
                                if layer.rng_made is not None}},
-            "position": trainer.position.to_meta() if trainer.position is not None else None,
+            "position": state["position"].to_meta() if state["position"] is not None else None,
             "plugins": plugin_records(config),
-            "controls": control_states(getattr(trainer, "controls", ())), **(extra or {})}
+            "controls": state["controls"], **(extra or {})}
     return {k: np.array(v) for k, v in model.state_arrays().items()}, optim, meta
 
 
@@ -108,14 +108,13 @@ def restore(trainer: Trainer, ckpt: checkpoint.Checkpoint, seed: int, frozen=())
                               + (f"; unexpected: {', '.join(extra[:6])}" if extra else "")
                               + " (resume with the optimizer the run was trained with)")
     b = trainer.backend
-    opt.load_state_dict({k: (v if k == "iterations" else b.asarray(v)) for k, v in ckpt.optimizer.items()})
     meta = ckpt.meta
-    trainer.epoch, trainer.step = int(meta["epoch"]), int(meta["step"])
-    trainer.position = position = EpochPosition.from_meta(meta.get("position"), str(ckpt.path))
+    position = EpochPosition.from_meta(meta.get("position"), str(ckpt.path))
     rng = meta.get("rng") or {}
-    shuffle = position.shuffle if position is not None else rng.get("shuffle")
-    if shuffle:  # mid-epoch: the state before the epoch's order was drawn, so it is drawn again
-        trainer.shuffle_rng.bit_generator.state = shuffle
+    # mid-epoch: the shuffling state before the epoch's order was drawn, so it is drawn again
+    trainer.load_state_dict({"epoch": meta["epoch"], "step": meta["step"], "position": position,
+                             "shuffle": position.shuffle if position is not None else rng.get("shuffle"),
+                             "optimizer": ckpt.optimizer, "controls": meta.get("controls")})
     states = rng.get("layers") or {}
     layers = trainer.model.layers
     reseed = seeding.resumed_layer_streams(seed, trainer.step, len(layers))

@@ -19,6 +19,7 @@ from .metrics import Tracker
 from .hooks import Callback, History  # noqa: F401  (dlrun.trainer.Callback: what plugins and tests import)
 from .position import EpochPosition
 from .step import TrainingStep
+from .callbacks import control_states, load_control_states
 from .preflight import balance_class_weights, check_label_range
 
 
@@ -63,6 +64,7 @@ class Trainer:
         self.training_step = TrainingStep(model, loss, optimizer, regularizer, accumulate, self.tracker, self,
                                           contract.FirstStep(model, loss))
         self.classification = self.training_step.classification
+        self.controls: list = []  # the train: controls (clipping, schedule, early stopping): their state is the trainer's
         self._sums = None  # the epoch's metric sums on the device, which train_step adds to
 
     @property
@@ -73,6 +75,38 @@ class Trainer:
     @step.setter
     def step(self, value: int) -> None:
         self.training_step.count = value
+
+    # -- state: what a checkpoint saves beside the weights, and the non-finite guard puts back ---
+    def state_dict(self) -> dict:
+        """The training state beside the model's weights: ``epoch``, ``step``, ``position`` (an
+        :class:`~dlrun.position.EpochPosition` inside an epoch, else None), ``shuffle`` (the
+        shuffling generator's state), ``optimizer`` (its ``state_dict``: slot arrays on the device
+        and ``iterations``), ``learning_rate`` and ``controls`` (each stateful control's state, by
+        type). Arrays are the live ones, not copies."""
+        return {"epoch": self.epoch, "step": self.step, "position": self.position,
+                "shuffle": self.shuffle_rng.bit_generator.state, "optimizer": self.optimizer.state_dict(),
+                "learning_rate": self.optimizer.learning_rate, "controls": control_states(self.controls)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Put back what :meth:`state_dict` gave; only the keys present are restored (a checkpoint
+        leaves ``learning_rate`` to the schedule and the config). Optimizer arrays are copied into
+        the optimizer's buffers (host arrays are moved to the device)."""
+        if "epoch" in state:
+            self.epoch = int(state["epoch"])
+        if "step" in state:
+            self.step = int(state["step"])
+        if "position" in state:
+            self.position = state["position"]
+        if state.get("shuffle"):
+            self.shuffle_rng.bit_generator.state = state["shuffle"]
+        if "optimizer" in state:
+            b = self.backend
+            self.optimizer.load_state_dict({k: (v if k == "iterations" else b.asarray(v))
+                                            for k, v in state["optimizer"].items()})
+        if "learning_rate" in state:
+            self.optimizer.learning_rate = state["learning_rate"]
+        if "controls" in state:
+            load_control_states(self.controls, state["controls"])
 
     # -- data on the device ---------------------------------------------------------------
     def to_device(self, x, y):
