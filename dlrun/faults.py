@@ -282,7 +282,8 @@ def catch_signals(stop: StopOnSignal):
         stop.signum = stop.signum or signum
 
     for s in sigs:
-        signal.signal(s, handler)
+        if old[s] is not signal.SIG_IGN:  # a signal the parent set to be ignored (nohup) stays ignored
+            signal.signal(s, handler)
     try:
         yield stop
     finally:

@@ -189,6 +189,14 @@ def save_csv(table: PredictionTable, path: str | Path) -> None:
         raise
 
 
+def _is_file(spec: str) -> bool:
+    """Whether ``spec`` names a file (a spec too long to be a path, or otherwise unusable as one, is not)."""
+    try:
+        return Path(spec).is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def evaluation_data(restored: Restored, spec: str | None = None) -> tuple[np.ndarray, np.ndarray, str]:
     """(x, y, description): the run's validation data, or a data file / generator spec."""
     cfg = restored.config
@@ -200,7 +208,7 @@ def evaluation_data(restored: Restored, spec: str | None = None) -> tuple[np.nda
         if ds.x_val is not None and len(ds.x_val):
             return ds.x_val, ds.y_val, f"validation split of {ds.name} (re-created from the recorded config)"
         return ds.x, ds.y, f"training data of {ds.name} (the run has no validation split)"
-    if Path(spec).is_file():
+    if _is_file(spec):
         value = {"type": "file", "path": str(Path(spec).resolve()), "task": restored.loss.task}
     else:
         value = parse_value(spec, "--data")

@@ -228,3 +228,26 @@ def test_resume_removes_the_temporary_files_of_killed_checkpoint_writes(tmp_path
     assert r.code == 0, r.err
     assert not any(p.exists() for p in left) and keep.exists()
     assert json.loads((done / "summary.json").read_text())["epochs"] == 3
+
+
+def test_a_signal_the_parent_ignores_stays_ignored_while_training(tmp_path):
+    """Under nohup (SIGTERM ignored by the parent) a SIGTERM in the middle of training changes
+    nothing: the run goes to its end (training's handlers used to take over the ignored signal)."""
+    plugin = write(tmp_path / "sig.py", LAST_BATCH_SIGNAL)
+    cfg = write(tmp_path / "c.yaml", "seed: 0\ndata: {type: spiral, points_per_class: 10}\n"
+                                     "model: [{type: Linear, units: 3}, {type: SignalAtTheEnd, at: 2}]\n"
+                                     "loss: SoftmaxCrossEntropy\noptimizer: SGD\n"
+                                     "train: {epochs: 3, batch_size: null, validation_split: 0}\n")
+    p = subprocess.run([sys.executable, "-m", "dlrun", "train", str(cfg), "--runs-dir", str(tmp_path / "runs"),
+                        "--plugin", str(plugin)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
+    assert p.returncode == 0, p.stderr
+    (done,) = (tmp_path / "runs").iterdir()
+    assert summary(done)["epochs"] == 3
+
+
+def test_evaluate_takes_a_data_spec_too_long_to_be_a_file_name(tmp_path):
+    done = train(spiral_config(tmp_path, epochs=1), tmp_path / "runs")
+    r = run_cli("evaluate", done, "--data", "{type: spiral, seed: 7" + " " * 300 + "}")
+    assert r.code == 0 and "accuracy" in r.out, r.err
