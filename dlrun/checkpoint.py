@@ -151,33 +151,3 @@ def resolve(target: str | Path) -> Path:
     if not p.exists():
         raise CheckpointError(f"checkpoint not found: {p} (expected a run directory or a .npz checkpoint)")
     return p
-def _layer_types(specs) -> list[str]:
-    return [s if isinstance(s, str) else s.get("type", "?") if isinstance(s, dict) else "?" for s in specs or []]
-
-
-def check_fits(path, arrays: dict, model, meta: dict | None = None) -> None:
-    """Raise CheckpointError listing every way the checkpoint's arrays do not fit ``model``.
-
-    Compares names (missing, unexpected), shapes, finiteness and, when the checkpoint records its
-    config, the layer types in order (parameter-free layers have no arrays to compare).
-    """
-    expected = {k: np.shape(v) for k, v in model.state_arrays().items()}
-    problems = []
-    if meta and isinstance(meta.get("config"), dict) and isinstance(meta["config"].get("model"), list):
-        saved = _layer_types(meta["config"]["model"])
-        built = [getattr(layer, "registered_name", type(layer).__name__) for layer in model.layers]
-        if saved != built:
-            problems.append(f"layers: the checkpoint has [{', '.join(saved)}], the model has [{', '.join(built)}]")
-    for name, shape in expected.items():
-        if name not in arrays:
-            problems.append(f"{name}: missing from the checkpoint (the model expects shape {shape})")
-        elif tuple(arrays[name].shape) != tuple(shape):
-            problems.append(f"{name}: shape {tuple(arrays[name].shape)} in the checkpoint, {tuple(shape)} in the model")
-        elif arrays[name].dtype.kind not in "fiub":
-            problems.append(f"{name}: dtype {arrays[name].dtype} is not numeric")
-        elif arrays[name].dtype.kind == "f" and not np.isfinite(arrays[name]).all():
-            problems.append(f"{name}: contains NaN or inf")
-    problems += [f"{name}: in the checkpoint but not in the model" for name in arrays if name not in expected]
-    if problems:
-        raise CheckpointError(f"{path} does not fit the model ({len(problems)} problem"
-                              f"{'s' if len(problems) > 1 else ''}):\n" + "\n".join(f"- {p}" for p in problems))

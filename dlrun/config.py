@@ -20,6 +20,7 @@ from .config_yaml import (Source, _join, apply_override, dump_yaml, key_paths, p
 from .errors import ConfigError, DlrunError, Location, PluginError, collect
 from .options import FilePath, NonNegativeInt, OptionError, _got, check_value, did_you_mean, recorded
 from . import monitor
+from .plugins import load_plugins, loaded
 from .settings import EarlyStoppingSettings, TrainSettings  # noqa: F401  (re-exported)
 
 
@@ -182,8 +183,6 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None, run_plugins
         raw["plugins"] = plugins
     plugin_failed = None
     if plugins:
-        from .plugins import load_plugins, loaded
-
         try:
             if not run_plugins:
                 for p in plugins:

@@ -16,7 +16,7 @@ import numpy as np
 
 from .backend import array_module
 from .errors import ContractError, LayerError, ShapeError
-from .step import StepObserver
+from .plugins import blame, raised_elsewhere
 
 
 def loose_arrays(layer) -> dict:
@@ -104,8 +104,6 @@ def blame_other(e: BaseException, layer):
     """A PluginRaised for ``e`` when plugin code other than ``layer``'s own raised it (a plugin
     initializer that a built-in layer called), else None (a helper in the layer's own file is
     the layer's code)."""
-    from .plugins import blame, raised_elsewhere
-
     return blame(e) if raised_elsewhere(e, layer) else None
 
 
@@ -186,84 +184,3 @@ def mismatch(a, shape: tuple, dtypes, backend, model_dtype) -> str | None:
     want = model_dtype if dtypes is None or model_dtype in dtypes else next(iter(dtypes))
     hint = transposed_shape(getattr(a, "shape", ()), shape) if a is not None else ""
     return f"{got}{where}; expected shape {tuple(shape)} {want} on {backend.name}{hint}"
-
-
-# -- the trainer's first step: the loss, the regularizers and the optimizer ------------------------
-
-_OPTIMIZER_OWN = {"learning_rate", "params", "state", "iterations", "spec"}
-
-
-class FirstStep(StepObserver):
-    """The checks of the first training step (a :class:`~dlrun.step.StepObserver`): what the loss,
-    the regularizers and the optimizer return (the layers are checked by the model's first
-    calls). A plugin that breaks its contract is named here instead of by a numpy error an epoch
-    later. With gradient accumulation every batch up to the first step's last is observed."""
-
-    def __init__(self, model, loss):
-        self.model, self.loss_fn = model, loss
-        self._before = None
-
-    def loss(self, value, out, y):
-        if getattr(value, "shape", ()) != () or not hasattr(value, "__float__"):
-            shape = getattr(value, "shape", None)
-            got = f"shape {tuple(shape)} {value.dtype}" if shape is not None else repr(value)
-            loss = self.loss_fn
-            raise ContractError(f"the loss {loss!r}: forward returned {got}; expected a scalar, the mean loss over "
-                                f"the batch (a missing .mean()?){defined_at(loss, 'forward')}")
-
-    def loss_backward(self, dy, out):
-        m = self.model
-        problem = mismatch(dy, out.shape, {out.dtype}, m.backend, m.dtype)
-        if problem:
-            loss = self.loss_fn
-            raise ContractError(f"the loss {loss!r}: backward returned dL/dz as {problem} (the shape and dtype of "
-                                f"the model's output){defined_at(loss, 'backward')}")
-
-    def regularizer(self, p, reg):
-        penalty = reg.penalty(p.data)
-        if getattr(penalty, "shape", ()) != () or not hasattr(penalty, "__float__"):
-            raise ContractError(f"the regularizer {reg!r}: penalty returned {penalty!r:.60}; expected a scalar "
-                                f"(the sum over the tensor)")
-
-    def update(self, optimizer):
-        self._before = _public(optimizer)
-
-    def updated(self, optimizer):
-        after = _public(optimizer)
-        changed = [k for k, v in after.items() if k not in _OPTIMIZER_OWN and not _same(self._before.get(k, _NEW), v)]
-        if changed:
-            raise ContractError(f"the optimizer {optimizer!r} changed self.{changed[0]} in its first step; checkpoints "
-                                f"do not save it, so --resume would not continue the run exactly. Keep per-parameter "
-                                f"buffers in slots (slots = ('velocity',), then state['velocity'] in _update), count "
-                                f"steps with self.iterations, and name scratch and diagnostic attributes with a leading "
-                                f"underscore (self._last_norm)")
-
-
-_NEW = object()
-
-
-def _same(a, b) -> bool:
-    return a == b or (a != a and b != b)  # NaN (an option left at NaN for 'off') equals itself
-
-
-def _public(obj) -> dict:
-    """A comparable summary of an object's public attributes: numbers by value, containers by
-    length and arrays by their bytes. Excluded by the caller: the optimizer's own state; here:
-    arrays that share memory with a parameter or gradient (a view of the flat parameter buffer
-    is the parameters, which checkpoints hold)."""
-    params = [a for _, p in getattr(obj, "params", []) for a in (p.data, p.grad) if a is not None]
-    out = {}
-    for k, v in vars(obj).items():
-        if k.startswith("_"):
-            continue
-        if hasattr(v, "shape") and hasattr(v, "dtype"):
-            shares = getattr(array_module(v), "may_share_memory", None)
-            if shares is not None and any(shares(v, a) for a in params if array_module(a) is array_module(v)):
-                continue
-            out[k] = (tuple(v.shape), str(v.dtype), array_module(v).asnumpy(v).tobytes()
-                      if hasattr(array_module(v), "asnumpy") else v.tobytes())
-        elif isinstance(v, (dict, list, set, tuple)):
-            out[k] = (type(v).__name__, len(v))
-        elif isinstance(v, (int, float, complex, str, bool)) or v is None:
-            out[k] = v
-    return out

@@ -14,6 +14,22 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 
+# each component kind's base class and its registry (Initializer: the initializers), filled by
+# dlrun.registry as the kinds' modules declare their bases: an option typed with a base class
+# takes a name or spec of that kind
+COMPONENT_KINDS: dict[type, Any] = {}
+
+
+def component_registry(hint):
+    """The registry whose base class ``hint`` is (an option typed ``Initializer``, say), or None."""
+    if not isinstance(hint, type) or hint is object:
+        return None
+    for base, reg in COMPONENT_KINDS.items():
+        if issubclass(base, hint):
+            return reg
+    return None
+
+
 @dataclass(frozen=True)
 class Range:
     """A numeric bound for an option: ``Annotated[float, Range(0, 1, max_inclusive=False)]``."""
@@ -116,9 +132,7 @@ def describe(hint) -> str:
         if origin is tuple and args and args[-1] is not Ellipsis:
             return f"a list of {len(args)} {_plural(args[0])}"
         return f"a list of {_plural(args[0]) if args else 'values'}"
-    from .registry import registry_for_type
-
-    reg = registry_for_type(hint)
+    reg = component_registry(hint)
     if reg is not None:
         return f"{reg.article} {reg.kind} name or spec"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
@@ -230,9 +244,7 @@ def check_value(value, hint, *, build_component=None):
         if not isinstance(value, str):
             raise OptionError(f"expected {describe(hint)}, got {_got(value)}")
         return hint(value) if hint is not str else value
-    from .registry import registry_for_type
-
-    reg = registry_for_type(hint)
+    reg = component_registry(hint)
     if reg is not None:
         if isinstance(value, hint):
             return value

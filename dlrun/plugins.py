@@ -11,14 +11,12 @@ import inspect
 import os
 import sys
 import traceback
-from importlib.metadata import entry_points
 from pathlib import Path
 
 from . import registry
 from .errors import DlrunError, PluginError, PluginRaised
 
 _loaded: dict[str, str] = {}  # resolved path -> module name
-_entry_points_loaded = False
 
 
 def source_hash(path: str | Path) -> str:
@@ -85,8 +83,7 @@ def check_contract(origin: str) -> None:
     must subclass their base class when it is a class (an initializer, a loss, ...); a metric
     must also implement size, update and result, and say its task, mode and a free name.
     """
-    from .layers.base import Layer
-
+    Layer = registry.layers.base
     for reg in registry.REGISTRIES.values():
         for name, where in list(reg._origin.items()):
             if where != origin:
@@ -104,10 +101,8 @@ def check_contract(origin: str) -> None:
                         problem = _labels_problem(obj)
             elif inspect.isclass(obj) and reg.base is not None and not issubclass(obj, reg.base):
                 problem = f"it is not a subclass of {reg.base.__module__}.{reg.base.__name__}"
-            elif reg is registry.metrics:
-                from .metrics.base import contract_problem
-
-                problem = contract_problem(obj, name)
+            elif reg.check_entry is not None:  # (metrics: size, update, result, task, mode)
+                problem = reg.check_entry(obj, name)
             if problem:
                 e = PluginError(f"{reg.kind} {name!r} does not follow the {reg.kind} contract: {problem}")
                 try:
@@ -143,7 +138,7 @@ def _raised(e: BaseException) -> str:
 
 def _innermost(e: BaseException):
     """The innermost traceback entry of ``e`` whose code is in a loaded plugin file, or None."""
-    files = {os.path.realpath(k) for k in _loaded}
+    files = {os.path.realpath(k) for k in (*_loaded, *registry.entry_point_files)}
     hit, tb = None, e.__traceback__
     while tb is not None:
         if os.path.realpath(tb.tb_frame.f_code.co_filename) in files:
@@ -284,22 +279,3 @@ def registered_by(name: str) -> str | None:
 def load_plugins(paths) -> None:
     for p in paths:
         load_plugin(p)
-
-
-def load_entry_points() -> None:
-    """Load installed packages' ``dlrun.plugins`` entry points (once)."""
-    global _entry_points_loaded
-    if _entry_points_loaded:
-        return
-    _entry_points_loaded = True
-    for ep in entry_points(group="dlrun.plugins"):
-        registry._loading_origin = f"entry point {ep.name} ({ep.value})"
-        try:
-            ep.load()
-        except Exception as e:
-            raise PluginError(f"entry point {ep.name!r} ({ep.value}) failed to load: {type(e).__name__}: {e}") from None
-        finally:
-            registry._loading_origin = None
-        module = sys.modules.get(ep.module)
-        if getattr(module, "__file__", None):  # its code is plugin code: an error in it is named (blame)
-            _loaded.setdefault(os.path.realpath(module.__file__), ep.module)

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
+import sys
+from importlib.metadata import entry_points
 from typing import Any, Callable
 
 from . import docstrings
 from .docstrings import signature
-from .errors import ConfigError, DlrunError, Location, UsageError, collect
-from .options import OptionError, check_value, did_you_mean, recorded
+from .errors import ConfigError, DlrunError, Location, PluginError, UsageError, collect
+from .options import COMPONENT_KINDS, OptionError, check_value, did_you_mean, recorded
 
 Locate = Callable[[str], Location]
 _TYPE_ALIASES = {"name", "kind", "class", "layer", "cls"}  # keys users write where 'type' belongs
@@ -32,11 +35,24 @@ class Registry:
     def __init__(self, kind: str, plural: str):
         self.kind = kind
         self.plural = plural
-        self.base: type | None = None  # set by the module that defines the kind's base class
+        self._base: type | None = None  # set by the module that defines the kind's base class
+        # a kind's further contract for a plugin's entry: (entry, name) -> a problem, or None
+        self.check_entry = None
         self._entries: dict[str, Any] = {}
         self._origin: dict[str, str] = {}
         self.entry_keys: tuple[str, ...] = ()  # keys every entry may carry besides its options (model: trainable)
         self.entry_section = ""  # where such entries are written (model, train.metrics)
+
+    @property
+    def base(self) -> type | None:
+        """The kind's base class (Layer, Loss, ...): every entry subclasses it, and an option
+        typed with it takes a name or spec of this kind (:func:`dlrun.options.component_registry`)."""
+        return self._base
+
+    @base.setter
+    def base(self, cls: type) -> None:
+        self._base = cls
+        COMPONENT_KINDS[cls] = self
 
     def __contains__(self, name: str) -> bool:
         load_builtins()
@@ -249,19 +265,28 @@ def load_builtins() -> None:
     _loaded = True
     for mod in _BUILTIN_MODULES:
         importlib.import_module(f"dlrun.{mod}")
-    from .plugins import load_entry_points
-
-    load_entry_points()
+    _load_entry_points()
 
 
-def registry_for_type(hint) -> Registry | None:
-    """The registry whose base class ``hint`` is (an option typed ``Initializer``, say)."""
-    if not isinstance(hint, type):
-        return None
-    for reg in REGISTRIES.values():
-        if reg.base is not None and issubclass(reg.base, hint) and hint is not object:
-            return reg
-    return None
+entry_point_files: dict[str, str] = {}  # the files of loaded entry points' modules: plugin code (dlrun.plugins.blame)
+
+
+def _load_entry_points() -> None:
+    """Load installed packages' ``dlrun.plugins`` entry points (with the built-ins, once)."""
+    global _loading_origin
+    for ep in entry_points(group="dlrun.plugins"):
+        _loading_origin = f"entry point {ep.name} ({ep.value})"
+        try:
+            ep.load()
+        except Exception as e:
+            raise PluginError(f"entry point {ep.name!r} ({ep.value}) failed to load: {type(e).__name__}: {e}") from None
+        finally:
+            _loading_origin = None
+        module = sys.modules.get(ep.module)
+        if getattr(module, "__file__", None):  # its code is plugin code: an error in it is named
+            entry_point_files.setdefault(os.path.realpath(module.__file__), ep.module)
+
+
 
 
 def find(name: str) -> tuple[Registry, Any]:

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from . import contract, seeding
+from . import seeding
 from .backend import array_module
 from .errors import Interrupted, NonFiniteError
 from .model import Sequential
@@ -18,7 +18,8 @@ from .accumulate import windows
 from .metrics import Tracker
 from .hooks import Callback, History  # noqa: F401  (dlrun.trainer.Callback: what plugins and tests import)
 from .position import EpochPosition
-from .step import TrainingStep
+from .faults import NonFiniteGuard
+from .step import FirstStep, TrainingStep
 from .callbacks import control_states, load_control_states
 from .preflight import balance_class_weights, check_label_range
 
@@ -62,7 +63,7 @@ class Trainer:
         self.tracker = Tracker(metrics, self.backend)
         # the one training step (what fit, the non-finite replay, dlrun time and dlrun check run)
         self.training_step = TrainingStep(model, loss, optimizer, regularizer, accumulate, self.tracker, self,
-                                          contract.FirstStep(model, loss))
+                                          FirstStep(model, loss))
         self.classification = self.training_step.classification
         self.controls: list = []  # the train: controls (clipping, schedule, early stopping): their state is the trainer's
         self._sums = None  # the epoch's metric sums on the device, which train_step adds to
@@ -154,8 +155,6 @@ class Trainer:
             cb.on_train_begin(self)
         in_order = [(xd[s:s + bs], yd[s:s + bs]) for s in range(0, used, bs)] if not self.shuffle else None
         classify = self.classification
-        from .faults import NonFiniteGuard
-
         self._guard = guard = NonFiniteGuard(self)
         start, self.position = self.position, None  # a mid-epoch resume continues its epoch
         if start is not None:

@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import registry
 from ..errors import ConfigError
+from ..options import component_registry
 
 # N is the batch; per-sample symbols are D, C, H, W, T, V (vocabulary), K.
 DIM_CONFIGS = (
@@ -74,7 +75,7 @@ def built_with(name: str, given: dict) -> dict:
         if o.name in given:
             shown[o.name] = given[o.name]
         elif (isinstance(o.default, (bool, int, float, str, tuple)) and not o.required
-              and registry.registry_for_type(o.hint) is None):
+              and component_registry(o.hint) is None):
             shown[o.name] = o.default
     shown.update({k: v for k, v in given.items() if k not in shown})
     text = ", ".join(f"{k}={v!r}" for k, v in shown.items())

@@ -26,6 +26,7 @@ import numpy as np
 from ..backend import CPU, Backend, format_bytes, host_memory_available
 from ..buffers import BufferPool
 from ..errors import ConfigError, DlrunError, ShapeError
+from ..registry import initializers, layers
 from .parameter import Parameter
 
 
@@ -162,7 +163,6 @@ class Layer:
             if initializer is None:
                 raise ValueError(f"parameter {name!r} needs an initializer or a value")
             if isinstance(initializer, (str, dict)):  # a registry name or spec, as a config writes it
-                from ..registry import initializers
                 try:  # the model adds where the layer is; the error says which option
                     initializer = initializers.build(initializer, "initializer")
                 except DlrunError as e:
@@ -241,6 +241,9 @@ class Layer:
         opts = ", ".join(f"{k}={v!r}" for k, v in spec.items() if k != "type")
         return f"{type(self).__name__}({opts})"
 
+
+
+layers.base = Layer
 
 def _check_finite(name: str, made: str, value, host: np.ndarray, drawn: bool) -> None:
     """A drawn parameter must be finite in the model's dtype (``constant: 1e300`` overflows float32

@@ -75,6 +75,9 @@ def contract_problem(cls, registered: str) -> str | None:
     return None
 
 
+metrics.check_entry = contract_problem  # what a plugin metric must define, checked when it loads
+
+
 def predicted(loss, z):
     """The predicted class of each sample, as the loss decides it (argmax; BCE: z > 0)."""
     predict = getattr(loss, "predict", None)  # plugin losses need not define it
