@@ -9,15 +9,15 @@ from workloads import Workload, gemm_flops, resolve_layers
 
 
 def build(w: Workload, device: str = "cpu"):
-    """(trainer, x, y, epochs, cfg): a shipped config through dlrun.assembly.assemble, else from the specs."""
+    """(trainer, x, y, epochs, cfg): a shipped config through dlrun.runs.assembly.assemble, else from the specs."""
     from dlrun import registry
     from dlrun.backend import get_backend
     from dlrun.model import Sequential
-    from dlrun.trainer import Trainer
+    from dlrun.training.trainer import Trainer
 
     if w.config:
         from dlrun.config import load_config
-        from dlrun.assembly import assemble
+        from dlrun.runs.assembly import assemble
 
         cfg = load_config(w.config, list(w.overrides) + [f"device={device}"])
         run = assemble(cfg)

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from dlrun.layers import InputSpec, Layer
-from dlrun.options import PositiveInt, Range
-from dlrun.registry import initializers, layers
+from dlrun.api import InputSpec, Layer, PositiveInt, Range, initializers, layers
 
 
 @layers.register()

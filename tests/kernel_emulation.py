@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from dlrun.backend import Kernel
-from dlrun.special import INV_SQRT_2PI
+from dlrun.backend.special import INV_SQRT_2PI
 
 _erfc = np.vectorize(math.erfc, otypes=[np.float64])
 

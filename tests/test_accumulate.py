@@ -9,10 +9,10 @@ import pytest
 from checkpoint_helpers import metrics_rows, train
 from conftest import write
 from dlrun import registry
-from dlrun.accumulate import windows
+from dlrun.training.accumulate import windows
 from dlrun.errors import NonFiniteError
 from dlrun.model import Sequential
-from dlrun.trainer import Trainer
+from dlrun.training.trainer import Trainer
 from test_interrupt_resume import PER_STEP, InterruptAt, _config_and_straight_run, _interrupted, _resume_equals
 from test_interrupt_resume import _forget_noise_plugin  # noqa: F401  (autouse: the TestNoise plugin is forgotten after each test)
 
@@ -39,7 +39,7 @@ def _fit(batch_size, accumulate, optimizer, regularizer=None, clip=None, dtype=n
                       accumulate=accumulate)
     callbacks = []
     if clip:
-        from dlrun.callbacks import GradientClipping
+        from dlrun.training.controls import GradientClipping
         callbacks.append(GradientClipping(clip_norm=clip))
     history = trainer.fit(x, y, epochs=3, callbacks=callbacks)
     return model.arena.data.copy(), [r["train_loss"] for r in history.rows], trainer.step

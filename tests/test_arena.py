@@ -1,4 +1,4 @@
-"""The flat parameter buffer (dlrun.arena) and the one-pass optimizer update over it.
+"""The flat parameter buffer (dlrun.backend.arena) and the one-pass optimizer update over it.
 
 Oracles: the same optimizer run parameter by parameter (no arena), exact values given to
 add_param, and the non-finite guard's documented restore point.
@@ -13,7 +13,7 @@ from dlrun.errors import NonFiniteError
 from dlrun.layers.base import Layer
 from dlrun.model import Sequential
 from dlrun.optimizers.base import Optimizer
-from dlrun.trainer import Trainer
+from dlrun.training.trainer import Trainer
 
 
 class Fixed(Layer):
@@ -159,7 +159,7 @@ class LazyState:
 
 
 def test_the_guard_snapshots_optimizer_state_created_after_the_first_epoch():
-    from dlrun.faults import NonFiniteGuard
+    from dlrun.training.faults import NonFiniteGuard
 
     rng = np.random.default_rng(3)
     x, y = rng.standard_normal((12, 3)).astype(np.float32), rng.integers(0, 3, 12)

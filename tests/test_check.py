@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from conftest import ROOT, run_cli, write
-from dlrun.check import check_config
+from dlrun.commands.check import check_config
 from dlrun.config import load_config
 
 VALID = ROOT / "tests/corpus/configs/valid.yaml"  # spiral 2x10, Linear(4)-ReLU-Linear(2), batch 8

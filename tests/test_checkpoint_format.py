@@ -9,7 +9,7 @@ import pytest
 
 from checkpoint_helpers import spiral_config, train
 from conftest import run_cli
-from dlrun import checkpoint
+from dlrun.runs import checkpoint
 from dlrun.errors import CheckpointError
 
 

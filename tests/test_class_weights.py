@@ -12,7 +12,7 @@ from test_losses import log_softmax, numeric_grad
 from dlrun import registry
 from dlrun.errors import ConfigError
 from dlrun.model import Sequential
-from dlrun.trainer import Trainer
+from dlrun.training.trainer import Trainer
 
 RNG = np.random.default_rng(7)
 Z = RNG.standard_normal((6, 4)) * 2

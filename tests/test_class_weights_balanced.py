@@ -7,10 +7,11 @@ import yaml
 from checkpoint_helpers import metrics_rows, train
 from conftest import run_cli, write
 
-from dlrun import checkpoint, registry
+from dlrun.runs import checkpoint
+from dlrun import registry
 from dlrun.errors import ConfigError
 from dlrun.model import Sequential
-from dlrun.trainer import Trainer
+from dlrun.training.trainer import Trainer
 
 
 def build(name, **options):

@@ -19,7 +19,7 @@ SIGNALS = [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminate
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     from dlrun.config import load_config
-    from dlrun.run import train
+    from dlrun.runs.run import train
 
     d = tmp_path_factory.mktemp("signals")
     train(load_config(C / "valid.yaml"), d / "runs")
@@ -58,7 +58,7 @@ def _commands(run, x, out):
     """(argv, module, function to replace with one that signals) for each command outside training."""
     import dlrun.cli.check as check
     import dlrun.cli.gradcheck as gradcheck
-    from dlrun import evaluation, inference, run as runs
+    from dlrun.runs import evaluation, inference, run as runs
 
     return {
         "predict": (["predict", run, "--input", x, "--output", out], inference, "write_csv"),
@@ -66,7 +66,7 @@ def _commands(run, x, out):
         "check": (["check", C / "valid.yaml"], check, "check_config"),
         "gradcheck": (["gradcheck", "Linear"], gradcheck, "check_layer"),
         # while a run is prepared, before the fit installs training's own handlers
-        "train": (["train", C / "valid.yaml", "--runs-dir", out.parent / "runs"], runs, "prepare"),
+        "train": (["train", C / "valid.yaml", "--runs-dir", out.parent / "runs"], runs, "assemble"),
     }
 
 
@@ -102,7 +102,7 @@ def test_a_signal_outside_training_is_one_line_and_its_exit_code(command, sig, c
 
 def test_a_signal_the_parent_ignores_stays_ignored(trained, tmp_path, monkeypatch, capsys, default_handlers):
     # `dlrun ... &` in a script: the shell ignores SIGINT for background jobs, and so does dlrun
-    from dlrun import evaluation
+    from dlrun.runs import evaluation
     from dlrun.cli import main
 
     run, _ = trained
@@ -124,7 +124,7 @@ def test_a_signal_the_parent_ignores_stays_ignored(trained, tmp_path, monkeypatc
 STALLED_PREDICT = r"""
 import sys, time
 from pathlib import Path
-from dlrun import inference
+from dlrun.runs import inference
 marker = Path(sys.argv[1])
 def stalled(table, f):  # write part of the file, then wait for the signal
     f.write("prediction\n0\n"); f.flush()

@@ -6,7 +6,7 @@ from dlrun import registry
 from dlrun.layers.base import Parameter
 from dlrun.errors import NonFiniteError
 from dlrun.model import Sequential
-from dlrun.trainer import Trainer
+from dlrun.training.trainer import Trainer
 from numgrad import check_layer, numeric_grad
 
 

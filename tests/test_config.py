@@ -1,7 +1,8 @@
 import pytest
 
 from conftest import write
-from dlrun.config import load_config, parse_yaml
+from dlrun.config import load_config
+from dlrun.config.source import parse_yaml
 from dlrun.errors import ConfigError, ConfigErrors, DlrunError
 
 GOOD = """\
@@ -143,7 +144,7 @@ def test_integers_given_as_floats_inside_components_are_recorded_as_the_integers
 
 
 def test_numbers_follow_yaml_1_2_with_python_digit_separators():
-    from dlrun.config_yaml import parse_yaml
+    from dlrun.config.source import parse_yaml
 
     values = parse_yaml("a: 0o17\nb: 0x1F\nc: 60_000\nd: 010\ne: 1e-3\nf: 0b101\n", "n.yaml")[0]
     assert values == {"a": 15, "b": 31, "c": 60000, "d": "010", "e": 0.001, "f": 5}
@@ -178,7 +179,7 @@ def test_a_null_model_is_one_error_not_two(tmp_path):
 ])
 def test_labels_the_model_or_loss_cannot_take_are_placed_at_what_to_change(tmp_path, overrides, where, message):
     # they named the data only ("spiral: sample 201: ..."), no file:line and no config key
-    from dlrun.assembly import assemble
+    from dlrun.runs.assembly import assemble
 
     with pytest.raises(DlrunError) as e:
         assemble(load_config("configs/spiral.yaml", overrides))
@@ -200,7 +201,7 @@ def test_a_wrong_value_is_shown_as_a_config_writes_it(value, shown):
 
 
 def test_a_command_line_value_that_is_not_yaml_says_why_and_where():
-    from dlrun.config_yaml import parse_value
+    from dlrun.config.source import parse_value
 
     with pytest.raises(ConfigError, match=r"cannot parse '\{type: spiral' as YAML: expected ',' or '\}', but got "
                                           r"'<stream end>' at column 14"):

@@ -15,7 +15,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
 from conftest import run_cli, write  # noqa: E402
-from dlrun.check import check_config  # noqa: E402
+from dlrun.commands.check import check_config  # noqa: E402
 from dlrun.config import load_config  # noqa: E402
 from dlrun.errors import DlrunError  # noqa: E402
 

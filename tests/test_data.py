@@ -105,7 +105,7 @@ def test_shipped_iris_and_digits():
 
 
 def test_a_data_path_that_is_not_a_regular_file_says_so(tmp_path):
-    from dlrun.datafile import load_file
+    from dlrun.data.files import load_file
     from dlrun.errors import DataError
 
     with pytest.raises(DataError, match=r"data file not found: /dev/null \(not a regular file\)"):
@@ -114,7 +114,7 @@ def test_a_data_path_that_is_not_a_regular_file_says_so(tmp_path):
 
 def test_a_csv_that_is_not_utf8_names_its_line(tmp_path):
     # it said "cannot read the file: 'utf-8' codec can't decode byte 0xff in position 18"
-    from dlrun.datafile import load_file
+    from dlrun.data.files import load_file
 
     path = tmp_path / "latin1.csv"
     path.write_bytes(b"a,b,label\n1,2,0\n3,\xff4,1\n")
@@ -123,7 +123,7 @@ def test_a_csv_that_is_not_utf8_names_its_line(tmp_path):
 
 
 def test_a_csv_with_a_byte_order_mark_reads_like_one_without(tmp_path):
-    from dlrun.datafile import load_file
+    from dlrun.data.files import load_file
 
     (tmp_path / "plain.csv").write_bytes(b"1,2,0\n3,4,1\n")
     (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbf1,2,0\n3,4,1\n")  # as spreadsheets save "CSV UTF-8"

@@ -11,8 +11,9 @@ import pytest
 
 from dlrun import registry
 from dlrun.layers.activations import ReLU
-from dlrun.model import Sequential, execution_order
-from dlrun.trainer import Trainer
+from dlrun.model import Sequential
+from dlrun.layers.order import execution_order
+from dlrun.training.trainer import Trainer
 
 
 def build(specs, input_shape, reorder, dtype=np.float64, seed=3):

@@ -13,7 +13,7 @@ from dlrun.errors import LayerError
 from dlrun.layers.base import Layer, Parameter
 from dlrun.model import Sequential
 from dlrun.optimizers import SGD
-from dlrun.trainer import Trainer, predict
+from dlrun.training.trainer import Trainer, predict
 
 
 def mlp(dtype=np.float64, first=None, seed=0):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, run_cli, write
-from dlrun import checkpoint
+from dlrun.runs import checkpoint
 
 PLUGIN = ROOT / "tests/corpus/plugins/faulty.py"
 DATA = "data: {type: spiral, classes: 2, points_per_class: 12}\n"
@@ -91,7 +91,7 @@ def test_signal_saves_checkpoint_and_prints_resume_command(tmp_path, sig, code):
 SLOW_WRITE = r"""
 import sys, time, io, numpy as np
 from pathlib import Path
-from dlrun import checkpoint
+from dlrun.runs import checkpoint
 real = np.savez
 def slow_savez(f, **arrays):  # write half of the archive, then stall: the parent kills us here
     buf = io.BytesIO(); real(buf, **arrays); data = buf.getvalue()

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from conftest import run_cli, write
-from dlrun import checkpoint
+from dlrun.runs import checkpoint
 from dlrun.config import load_config
 from dlrun.errors import ConfigError
-from dlrun.assembly import build_model
-from dlrun.run import train
+from dlrun.runs.assembly import build_model
+from dlrun.runs.run import train
 
 CONFIG = """\
 data: {type: spiral, points_per_class: 40}

@@ -142,7 +142,7 @@ def test_layer_float32_with_training_buffers_matches_cpu(name, extra):
 
 def test_fast_training_path_matches_cpu():
     from dlrun.optimizers import SGD
-    from dlrun.trainer import Trainer
+    from dlrun.training.trainer import Trainer
 
     rng = np.random.default_rng(3)
     x, y = rng.standard_normal((50, 4)).astype(np.float32), rng.integers(0, 3, 50)
@@ -177,7 +177,7 @@ def test_every_shipped_config_trains_on_the_gpu(config, tmp_path):
     (within float32 reduction order) where nothing is drawn on the device; with dropout the masks
     come from another generator, so there the GPU run must only train (finite, falling loss)."""
     from dlrun.config import load_config
-    from dlrun.run import train
+    from dlrun.runs.run import train
 
     rows = {}
     for device in ("cpu", "gpu"):
@@ -270,8 +270,8 @@ def test_train_step_never_waits_for_the_host(case):
     would block until that kernel gave up, and the step's work would already be done."""
     import cupy
 
-    from dlrun.callbacks import GradientClipping
-    from dlrun.trainer import Trainer
+    from dlrun.training.controls import GradientClipping
+    from dlrun.training.trainer import Trainer
 
     specs, in_shape, opt_spec, extras = STEP_MODELS[case]
     gpu = get_backend("gpu")
@@ -315,7 +315,7 @@ def test_embedding_trains_like_on_cpu_and_a_bad_index_is_named_at_the_epoch_end(
     """On GPU the training lookup reads nothing back: an index outside the table gives NaN rows,
     and the end-of-epoch check's replay names the index; the weights stay the last good ones."""
     from dlrun.errors import DataError
-    from dlrun.trainer import Trainer
+    from dlrun.training.trainer import Trainer
 
     rng = np.random.default_rng(0)
     x, y = rng.integers(0, 10, (12, 5)).astype(np.float32), rng.integers(0, 3, 12)

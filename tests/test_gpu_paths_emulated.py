@@ -15,7 +15,7 @@ from dlrun import registry
 from dlrun.backend import KERNELS
 from dlrun.config import load_config
 from dlrun.model import Sequential
-from dlrun.run import train
+from dlrun.runs.run import train
 from conftest import CONFIGS
 from kernel_emulation import EMULATORS, Emulated, emulate, import_all_modules
 

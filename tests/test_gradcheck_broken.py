@@ -453,7 +453,7 @@ def test_unusual_but_correct_layers_pass(cls, mode):
 
 
 def test_state_check_ignores_rounding_of_a_recomputed_value_but_not_a_counter_or_annealing():
-    from dlrun.gradcheck.aux import scalar_changes
+    from dlrun.gradcheck.auxiliary import scalar_changes
 
     # a batch mean recomputed with the rows reversed moved by one ulp (a monitoring attribute)
     assert scalar_changes({"last_mean": 0.0511057013332283}, {"last_mean": 0.05110570133322831}) == []

@@ -334,7 +334,7 @@ def test_dims_with_barely_repeated_labels_warn_that_a_dropped_repeat_may_pass(cl
 LABELLED = '''
 import numpy as np
 from dlrun.layers import InputSpec, Layer
-from dlrun.options import PositiveInt
+from dlrun.api import PositiveInt
 from dlrun.registry import layers
 
 

@@ -143,7 +143,7 @@ def test_a_config_check_also_checks_its_loss_on_its_own(cli, tmp_path):
 
 REGULARIZERS = '''
 from dlrun.registry import regularizers
-from dlrun.regularizers import Regularizer
+from dlrun.api import Regularizer
 
 
 @regularizers.register()
@@ -216,7 +216,7 @@ def test_a_loss_or_penalty_that_raises_is_named_with_its_line(cli, tmp_path):
 import numpy as np
 from dlrun.losses import Loss
 from dlrun.registry import losses, regularizers
-from dlrun.regularizers import Regularizer
+from dlrun.api import Regularizer
 
 
 @losses.register()

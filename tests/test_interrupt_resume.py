@@ -11,10 +11,11 @@ import pytest
 
 from checkpoint_helpers import metrics_rows, summary
 from conftest import run_cli, write
-from dlrun import checkpoint, registry, run
+from dlrun.runs import checkpoint, run
+from dlrun import registry
 from dlrun.config import load_config
 from dlrun.errors import Interrupted
-from dlrun.trainer import Callback
+from dlrun.training.hooks import Callback
 from test_resume import NOISE, NOISY, _assert_same_state
 
 

@@ -236,7 +236,7 @@ def _embedding_fit(x, y, epochs=2):
     from dlrun import registry
     from dlrun.backend import CPU
     from dlrun.model import Sequential
-    from dlrun.trainer import Trainer
+    from dlrun.training.trainer import Trainer
 
     specs = [{"type": "Embedding", "input_dim": 10, "output_dim": 4}, "Flatten", {"type": "Linear", "units": 3}]
     model = Sequential([registry.layers.build(s) for s in specs], (5,), CPU, np.float32, seed=0)

@@ -11,8 +11,8 @@ from dlrun import registry
 from dlrun.backend import CPU
 from dlrun.config import config_from_dict
 from dlrun.errors import ConfigError
-from dlrun.assembly import assemble
-from dlrun.run import train
+from dlrun.runs.assembly import assemble
+from dlrun.runs.run import train
 
 
 def _layer(name, x_shape, **options):

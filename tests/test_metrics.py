@@ -12,8 +12,9 @@ import pytest
 
 from checkpoint_helpers import spiral_config
 from conftest import run_cli, write
-from dlrun import metrics, registry, run
-from dlrun.assembly import assemble
+from dlrun import metrics, registry
+from dlrun.runs import run
+from dlrun.runs.assembly import assemble
 from dlrun.data import load_data
 from dlrun.backend import get_backend
 from dlrun.config import config_from_dict, load_config
@@ -432,7 +433,7 @@ train: {{epochs: 3, validation_split: 0.2, metrics: [max_error, mae], monitor: v
 def test_a_metric_recorded_twice_under_names_of_its_own(tmp_path):
     """Keras' name=: macro and weighted F1 side by side, monitored by their names in their own
     direction (a named metric is not in the registry, so its mode comes from the metric)."""
-    from dlrun.callbacks import EarlyStopping, LearningRateScheduler
+    from dlrun.training.controls import EarlyStopping, LearningRateScheduler
 
     raw = json.loads(json.dumps(BASE))
     raw["train"].update({"metrics": ["f1", {"type": "f1", "average": "weighted", "name": "f1_weighted"}],

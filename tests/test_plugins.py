@@ -60,7 +60,7 @@ def test_missing_plugin_file(cli, tmp_path):
 def test_failed_plugin_leaves_nothing_registered(tmp_path):
     from dlrun import registry
     from dlrun.errors import PluginError
-    from dlrun.plugins import load_plugin
+    from dlrun.registry.plugins import load_plugin
 
     path = write(tmp_path / "half.py", LAYER.replace("Triple", "HalfLoaded") + "\nraise ValueError('late')\n")
     with pytest.raises(PluginError, match="half.py:.*late"):
@@ -98,10 +98,10 @@ def test_entry_point_plugins_load_from_installed_packages(cli, tmp_path):
     write(site / "tripleplug-1.0.dist-info" / "entry_points.txt", "[dlrun.plugins]\ntriple = tripleplug\n")
     import os
 
-    env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{site}"}
-    r = cli("list", "layers", env=env)
+    env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{site}"}  # (installed packages are found as a process starts)
+    r = cli("list", "layers", env=env, process=True)
     assert r.code == 0 and "Triple" in r.out and "entry point triple" in r.out, r.out + r.err
-    assert cli("gradcheck", "Triple", env=env).code == 0
+    assert cli("gradcheck", "Triple", env=env, process=True).code == 0
 
 
 def test_an_entry_point_plugin_that_raises_is_named_like_a_plugin_file(cli, tmp_path):
@@ -119,6 +119,6 @@ def test_an_entry_point_plugin_that_raises_is_named_like_a_plugin_file(cli, tmp_
                                      "loss: SoftmaxCrossEntropy\noptimizer: TypoSGD\n")
     import os
 
-    r = cli("check", cfg, env={"PYTHONPATH": f"{ROOT}{os.pathsep}{site}"})
+    r = cli("check", cfg, env={"PYTHONPATH": f"{ROOT}{os.pathsep}{site}"}, process=True)
     assert r.code == 1 and "internal error" not in r.err, r.err
     assert "the optimizer 'TypoSGD': _update raised AttributeError: 'TypoSGD' object has no attribute 'lr' (typoplug.py:16)" in r.err

@@ -8,7 +8,7 @@ import pytest
 
 from checkpoint_helpers import read_csv, spiral_config, summary, train
 from conftest import run_cli, write
-from dlrun import checkpoint
+from dlrun.runs import checkpoint
 from dlrun.data import spiral
 
 
@@ -210,7 +210,7 @@ train: {{epochs: 5, batch_size: 30}}
 
 
 def test_save_csv_is_atomic_and_leaves_special_files_alone(tmp_path, monkeypatch):
-    from dlrun import inference
+    from dlrun.runs import inference
     table = inference.PredictionTable(["prediction"], np.arange(3.0)[:, None], ["%d"])
     path = tmp_path / "pred.csv"
     inference.save_csv(table, path)
@@ -243,7 +243,7 @@ def test_predict_to_an_unwritable_output_is_a_usage_error(trained, tmp_path):
 
 def test_predict_to_a_full_disk_fails_like_a_run_not_like_usage(trained, tmp_path, monkeypatch, capsys):
     # it exited 2 ("usage"), where train's full disk exits 1
-    from dlrun import inference
+    from dlrun.runs import inference
     from dlrun.cli import main
 
     run, tmp, _ = trained
@@ -274,7 +274,7 @@ def test_predict_refuses_empty_archive_and_out_of_range_inputs(trained, tmp_path
 
 def test_shaped_samples_are_never_recut():
     from dlrun.errors import DataError
-    from dlrun.inference import shape_features
+    from dlrun.runs.inference import shape_features
 
     assert shape_features(np.zeros((3, 8, 8)), (1, 8, 8), "x").shape == (3, 1, 8, 8)  # a unit axis added
     assert shape_features(np.zeros((3, 64)), (1, 8, 8), "x").shape == (3, 1, 8, 8)  # flat rows
@@ -284,7 +284,7 @@ def test_shaped_samples_are_never_recut():
 
 def test_a_label_column_hint_suggests_evaluate_only_outside_evaluate():
     from dlrun.errors import DataError
-    from dlrun.inference import shape_features
+    from dlrun.runs.inference import shape_features
 
     x = np.zeros((4, 3))
     with pytest.raises(DataError, match=r"drop it, or use dlrun evaluate\)"):

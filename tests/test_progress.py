@@ -6,8 +6,8 @@ from rich.console import Console
 
 from dlrun import registry
 from dlrun.model import Sequential
-from dlrun.progress import RichProgress
-from dlrun.trainer import Trainer
+from dlrun.cli.progress import RichProgress
+from dlrun.training.trainer import Trainer
 
 
 def _fit(console, epochs=3):

@@ -9,7 +9,7 @@ import pytest
 
 from checkpoint_helpers import metrics_rows, spiral_config, summary, train
 from conftest import CONFIGS, run_cli, write
-from dlrun import checkpoint
+from dlrun.runs import checkpoint
 
 # A stochastic plugin layer: its noise comes from self.rng, so a resume that did not restore
 # the layer's generator state would diverge from the straight run.

@@ -5,9 +5,9 @@ from checkpoint_helpers import metrics_rows, spiral_config, summary, train
 import numpy as np
 import pytest
 from conftest import run_cli, write
-from dlrun import checkpoint, run
+from dlrun.runs import checkpoint, run
 from dlrun.config import load_config
-from dlrun.trainer import Callback
+from dlrun.training.hooks import Callback
 
 
 def _best_epoch(rows, key, mode):

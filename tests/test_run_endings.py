@@ -12,9 +12,9 @@ import pytest
 
 from checkpoint_helpers import metrics_rows, spiral_config, summary, train
 from conftest import ROOT, run_cli, write
-from dlrun import checkpoint, rundir, run
+from dlrun.runs import checkpoint, rundir, run
 from dlrun.config import load_config
-from dlrun.hooks import Callback
+from dlrun.training.hooks import Callback
 
 COMPARED = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "final_train_loss", "final_train_accuracy",
             "epochs", "best")
@@ -207,7 +207,7 @@ def test_one_process_trains_in_a_run_directory_at_a_time(tmp_path):
     assert (done / "metrics.csv").read_text() == rows
     # a lock left by a killed process does not block: the system released it with the process
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from dlrun.rundir import RunLock; RunLock(Path(sys.argv[1])).__enter__(); "
+                               "from dlrun.runs.rundir import RunLock; RunLock(Path(sys.argv[1])).__enter__(); "
                                "print('locked', flush=True); time.sleep(60)", str(done)],
                               stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert holder.stdout.readline().strip() == "locked"

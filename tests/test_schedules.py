@@ -136,7 +136,7 @@ def test_schedule_shorthand_and_set_override(tmp_path):
 
 def per_step_rates(spec, base=0.1, epochs=3, batches=4):
     """The rates LearningRateScheduler sets in step mode, driven as Trainer.fit drives callbacks."""
-    from dlrun.callbacks import LearningRateScheduler
+    from dlrun.training.controls import LearningRateScheduler
 
     opt = type("Opt", (), {"learning_rate": base})()
     cb = LearningRateScheduler(registry.schedules.build(spec), epochs, "step")
@@ -251,7 +251,7 @@ def test_per_step_rates_agree_with_per_epoch_ones_at_each_epoch_start(spec):
 
 
 def test_schedule_interval_is_checked(tmp_path):
-    from dlrun.callbacks import from_config
+    from dlrun.training.controls import from_config
     from dlrun.schedules import Schedule
 
     base = "data: spiral\nmodel: [{type: Linear, units: 3}]\nloss: SoftmaxCrossEntropy\noptimizer: SGD\n"

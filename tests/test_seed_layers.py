@@ -161,7 +161,7 @@ def test_normalized_dense_forward_and_infers_input_size():
 
 
 def test_training_does_not_change_the_constant_scales(tmp_path):
-    from dlrun.assembly import assemble
+    from dlrun.runs.assembly import assemble
     from dlrun.config import load_config
 
     path = tmp_path / "scales.yaml"
@@ -182,7 +182,7 @@ def test_training_does_not_change_the_constant_scales(tmp_path):
 
 @pytest.mark.parametrize("config", ["iris_requ.yaml", "large_margin.yaml"])
 def test_toy_configs_reach_95_percent(config):
-    from dlrun.assembly import assemble
+    from dlrun.runs.assembly import assemble
     from dlrun.config import load_config
     from tests.conftest import CONFIGS
 

@@ -1,4 +1,4 @@
-"""dlrun.special.ndtr (the normal CDF behind exact GELU) against Python's math.erfc."""
+"""dlrun.backend.special.ndtr (the normal CDF behind exact GELU) against Python's math.erfc."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ from decimal import Decimal, getcontext
 import numpy as np
 import pytest
 
-from dlrun.special import SQRT1_2, ndtr, normal_pdf
+from dlrun.backend.special import SQRT1_2, ndtr, normal_pdf
 
 
 def _oracle(x):

@@ -6,8 +6,8 @@ import numpy as np
 
 from dlrun import registry
 from dlrun.model import Sequential
-from dlrun.step import StepObserver
-from dlrun.trainer import Trainer
+from dlrun.training.step import StepObserver
+from dlrun.training.trainer import Trainer
 
 
 def _trainer(seed=0, accumulate=1):

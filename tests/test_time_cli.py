@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 
 from dlrun.config import load_config
-from dlrun.timing import time_config
+from dlrun.commands.timing import time_config
 from conftest import CONFIGS
 
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import CONFIGS, write
-from dlrun import checkpoint, run
+from dlrun.runs import checkpoint, run
 from dlrun.backend import gpu_available
 from dlrun.config import load_config
 

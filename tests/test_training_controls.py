@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 
 from dlrun import registry
-from dlrun.callbacks import EarlyStopping, GradientClipping, LearningRateScheduler, from_config
+from dlrun.training.controls import EarlyStopping, GradientClipping, LearningRateScheduler, from_config
 from dlrun.config import config_from_dict
 from dlrun.errors import ConfigError
-from dlrun.generators import blobs
+from dlrun.data.generators import blobs
 from dlrun.layers.base import Parameter
 from dlrun.model import Sequential
-from dlrun.trainer import Callback, Trainer
+from dlrun.training.hooks import Callback
+from dlrun.training.trainer import Trainer
 
 
 class FakeTrainer:
@@ -172,7 +173,7 @@ def test_early_stopping_settings_are_validated():
 
 def test_locate_terminates_for_keys_without_line_numbers():
     # config_from_dict has no file: locating "data" used to loop forever
-    from dlrun.config import Source
+    from dlrun.config.source import Source
 
     assert Source(None).locate("train.schedule").path == "train.schedule"
     assert Source(None).locate("data").line is None

@@ -19,9 +19,9 @@ except ImportError:  # pragma: no cover
 from rich.console import Console
 from rich.markup import escape
 
-from ..console import Stopped, stop_on_signals
+from ..signals import Stopped, stop_on_signals
 from ..errors import ConfigErrors, DlrunError, Interrupted
-from ..plugins import blame
+from ..registry.plugins import blame
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Train, gradient-check and use neural networks defined in YAML.")

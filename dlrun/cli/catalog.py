@@ -8,10 +8,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import registry
-from ..config import dump_yaml
+from ..config.source import dump_yaml
 from ..errors import UsageError
-from ..options import did_you_mean
-from ..plugins import load_plugins
+from ..registry.options import did_you_mean
+from ..registry.plugins import load_plugins
 from . import app, out
 
 PLUGIN_HELP = "Python file with user components to load first (repeatable)."

@@ -8,9 +8,9 @@ import typer
 from rich.table import Table
 
 from ..backend import format_bytes
-from ..check import check_config
+from ..commands.check import check_config
 from ..config import load_config
-from ..plugins import load_plugins
+from ..registry.plugins import load_plugins
 from . import app, out
 from .catalog import PLUGIN
 from .train import SET_HELP

@@ -9,8 +9,8 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from .. import inference
-from ..position import describe
+from ..runs import inference
+from ..training.position import describe
 from . import app, out
 from .catalog import PLUGIN
 from .restored import BATCH_SIZE, DEVICE, TARGET, open_trained

@@ -1,6 +1,7 @@
 """`dlrun gradcheck`: check a layer's (or a whole config's) backward against finite differences."""
 from __future__ import annotations
 
+import json
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Optional
@@ -10,13 +11,13 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from ..config import Source, apply_override
+from ..config.source import Source, apply_override
 from ..errors import UsageError
 from .. import registry
-from ..options import did_you_mean
+from ..registry.options import did_you_mean
 from ..gradcheck import ERROR, PASS, Settings, check_all, check_config, check_layer, check_loss, check_regularizer
 from ..gradcheck.report import NA, band
-from ..plugins import load_plugins
+from ..registry.plugins import load_plugins
 from . import app, err, out
 from .catalog import PLUGIN
 
@@ -220,8 +221,6 @@ def gradcheck_cmd(
             show = None if status is None else (lambda name, i, n: status.update(f"gradcheck --all: {i}/{n} {name}"))
             reports = check_all(settings, on_start=show)
         if json_:
-            import json
-
             out.print_json(json.dumps([r.to_dict() for r in reports], default=float))
         else:
             out.print(summary_table(reports))

@@ -7,9 +7,9 @@ from typing import Optional
 
 import typer
 
-from .. import inference
+from ..runs import inference
 from ..errors import TrainingError, UsageError
-from ..rundir import FAULTS
+from ..runs.rundir import FAULTS
 from . import app, err
 from .catalog import PLUGIN
 from .restored import BATCH_SIZE, DEVICE, TARGET, open_trained

@@ -8,9 +8,9 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .. import inference
+from ..runs import inference
 from ..errors import UsageError
-from ..plugins import load_plugins
+from ..registry.plugins import load_plugins
 from . import err
 
 TARGET = typer.Argument(..., metavar="RUN_DIR|CHECKPOINT",

@@ -8,8 +8,8 @@ import typer
 from rich.table import Table
 
 from ..config import load_config
-from ..plugins import load_plugins
-from ..timing import time_config
+from ..registry.plugins import load_plugins
+from ..commands.timing import time_config
 from . import app, out
 from .catalog import PLUGIN
 from .train import SET_HELP

@@ -8,11 +8,11 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .. import run
+from ..runs import run
 from ..config import load_config
 from ..errors import UsageError
-from ..plugins import load_plugins
-from ..progress import RichProgress
+from ..registry.plugins import load_plugins
+from .progress import RichProgress
 from . import app, err, out
 from .catalog import PLUGIN
 

@@ -12,8 +12,8 @@ import numbers
 import numpy as np
 
 from ..backend import to_host
-from .. import contract
-from ..contract import output_shape, source_line
+from ..model import contract
+from ..model.contract import output_shape, source_line
 from ..errors import ShapeError
 from ..layers.base import Layer
 from . import kinks

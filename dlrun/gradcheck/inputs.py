@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import registry
 from ..errors import ConfigError
-from ..options import component_registry
+from ..registry.options import component_registry
 
 # N is the batch; per-sample symbols are D, C, H, W, T, V (vocabulary), K.
 DIM_CONFIGS = (

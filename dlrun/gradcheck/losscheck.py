@@ -20,9 +20,9 @@ import numpy as np
 from .. import registry
 from ..errors import UsageError
 from ..backend import to_host
-from ..contract import source_line
+from ..model.contract import source_line
 from ..losses.base import BALANCED
-from . import aux, device as devices, inputs, kinks, twin
+from . import auxiliary as aux, device as devices, inputs, kinks, twin
 from .numeric import TensorRun, check_tensor
 from .report import FAIL, PASS, LayerReport, TensorResult, merge, new_report
 from .settings import Settings

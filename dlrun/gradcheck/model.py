@@ -16,9 +16,9 @@ from .. import registry
 from ..backend import to_host
 from ..config import load_config
 from ..errors import DlrunError
-from ..assembly import build_model
+from ..runs.assembly import build_model
 from ..model import Sequential
-from ..preflight import balance_class_weights
+from ..training.preflight import balance_class_weights
 from . import device as devices, kinks, twin
 from .harness import restore_state, snapshot_state
 from .losscheck import check_loss

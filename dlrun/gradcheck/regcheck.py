@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import registry
-from . import aux, device as devices, twin
+from . import auxiliary as aux, device as devices, twin
 from .losscheck import LossRaised, kink_distance, scalar_report, user_call
 from .numeric import check_tensor
 from .report import LayerReport

@@ -6,7 +6,7 @@ import time
 import numpy as np
 
 from .. import registry
-from . import aux, device as devices, inputs, kinks, paths, twin
+from . import auxiliary as aux, device as devices, inputs, kinks, paths, twin
 from .harness import (ContractError, Harness, LayerRaised, build, loose_arrays, public_arrays, public_scalars,
                       restore_state, state_changes)
 from .compare import explain_rounding

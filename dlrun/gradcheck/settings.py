@@ -8,7 +8,7 @@ import numpy as np
 
 from ..backend import DEVICES
 from ..errors import UsageError
-from ..options import did_you_mean
+from ..registry.options import did_you_mean
 from . import device as devices, kinks
 from .inputs import DIM_CONFIGS
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..backend import Kernel, out_args
-from ..options import NonNegativeFloat, PositiveFloat
+from ..registry.options import NonNegativeFloat, PositiveFloat
 from ..registry import layers
 from .base import InputSpec, Layer
 

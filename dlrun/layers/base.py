@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..backend import CPU, Backend, format_bytes, host_memory_available
-from ..buffers import BufferPool
+from ..backend.buffers import BufferPool
 from ..errors import ConfigError, DlrunError, ShapeError
 from ..registry import initializers, layers
 from .parameter import Parameter

@@ -5,7 +5,7 @@ from typing import Annotated
 
 import numpy as np
 
-from ..options import PositiveFloat, Range
+from ..registry.options import PositiveFloat, Range
 from ..registry import layers
 from .base import InputSpec, Layer
 

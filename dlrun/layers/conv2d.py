@@ -1,9 +1,9 @@
 """Conv2D: 2-D convolution (cross-correlation) on NCHW images, by im2col and batched GEMM."""
 from __future__ import annotations
 
-from ..initializers import Initializer
-from ..options import PositiveInt
-from ..regularizers import Regularizer
+from .initializers import Initializer
+from ..registry.options import PositiveInt
+from ..losses.regularizers import Regularizer
 from .base import InputSpec, Layer
 from .linear import _init
 from ..registry import layers

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import Kernel
-from ..options import Fraction
+from ..registry.options import Fraction
 from ..registry import layers
 from .base import InputSpec, Layer
 

@@ -5,9 +5,9 @@ import numpy as np
 
 from ..backend import Kernel, array_module
 from ..errors import DataError
-from ..initializers import Initializer
-from ..options import PositiveInt
-from ..regularizers import Regularizer
+from .initializers import Initializer
+from ..registry.options import PositiveInt
+from ..losses.regularizers import Regularizer
 from ..registry import layers
 from .base import InputSpec, Layer
 from .linear import _init

@@ -5,7 +5,7 @@ from typing import Literal
 
 from ..backend import Kernel, out_args
 from ..registry import layers
-from ..special import INV_SQRT_2PI, ndtr, normal_pdf
+from ..backend.special import INV_SQRT_2PI, ndtr, normal_pdf
 from .base import InputSpec, Layer
 
 _TANH_C = 0.7978845608028654  # sqrt(2/pi)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from ..initializers import Initializer
-from ..options import PositiveInt, Range
+from .initializers import Initializer
+from ..registry.options import PositiveInt, Range
 from ..registry import layers
 from .base import InputSpec, Layer
 from .linear import _init

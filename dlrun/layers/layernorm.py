@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
-from ..options import PositiveFloat, PositiveInt
+from ..registry.options import PositiveFloat, PositiveInt
 from ..registry import layers
 from .base import InputSpec, Layer
 from .batchnorm import standardize_backward

@@ -1,9 +1,9 @@
 """Linear: the fully connected layer."""
 from __future__ import annotations
 
-from ..initializers import Initializer
-from ..options import PositiveInt
-from ..regularizers import Regularizer
+from .initializers import Initializer
+from ..registry.options import PositiveInt
+from ..losses.regularizers import Regularizer
 from ..registry import initializers, layers
 from .base import InputSpec, Layer
 

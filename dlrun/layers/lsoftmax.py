@@ -1,8 +1,8 @@
 """LSoftmax: the large-margin softmax head (Liu et al. 2016, arXiv 1612.02295)."""
 from __future__ import annotations
 
-from ..initializers import Initializer
-from ..options import NonNegativeFloat, PositiveFloat, PositiveInt
+from .initializers import Initializer
+from ..registry.options import NonNegativeFloat, PositiveFloat, PositiveInt
 from ..registry import layers
 from .base import InputSpec, Layer
 from .linear import _init

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..initializers import Initializer
-from ..options import PositiveInt
+from .initializers import Initializer
+from ..registry.options import PositiveInt
 from ..registry import layers
-from ..regularizers import Regularizer
+from ..losses.regularizers import Regularizer
 from .recurrent import Recurrent
 
 

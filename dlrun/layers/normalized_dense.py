@@ -1,8 +1,8 @@
 """NormalizedDense: seed 001's parameterized NormalizationHybridLayer."""
 from __future__ import annotations
 
-from ..initializers import Initializer
-from ..options import PositiveInt
+from .initializers import Initializer
+from ..registry.options import PositiveInt
 from ..registry import layers
 from .base import InputSpec, Layer
 from .linear import _init

@@ -1,7 +1,7 @@
 """Pool2D: the options, shape inference and repr that MaxPool2D and AvgPool2D share."""
 from __future__ import annotations
 
-from ..options import NonNegativeInt
+from ..registry.options import NonNegativeInt
 from .base import InputSpec, Layer
 from .windows import Size2, expect_image, make_window, pair
 

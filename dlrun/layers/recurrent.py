@@ -4,9 +4,9 @@ the last), and the gradients of the parameters and the input, each one matrix pr
 the steps once backward has the gates' errors."""
 from __future__ import annotations
 
-from ..initializers import Initializer
-from ..options import PositiveInt
-from ..regularizers import Regularizer
+from .initializers import Initializer
+from ..registry.options import PositiveInt
+from ..losses.regularizers import Regularizer
 from .base import InputSpec, Layer
 from .linear import _init
 

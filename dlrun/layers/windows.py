@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..errors import ShapeError
-from ..options import NonNegativeInt, PositiveInt
+from ..registry.options import NonNegativeInt, PositiveInt
 
 # option types shared by the window layers (YAML: ``3`` or ``[3, 2]``; padding also "same"/"valid")
 Size2 = PositiveInt | tuple[PositiveInt, PositiveInt]

@@ -6,9 +6,9 @@ from typing import Annotated, Literal
 import numpy as np
 
 from ..backend import array_module
-from ..buffers import BufferPool
+from ..backend.buffers import BufferPool
 from ..errors import ConfigError
-from ..options import Range
+from ..registry.options import Range
 from ..registry import losses
 
 BALANCED = "balanced"

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..backend import array_module
 from ..errors import ShapeError
-from ..options import PositiveFloat
+from ..registry.options import PositiveFloat
 from ..registry import losses
 from .base import ClassWeights, Loss, weights_option
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..backend import array_module
-from ..options import PositiveFloat
+from ..registry.options import PositiveFloat
 from ..registry import losses
 from .base import Loss
 

@@ -6,7 +6,7 @@ from typing import Annotated
 import numpy as np
 
 from ..backend import Kernel, array_module, out_args
-from ..options import Range
+from ..registry.options import Range
 from ..registry import losses
 from .base import ClassWeights, Loss, weights_option
 

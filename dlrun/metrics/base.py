@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 
-from ..docstrings import signature
+from ..registry.docstrings import signature
 from ..errors import ConfigError, ContractError, Location
 from ..registry import metrics
 

@@ -14,7 +14,7 @@ from typing import Literal
 import numpy as np
 
 from ..backend import array_module
-from ..options import PositiveInt
+from ..registry.options import PositiveInt
 from ..registry import metrics
 from .base import Metric, predicted
 

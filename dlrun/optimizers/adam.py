@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..backend import Kernel, array_module
-from ..options import Fraction, NonNegativeFloat, PositiveFloat
+from ..registry.options import Fraction, NonNegativeFloat, PositiveFloat
 from ..registry import optimizers
 from .base import Optimizer
 

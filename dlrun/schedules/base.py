@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from ..options import Range
+from ..registry.options import Range
 from ..registry import schedules
 
 Monitor = str  # train_loss, val_accuracy, val_mae, ...: checked against the run's metrics (dlrun.monitor.check)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from ..options import NonNegativeFloat, OptionError, PositiveFloat, PositiveInt
+from ..registry.options import NonNegativeFloat, OptionError, PositiveFloat, PositiveInt
 from ..registry import schedules
 from .base import Schedule
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from ..options import OptionError, PositiveFloat, Range
+from ..registry.options import OptionError, PositiveFloat, Range
 from ..registry import schedules
 from .base import Schedule
 

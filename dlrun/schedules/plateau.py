@@ -1,9 +1,9 @@
 """reduce_on_plateau: a rate that follows a monitored metric (Keras' ReduceLROnPlateau)."""
 from __future__ import annotations
 
-from ..options import NonNegativeFloat, NonNegativeInt
+from ..registry.options import NonNegativeFloat, NonNegativeInt
 from ..registry import schedules
-from ..monitor import improved, resolve_mode
+from ..metrics.monitor import improved, resolve_mode
 from .base import Factor, Mode, Monitor, Schedule
 
 

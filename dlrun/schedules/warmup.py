@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from ..options import PositiveInt, Range
+from ..registry.options import PositiveInt, Range
 from ..registry import schedules
 from .base import Schedule
 

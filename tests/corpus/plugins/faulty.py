@@ -1,6 +1,6 @@
 """Corpus plugin layers that inject non-finite values, for the NaN-diagnosis tests."""
 from dlrun.layers import Layer
-from dlrun.options import PositiveInt
+from dlrun.registry.options import PositiveInt
 from dlrun.registry import layers
 
 

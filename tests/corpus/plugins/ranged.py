@@ -1,7 +1,7 @@
 """A corpus plugin: an identity layer with a Fraction option (like a dropout rate) and a
 UnitInterval option (like a top-k fraction), to test out-of-range values."""
 from dlrun.layers import Layer
-from dlrun.options import Fraction, UnitInterval
+from dlrun.registry.options import Fraction, UnitInterval
 from dlrun.registry import layers
 
 

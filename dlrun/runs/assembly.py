@@ -1,0 +1,88 @@
+"""Assembling a run: the one place that turns a validated config into what a run needs.
+
+:func:`assemble` computes, once and in this order, every part of a run and checks it before any
+file is written: the run seed (:mod:`dlrun.seeding`), the data and its validation split, the
+model on its device, the loss, the trainer with its optimizer, regularizer, metrics and its
+training step, the monitored metric (:mod:`dlrun.monitor`) and the training controls (clipping,
+schedule, early stopping). ``dlrun train``, ``--resume``, ``check`` and ``time`` run what it
+returns; ``evaluate``, ``predict`` and ``gradcheck CONFIG`` build their model with
+:func:`build_model`, and need no optimizer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..metrics import monitor
+from ..training import controls
+from .. import metrics, seeding
+from ..backend import get_backend
+from ..config import Config
+from ..data import Dataset, check_range, load_data
+from ..model import Sequential
+from ..training.preflight import (balance_class_weights,
+                                  check_batch_memory,
+                                  check_class_weights,
+                                  check_labels,
+                                  check_model_indices)
+from ..training.trainer import Trainer
+
+
+@dataclass
+class Assembly:
+    """The parts of a run, built from its config by :func:`assemble`."""
+
+    config: Config
+    data: Dataset
+    trainer: Trainer
+    controls: list      # clipping, schedule, early stopping (the ``train:`` controls), in that order
+    monitor: monitor.Monitor  # what best.npz follows (and early stopping, when it names no other)
+
+    @property
+    def model(self) -> Sequential:
+        return self.trainer.model
+
+    @property
+    def has_validation(self) -> bool:
+        return self.data.x_val is not None and len(self.data.x_val) > 0
+
+
+def resolve_seed(config: Config) -> int:
+    """The config's seed, or a fresh one (:func:`seeding.fresh_seed`) recorded into ``config.raw``."""
+    if config.seed is None:
+        config.seed = seeding.fresh_seed()
+    config.raw["seed"] = config.seed
+    return config.seed
+
+
+def build_model(config: Config, input_shape, backend=None, dtype=None, seed: int | None = None,
+                frozen: bool = True) -> Sequential:
+    """The config's layers, built for ``input_shape`` on the config's device (or ``backend``), in
+    the config's dtype (or ``dtype``), with its initial weights drawn from the run seed (or
+    ``seed``); ``frozen=False`` leaves every parameter trainable (``trainable: false`` ignored)."""
+    return Sequential(config.build_layers(), input_shape, backend or get_backend(config.device),
+                      dtype or config.dtype, config.seed if seed is None else seed, config.locate,
+                      frozen=config.frozen if frozen else ())
+
+
+def assemble(config: Config) -> Assembly:
+    """Every part of a run, built and checked before any file is written (see the module docstring)."""
+    resolve_seed(config)
+    backend = get_backend(config.device)
+    ds = load_data(config)
+    check_range(ds, config.dtype)
+    model = build_model(config, ds.input_shape, backend)
+    check_model_indices(ds, model)
+    loss = config.build("loss")
+    check_class_weights(loss, model, config.locate("loss.class_weights"))
+    check_labels(ds, model, loss, config.locate)
+    balance_class_weights(loss, model, ds.y, config)  # (the training split's labels)
+    outputs = model.output_shape[-1] if model.output_shape else 1
+    trainer = Trainer(model, loss, config.build("optimizer"), config.build("regularizer"),
+                      config.train.batch_size, config.train.shuffle, config.seed, config.train.drop_last,
+                      config.train.accumulate_batches,
+                      metrics.build(config.train.metrics, loss, outputs, config.locate))
+    check_batch_memory(model, trainer.epoch_batches(len(ds.x))[0], config.locate("train.batch_size"))
+    has_val = ds.x_val is not None and len(ds.x_val) > 0
+    watched = monitor.of_run(config, has_val, trainer.classification, trainer.tracker.modes)
+    trainer.controls = controls.from_config(config, has_val, trainer.classification, trainer.tracker.modes)
+    return Assembly(config, ds, trainer, trainer.controls, watched)

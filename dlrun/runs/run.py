@@ -1,0 +1,267 @@
+"""A training run from a config: data, model, trainer, and the run directory it writes.
+
+A run directory ``RUNS_DIR/<name>-<YYYYmmdd-HHMMSS>/`` holds config.yaml, metrics.csv and
+summary.json (:mod:`dlrun.rundir`), and ``checkpoints/last.npz`` (the full training state every
+``train.checkpoint_every`` epochs and at the end) and ``checkpoints/best.npz`` (the state at the
+best ``train.monitor`` value; :mod:`dlrun.snapshot`, docs/runs.md).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..training import controls, position
+from . import checkpoint, rundir, snapshot
+from ..config import Config, config_from_dict
+from ..config.source import parse_yaml
+from .assembly import Assembly, assemble
+from ..data import Dataset
+from ..errors import CheckpointError, DlrunError, Interrupted, NonFiniteError, TrainingError, UsageError
+from ..training.faults import StopOnSignal, catch_signals
+from ..registry.plugins import blame, named_for
+from ..training.hooks import History
+from ..training.trainer import Trainer
+
+
+
+@dataclass
+class RunResult:
+    """A finished run. ``signal``: a SIGINT/SIGTERM that arrived after the last epoch, too late to
+    stop anything (the run finished; the caller reports it), else None."""
+
+    run_dir: Path
+    summary: dict
+    history: History
+    trainer: Trainer
+    signal: int | None = None
+
+
+def _fit(run: Assembly, run_dir: Path, callbacks, extra: dict, best: dict | None = None,
+         seconds_before: float = 0.0) -> RunResult:
+    """Fit to ``train.epochs`` with the ``train:`` controls and the metrics and checkpoint
+    writers; write summary.json."""
+    config, ds, trainer, train_controls = run.config, run.data, run.trainer, run.controls
+    monitor, mode = run.monitor.name, run.monitor.mode
+    # last.npz keeps the last epoch's weights: early stopping's best weights come back after it
+    deferred = [c for c in train_controls if isinstance(c, controls.EarlyStopping)]
+    for c in deferred:
+        c.restore_at_end = False
+    # best.npz holds the weights early stopping restores when both watch one metric: the same test
+    restoring = [c for c in deferred if c.restore_best_weights and c.monitor == monitor and c.mode == mode]
+    writer = snapshot.CheckpointWriter(run_dir / "checkpoints", config, config.train.checkpoint_every,
+                                       monitor, mode, best, extra, restoring[0].min_delta if restoring else 0.0)
+    ckpt = run_dir / "checkpoints" / "last.npz"
+    stop = StopOnSignal(config.train.epochs, deferred)
+    start_step = trainer.step  # a resumed run that diverges before a good step leaves its checkpoint as it was
+    try:
+        # the handlers stay until summary.json is written: a signal after the last epoch is
+        # reported once the run's ending is complete (stop.signum), never cuts it short
+        with catch_signals(stop), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            t0 = time.perf_counter()
+            try:
+                metrics_csv = rundir.MetricsWriter(run_dir, trainer.tracker.names)
+                history = trainer.fit(ds.x, ds.y, ds.x_val, ds.y_val, epochs=config.train.epochs,
+                                      # the controls observe an epoch before the writer records it
+                                      callbacks=[metrics_csv, *train_controls, writer, *callbacks, stop])
+                stop.finishing = True
+                for c in deferred:
+                    c.restore_best()
+            except Interrupted as e:
+                if e.immediate:
+                    raise
+                # the state after the last finished batch (trainer.position says where in its
+                # epoch), so that --resume continues exactly as an uninterrupted run would
+                writer.flush({"interrupted": stop.record(), **_digest(trainer, ds)})
+                raise Interrupted(f"{e.message}\ncheckpoint {'after' if trainer.position else 'of'} {_at(trainer)} saved: {ckpt}\n"
+                                  f"resume with: dlrun train --resume {run_dir}", e.signum) from None
+            except NonFiniteError as e:
+                if trainer.epoch > 0 or trainer.position is not None:  # the guard restored the last good state
+                    if trainer.step > start_step:  # (else it is the checkpoint resumed from, config included)
+                        writer.flush(_digest(trainer, ds))
+                    e.message += f"\nthe last good checkpoint ({_at(trainer)}) is {ckpt}"
+                raise
+            except (Exception, SystemExit, KeyboardInterrupt) as e:
+                if isinstance(e, (DlrunError, OSError)):  # named where it was raised; a write that failed (below)
+                    raise
+                # code raised inside a batch (the trainer put the state back to where the epoch started
+                # or resumed): keep that state, as for a non-finite value, and name the code
+                named = plugin_fault(e)
+                if trainer.step > start_step:
+                    writer.flush(_digest(trainer, ds))
+                if named is None:  # a bug in dlrun itself: reported as an internal error
+                    raise
+                if ckpt.is_file():
+                    named.message += f"\nthe last good checkpoint ({_at(trainer)}) is {ckpt}"
+                raise named from None
+            seconds = time.perf_counter() - t0 + seconds_before
+            summary = _summary(config, ds, trainer, run_dir, history, writer, extra, seconds)
+    except OSError as e:
+        kept = (f"the checkpoint {ckpt} is intact: once there is room, resume with: dlrun train --resume {run_dir}"
+                if ckpt.is_file() else "no checkpoint had been written yet, so the run cannot be resumed "
+                                       "(its metrics.csv keeps the epochs run)")
+        raise TrainingError(f"cannot write {e.filename or run_dir}: {e.strerror or e} (errno {e.errno}); {kept}") from None
+    return RunResult(run_dir, summary, history, trainer, stop.signum)
+
+
+def _summary(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, history: History, writer, extra: dict,
+             seconds: float) -> dict:
+    """Write summary.json: the last epoch's metrics (metrics.csv's last row when this process ran
+    no epoch: a resume that finishes a run whose ending was lost), the final model's on the
+    training data, and the run's facts."""
+    last = history.last or rundir.last_row(run_dir / "metrics.csv", trainer.epoch)
+    summary = {k: last.get(k) for k in rundir.metric_columns(trainer.tracker.names)
+               if k not in ("epoch", "learning_rate", "seconds")}
+    final = trainer.evaluate(ds.x, ds.y)  # the saved weights, in evaluation mode (what predict sees)
+    summary.update({"final_train_loss": final["loss"], "final_train_accuracy": final["accuracy"],
+                    **{f"final_train_{k}": v for k, v in final["metrics"].items()},
+                    "epochs": trainer.epoch, "seconds": round(seconds, 4), "seed": config.seed,
+                    "device": config.device, "parameters": trainer.model.num_parameters,
+                    "best": writer.best, **extra})
+    ckpt = run_dir / "checkpoints" / "last.npz"
+    try:
+        rundir.write_json(run_dir / "summary.json", summary)
+    except OSError as e:
+        raise TrainingError(f"cannot write {run_dir / 'summary.json'}: {e.strerror or e}; "
+                            f"the checkpoint {ckpt} is complete") from None
+    return summary
+
+
+def plugin_fault(e: BaseException) -> TrainingError | None:
+    """The error to report for ``e``, raised while training by code other than dlrun's: a plugin's
+    exception (named with its file:line), or a ``sys.exit`` / ``KeyboardInterrupt`` raised by code
+    (a signal never raises inside training: :func:`catch_signals` turns it into a stop). None for
+    an exception of dlrun's own."""
+    named = blame(e)
+    if named is None and isinstance(e, (SystemExit, KeyboardInterrupt)):
+        did = f"sys.exit({e.code!r}) was called" if isinstance(e, SystemExit) else "KeyboardInterrupt was raised"
+        named = TrainingError(f"training stopped: {did} during a training step by code outside dlrun's plugin files "
+                              f"(run with --debug for the traceback)")
+    return named
+
+
+def _digest(trainer: Trainer, ds) -> dict:
+    """The training data's digest for a checkpoint taken inside an epoch (position.data_digest)."""
+    return {} if trainer.position is None else {"data_digest": position.data_digest(ds.x, ds.y)}
+
+
+def _at(trainer: Trainer) -> str:
+    """Where the trainer's state stands: 'epoch 3', or 'batch 2 of 7 of epoch 4' inside an epoch."""
+    return str(trainer.position) if trainer.position is not None else f"epoch {trainer.epoch}"
+
+
+def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from: str | Path | None = None) -> RunResult:
+    """Run ``dlrun train``: build, create the run directory, fit, write summary and checkpoints.
+
+    ``init_from`` (a checkpoint or run directory) supplies the initial weights; the optimizer
+    starts fresh. Names and shapes must match the configured model exactly.
+    """
+    run = assemble(config)
+    extra = {}
+    if init_from is not None:
+        ckpt = checkpoint.read(checkpoint.resolve(init_from))
+        snapshot.load_weights(run.model, ckpt)
+        extra["init_from"] = os.path.abspath(ckpt.path)
+    run_dir = rundir.new_run_dir(runs_dir, config.name)
+    try:
+        with rundir.RunLock(run_dir):
+            rundir.write_config(run_dir, config)
+            return _fit(run, run_dir, callbacks, extra)
+    except BaseException:  # a run that saved nothing leaves nothing behind (an interrupted one saves)
+        rundir.discard_if_empty(run_dir)
+        raise
+
+
+def _offer_best_weights(run_dir: Path, train_controls: list) -> None:
+    """Early stopping's best weights are not in last.npz; best.npz holds them when it recorded
+    the same epoch (the usual case: early stopping watches ``train.monitor``)."""
+    stoppers = [c for c in train_controls if isinstance(c, controls.EarlyStopping) and c.restore_best_weights]
+    path = run_dir / "checkpoints" / "best.npz"
+    if not stoppers or not path.is_file():
+        return
+    try:
+        best = checkpoint.read(path)
+    except CheckpointError:  # an unreadable best.npz must not stop the resume; its best is then lost
+        return
+    epoch = (best.meta.get("best") or {}).get("epoch")
+    for c in stoppers:
+        c.offer_best_weights(epoch, best.model)
+
+
+def resume_config(run_dir: str | Path, overrides=(), device: str | None = None,
+                  warnings: list | None = None) -> tuple[Config, checkpoint.Checkpoint]:
+    """The config recorded in ``RUN_DIR/checkpoints/last.npz`` (with ``--set`` overrides) and the
+    checkpoint; what the caller should warn of (a moved or changed plugin) is added to ``warnings``."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UsageError(f"--resume: {run_dir} is not a run directory")
+    path = run_dir / "checkpoints" / "last.npz"
+    if not path.is_file():
+        raise CheckpointError(f"--resume: {path} not found; nothing to resume from (was the run started by dlrun train?)")
+    ckpt = checkpoint.read(path)
+    if "config" not in ckpt.meta:
+        raise CheckpointError(f"{path}: the checkpoint records no config; it cannot be resumed")
+    recorded, found = named_for(ckpt.meta["config"], ckpt.meta.get("plugins"), path)  # (files given with --plugin)
+    if warnings is not None:
+        warnings.extend(found)
+    return config_from_dict(recorded, overrides=list(overrides), device=device, origin=str(path),
+                            run_plugins=False), ckpt
+
+
+def config_edited(run_dir: str | Path, ckpt: checkpoint.Checkpoint) -> bool:
+    """Whether RUN_DIR/config.yaml no longer says what the checkpoint records (edited by hand):
+    --resume follows the checkpoint and rewrites the file, so the edit would be lost silently."""
+    try:
+        recorded_file, _ = parse_yaml((Path(run_dir) / "config.yaml").read_text(), str(run_dir))
+    except (OSError, UnicodeDecodeError, DlrunError):
+        return True
+    return recorded_file != ckpt.meta.get("config")
+
+
+def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, callbacks=()) -> RunResult:
+    """Continue a run in its own directory from ``last.npz`` up to ``config.train.epochs``; a run
+    that trained all its epochs but whose ending was lost (no summary.json) is finished: its
+    summary.json and a best.npz that was not written are written, and nothing is trained."""
+    run_dir = Path(run_dir)
+    with rundir.RunLock(run_dir):  # one process trains in a run directory at a time
+        rundir.remove_temporary_files(run_dir)  # (left by a write that was killed; none is live now)
+        return _resume(run_dir, config, ckpt, callbacks)
+
+
+def _resume(run_dir: Path, config: Config, ckpt: checkpoint.Checkpoint, callbacks) -> RunResult:
+    position.check_split(ckpt.meta.get("config"), config)
+    config.split_shares = ckpt.meta.get("split_shares", "per_class")  # the run's own split (data.split)
+    run = assemble(config)
+    ds, trainer = run.data, run.trainer
+    snapshot.restore(trainer, ckpt, config.seed, config.frozen)
+    if trainer.epoch >= config.train.epochs and (trainer.position is not None or _finished(run_dir, trainer.epoch)):
+        raise UsageError(f"{run_dir} has already trained {trainer.epoch} of {config.train.epochs} epochs; "
+                         f"raise the total to continue, e.g. --set train.epochs={trainer.epoch + 10}")
+    # stopped inside an epoch: it continues only as it started
+    position.check_resume(trainer, ds.x, ds.y, ckpt.meta.get("data_digest"), str(ckpt.path))
+    rundir.truncate_metrics(run_dir / "metrics.csv", trainer.epoch, trainer.tracker.names)
+    kept = rundir.write_config(run_dir, config)
+    before = rundir.previous_seconds(run_dir, trainer.epoch, trainer.position.seconds if trainer.position else 0.0)
+    extra = {k: ckpt.meta[k] for k in ("init_from",) if k in ckpt.meta}
+    extra["resumed_from_epoch"] = trainer.epoch
+    if trainer.position is not None:
+        extra["resumed_from_batch"] = trainer.position.batches_done  # of epoch resumed_from_epoch + 1
+    _offer_best_weights(run_dir, run.controls)
+    try:
+        return _fit(run, run_dir, callbacks, extra, ckpt.meta.get("best"), before)
+    except DlrunError as e:  # failed before a good step (an interrupt saves its state and config): last.npz
+        if not isinstance(e, Interrupted) and trainer.step == ckpt.meta.get("step"):  # is kept, so is config.yaml
+            rundir.put_back(run_dir / "config.yaml", kept)
+        raise
+
+
+def _finished(run_dir: Path, epochs: int) -> bool:
+    """Whether the run's summary.json records its ending after ``epochs`` epochs."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("epochs") == epochs
+    except (OSError, ValueError, AttributeError):
+        return False

@@ -1,0 +1,206 @@
+"""A training run's full state <-> a checkpoint: capture, restore, and the checkpoint callback.
+
+A checkpoint records every parameter and declared layer state, the optimizer's buffers and step
+count, the epoch and step, the RNG states (the trainer's shuffling generator and each layer's
+``rng``, as JSON), the resolved config, the dlrun version, and every plugin file with the
+sha256 of its source. Restoring all of it makes a resumed CPU run bit-identical to one that
+never stopped. On GPU, CuPy generators expose no state: layer generators are re-seeded from
+the run seed and the step on resume (deterministic, but a different stream).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .. import __version__, registry, seeding
+from . import checkpoint
+from ..config import Config
+from ..errors import CheckpointError
+from ..metrics.monitor import improved
+from ..registry.plugins import loaded_files, source_hash
+from ..training.position import EpochPosition
+from ..training.hooks import Callback
+from ..training.trainer import Trainer
+
+
+def rng_state(gen) -> dict | None:
+    """A numpy Generator's bit-generator state (JSON-ready), or None for other generators."""
+    return gen.bit_generator.state if isinstance(gen, np.random.Generator) else None
+
+
+def plugin_records(config: Config) -> list[dict]:
+    """Each plugin file the run used: resolved path, sha256, and the components it registers.
+
+    The config's ``plugins:`` files, and those given with ``--plugin`` that define a component
+    the config names, so that predict, evaluate and --resume can say which ``--plugin`` to pass."""
+    def defined_by(path: Path) -> list[str]:
+        return sorted(name for reg in registry.REGISTRIES.values() for name in reg._entries
+                      if reg.origin(name) not in ("builtin", None) and Path(reg.origin(name)).resolve() == path)
+
+    named = set(_strings(config.raw))
+    paths = [Path(p).resolve() for p in config.plugins]
+    paths += [Path(p) for p in loaded_files() if Path(p) not in paths and named & set(defined_by(Path(p)))]
+    return [{"path": str(path), "sha256": source_hash(path) if path.is_file() else None, "defines": defined_by(path)}
+            for path in paths]
+
+
+def _strings(value):
+    """Every string in a parsed config (component names among them)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def capture(trainer: Trainer, config: Config, extra: dict | None = None) -> tuple[dict, dict, dict]:
+    """Host copies of (model arrays, optimizer arrays, meta) for the trainer's current state."""
+    model = trainer.model
+    to_host = model.backend.to_host
+    state = trainer.state_dict()
+    # copies, not views: a pending best.npz must not follow the live buffers
+    optim = {k: np.array(to_host(v)) for k, v in state["optimizer"].items()}
+    meta = {"dlrun_version": __version__, "epoch": state["epoch"], "step": state["step"],
+            "config": config.raw, "split_shares": config.split_shares,
+            "input_shape": list(model.input_shape), "dtype": str(model.dtype),
+            "device": model.backend.name,
+            "rng": {"shuffle": state["shuffle"],
+                    "layers": {str(i): rng_state(layer.rng_made) for i, layer in enumerate(model.layers)
+                               if layer.rng_made is not None}},
+            "position": state["position"].to_meta() if state["position"] is not None else None,
+            "plugins": plugin_records(config),
+            "controls": state["controls"], **(extra or {})}
+    return {k: np.array(v) for k, v in model.state_arrays().items()}, optim, meta
+
+
+def write(path: Path, trainer: Trainer, config: Config, extra: dict | None = None) -> Path:
+    """Write the trainer's state to ``path`` atomically."""
+    return checkpoint.save(path, *capture(trainer, config, extra))
+
+
+def load_weights(model, ckpt: checkpoint.Checkpoint) -> None:
+    """Copy a checkpoint's parameters and layer state into ``model`` (names and shapes must match)."""
+    model.load_state_arrays(ckpt.model, ckpt.path, ckpt.meta)
+
+
+def restore(trainer: Trainer, ckpt: checkpoint.Checkpoint, seed: int, frozen=()) -> None:
+    """Put a trainer back into the state a checkpoint recorded: weights, optimizer, counters, RNGs.
+    ``frozen``: the resumed config's ``trainable: false`` layers (see :func:`frozen_changed`)."""
+    load_weights(trainer.model, ckpt)
+    opt = trainer.optimizer
+    wanted = set(opt.state_dict())
+    if set(ckpt.optimizer) != wanted:
+        changed = frozen_changed(ckpt.meta.get("config"), frozen)
+        if changed:
+            raise CheckpointError(f"{ckpt.path}: {changed} since the run started, and the optimizer keeps state "
+                                  f"only for the layers that train; a resumed run keeps them. To change which "
+                                  f"layers train, start a new run from these weights: dlrun train CONFIG "
+                                  f"--init-from {ckpt.path}")
+        missing = sorted(wanted - set(ckpt.optimizer))
+        extra = sorted(set(ckpt.optimizer) - wanted)
+        raise CheckpointError(f"{ckpt.path}: the optimizer state does not fit the configured {opt!r}"
+                              + (f"; missing: {', '.join(missing[:6])}" if missing else "")
+                              + (f"; unexpected: {', '.join(extra[:6])}" if extra else "")
+                              + " (resume with the optimizer the run was trained with)")
+    b = trainer.backend
+    meta = ckpt.meta
+    position = EpochPosition.from_meta(meta.get("position"), str(ckpt.path))
+    rng = meta.get("rng") or {}
+    # mid-epoch: the shuffling state before the epoch's order was drawn, so it is drawn again
+    trainer.load_state_dict({"epoch": meta["epoch"], "step": meta["step"], "position": position,
+                             "shuffle": position.shuffle if position is not None else rng.get("shuffle"),
+                             "optimizer": ckpt.optimizer, "controls": meta.get("controls")})
+    states = rng.get("layers") or {}
+    layers = trainer.model.layers
+    reseed = seeding.resumed_layer_streams(seed, trainer.step, len(layers))
+    for i, layer in enumerate(layers):
+        state = states.get(str(i))
+        if b.xp is not np:  # a CuPy generator has no exportable state: a fresh, deterministic stream
+            layer.seed_rng(reseed[i])
+        elif state is not None and layer.rng is not None:
+            layer.rng.bit_generator.state = state
+        # else: no generator made before the checkpoint; the one the model's seed makes later
+        # draws what it would have drawn in an uninterrupted run
+
+
+def frozen_changed(recorded: dict | None, frozen) -> str | None:
+    """'model[0].trainable changed (false -> true)' when the recorded config froze other layers
+    than ``frozen``, else None."""
+    model = (recorded or {}).get("model") if isinstance(recorded, dict) else None
+    if not isinstance(model, list):
+        return None
+    before = {i for i, s in enumerate(model) if isinstance(s, dict) and s.get("trainable") is False}
+    moved = sorted(before ^ set(frozen))
+    if not moved:
+        return None
+    return ", ".join(f"model[{i}].trainable changed ({'false -> true' if i in before else 'true -> false'})"
+                     for i in moved)
+
+
+class CheckpointWriter(Callback):
+    """Writes ``last.npz`` every ``every`` epochs and at the end, and ``best.npz`` by a metric.
+
+    The best state is copied to host memory when the metric improves and written with the next
+    ``last.npz``, so both files always describe a moment the run actually passed through.
+    """
+
+    def __init__(self, folder: Path, config: Config, every: int, monitor: str, mode: str,
+                 best: dict | None = None, extra: dict | None = None, min_delta: float = 0.0):
+        self.folder, self.config, self.every = Path(folder), config, every
+        self.monitor, self.mode, self.min_delta = monitor, mode, min_delta
+        self.best = best if best and best.get("monitor") == monitor else None
+        self.extra = extra or {}
+        self._pending = None
+        self._written_epoch = None
+
+    def on_train_begin(self, trainer):
+        self.trainer = trainer
+        self._written_epoch = trainer.epoch
+        if self._best_lost(trainer):  # resumed at the best epoch, whose best.npz a full disk refused
+            self._pending = capture(trainer, self.config, {**self.extra, "best": self.best})
+
+    def _best_lost(self, trainer) -> bool:
+        """Whether the state resumed from is the recorded best epoch's and best.npz does not hold
+        it (last.npz is written first: a disk that filled after it left best.npz missing or older)."""
+        if self.best is None or self.best.get("epoch") != trainer.epoch or trainer.position is not None:
+            return False
+        try:
+            kept = checkpoint.read(self.folder / "best.npz").meta.get("best") or {}
+        except CheckpointError:  # missing or unreadable
+            return True
+        return kept.get("epoch") != self.best["epoch"] or kept.get("monitor") != self.best["monitor"]
+
+    def _improved(self, value) -> bool:
+        if value is None or not math.isfinite(value):
+            return False
+        if self.best is None:
+            return True
+        return improved(value, self.best["value"], self.mode, self.min_delta)
+
+    def on_epoch_end(self, epoch, metrics):
+        value = metrics.get(self.monitor)
+        if self._improved(value):
+            self.best = {"monitor": self.monitor, "mode": self.mode, "value": float(value), "epoch": epoch}
+            self._pending = capture(self.trainer, self.config, {**self.extra, "best": self.best})
+        if epoch % self.every == 0:
+            self.flush()
+
+    def on_train_end(self, history):
+        if self._written_epoch != self.trainer.epoch or self._pending is not None:
+            self.flush()
+
+    def flush(self, extra: dict | None = None) -> None:
+        """Write last.npz (``extra`` adds to its metadata), then the pending best.npz: a disk that
+        fills between the two leaves the run resumable (a resume whose best.npz is older than
+        last.npz's record of the best has lost those weights only)."""
+        write(self.folder / "last.npz", self.trainer, self.config, {**self.extra, "best": self.best, **(extra or {})})
+        self._written_epoch = self.trainer.epoch
+        if self._pending is not None:
+            checkpoint.save(self.folder / "best.npz", *self._pending)
+            self._pending = None

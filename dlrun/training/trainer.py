@@ -1,0 +1,301 @@
+"""Trainer: fit, evaluate and predict for a model, a loss and an optimizer.
+
+Library code: it returns data and reports progress only through callbacks. Data is moved to
+the device once; per-epoch metrics are accumulated on the device and read once per epoch.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from .. import seeding
+from ..backend import array_module
+from ..errors import Interrupted, NonFiniteError
+from ..model import Sequential
+from .accumulate import windows
+from ..metrics import Tracker
+from .hooks import History
+from .position import EpochPosition
+from .faults import NonFiniteGuard
+from .step import FirstStep, TrainingStep
+from .controls import control_states, load_control_states
+from .preflight import balance_class_weights, check_label_range
+
+
+_NO_VALIDATION = {"loss": None, "accuracy": None}
+
+
+class Trainer:
+    """Runs the training loop.
+
+    Args:
+        model: a built :class:`Sequential`.
+        loss: a loss instance.
+        optimizer: an optimizer instance (``setup`` is called here).
+        regularizer: run-wide default regularizer for parameters without their own, or None.
+        batch_size: samples per step (None: full batch).
+        shuffle: reshuffle every epoch.
+        seed: seeds the shuffling generator.
+        drop_last: skip each epoch's last batch when it is smaller than ``batch_size``.
+        accumulate: batches per optimizer step, their gradients averaged by size (see
+            :mod:`dlrun.accumulate`).
+        metrics: :class:`~dlrun.metrics.Metric` instances, set up (``dlrun.metrics.build``),
+            recorded for the training and validation data as train_NAME and val_NAME.
+    """
+
+    def __init__(self, model: Sequential, loss, optimizer, regularizer=None, batch_size: int | None = 32,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, accumulate: int = 1, metrics=()):
+        self.model = model
+        self.loss = loss
+        self.optimizer = optimizer
+        self.backend = model.backend
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.accumulate = accumulate
+        self.shuffle_rng = seeding.shuffling(seed)
+        self.epoch = 0
+        # a point inside epoch ``epoch + 1`` that the state stands at (None: an epoch boundary):
+        # set by a resume from a mid-epoch checkpoint, and by fit when an interrupt stops it
+        self.position: EpochPosition | None = None
+        self.tracker = Tracker(metrics, self.backend)
+        # the one training step (what fit, the non-finite replay, dlrun time and dlrun check run)
+        self.training_step = TrainingStep(model, loss, optimizer, regularizer, accumulate, self.tracker, self,
+                                          FirstStep(model, loss))
+        self.classification = self.training_step.classification
+        self.controls: list = []  # the train: controls (clipping, schedule, early stopping): their state is the trainer's
+        self._sums = None  # the epoch's metric sums on the device, which train_step adds to
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (the training step's count)."""
+        return self.training_step.count
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.training_step.count = value
+
+    # -- state: what a checkpoint saves beside the weights, and the non-finite guard puts back ---
+    def state_dict(self) -> dict:
+        """The training state beside the model's weights: ``epoch``, ``step``, ``position`` (an
+        :class:`~dlrun.position.EpochPosition` inside an epoch, else None), ``shuffle`` (the
+        shuffling generator's state), ``optimizer`` (its ``state_dict``: slot arrays on the device
+        and ``iterations``), ``learning_rate`` and ``controls`` (each stateful control's state, by
+        type). Arrays are the live ones, not copies."""
+        return {"epoch": self.epoch, "step": self.step, "position": self.position,
+                "shuffle": self.shuffle_rng.bit_generator.state,
+                "optimizer": self.optimizer.state_dict() if hasattr(self.optimizer, "state_dict") else {},
+                "learning_rate": self.optimizer.learning_rate, "controls": control_states(self.controls)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Put back what :meth:`state_dict` gave; only the keys present are restored (a checkpoint
+        leaves ``learning_rate`` to the schedule and the config). Optimizer arrays are copied into
+        the optimizer's buffers (host arrays are moved to the device)."""
+        if "epoch" in state:
+            self.epoch = int(state["epoch"])
+        if "step" in state:
+            self.step = int(state["step"])
+        if "position" in state:
+            self.position = state["position"]
+        if state.get("shuffle"):
+            self.shuffle_rng.bit_generator.state = state["shuffle"]
+        if "optimizer" in state:
+            b = self.backend
+            self.optimizer.load_state_dict({k: (v if k == "iterations" else b.asarray(v))
+                                            for k, v in state["optimizer"].items()})
+        if "learning_rate" in state:
+            self.optimizer.learning_rate = state["learning_rate"]
+        if "controls" in state:
+            load_control_states(self.controls, state["controls"])
+
+    # -- data on the device ---------------------------------------------------------------
+    def to_device(self, x, y):
+        """(x, y) on the model's device, contiguous, in the model's dtype (int64 labels): host
+        arrays are copied once; arrays already there are used as they are when they match.
+        Class labels are range-checked here, once: the losses index scores with them, and on
+        GPU an index out of range is not an error but a read of another sample's scores."""
+        ydt = np.int64 if self.classification else self.model.dtype
+        yd = self._move(y, ydt) if y is not None else None
+        if yd is not None and self.classification and len(yd):
+            check_label_range(self.loss, self.model, int(yd.min()), int(yd.max()))
+        return self._move(x, self.model.dtype), yd
+
+    def _move(self, a, dtype):
+        xp = self.backend.xp
+        if array_module(a) is xp:
+            return xp.ascontiguousarray(a, dtype=dtype)
+        return self.backend.asarray(np.ascontiguousarray(a), dtype=dtype)
+
+    def fast_mode(self, on: bool) -> bool:
+        """Switch the model (``train(fast=on)``) and the loss's buffers; returns ``on``.
+
+        ``fit`` holds the fast mode across epochs and leaves it whenever code outside the loop
+        (callbacks, validation, the non-finite replay) or the caller gets the model."""
+        self.model.train(fast=on)
+        pool = getattr(self.loss, "buffers", None)  # custom losses may not have any
+        if pool is not None:
+            pool.enabled = on
+        return on
+
+    def _penalty(self) -> float:
+        return self.training_step.penalty()
+
+    def fit(self, x, y, x_val=None, y_val=None, epochs: int = 10, callbacks=(), history: History | None = None) -> History:
+        """Train until ``epochs`` epochs have run in total (resumes from ``self.epoch``)."""
+        xd, yd = self.to_device(x, y)
+        balance_class_weights(self.loss, self.model, yd)  # class_weights: balanced, from these labels
+        has_val = x_val is not None and len(x_val) > 0
+        val = self.to_device(x_val, y_val) if has_val else None
+        n = len(xd)
+        bs, batches = self.epoch_batches(n)
+        used = min(n, batches * bs)  # the samples an epoch trains on (all unless drop_last)
+        history = history or History()
+        for cb in callbacks:
+            cb.on_train_begin(self)
+        in_order = [(xd[s:s + bs], yd[s:s + bs]) for s in range(0, used, bs)] if not self.shuffle else None
+        classify = self.classification
+        self._guard = guard = NonFiniteGuard(self)
+        start, self.position = self.position, None  # a mid-epoch resume continues its epoch
+        if start is not None:
+            start.check(n, bs, batches, self.shuffle, "--resume", self.tracker.described)
+        tracked = bool(self.tracker.metrics)
+        fast = False
+        epoch = done = 0
+        in_batches = False  # between the guard's mark and the epoch's end: its state may be half-updated
+        try:
+            while self.epoch < epochs:
+                epoch, done = self.epoch + 1, 0
+                first = start.batches_done if start is not None else 0
+                for cb in callbacks:
+                    cb.on_epoch_begin(epoch, batches)
+                    if first:
+                        cb.on_epoch_resume(epoch, first)
+                t0 = time.perf_counter() - (start.seconds if start is not None else 0.0)
+                if not fast:  # this loop consumes outputs at once: buffers, no input grad
+                    fast = self.fast_mode(True)
+                shuffle_state = self.shuffle_rng.bit_generator.state if self.shuffle else None
+                order = self.shuffle_rng.permutation(n) if self.shuffle else None
+                order_d = self.backend.asarray(order) if order is not None else None
+                loss_sum, correct = self.backend.zero(np.float64), self.backend.zero(np.int64)  # fresh: += is in place on GPU
+                if start is not None:
+                    loss_sum, correct = loss_sum + start.loss_sum, correct + start.correct
+                if tracked:  # (skipped without metrics: spiral's 1000 one-batch epochs felt the calls, +2.5%)
+                    self._sums = self.tracker.zeros(start.metric_sums if start is not None else None)
+                guard.mark(shuffle_state, start)
+                in_batches = True
+                start = None
+                done = first
+                plan = windows(batches, bs, used, self.accumulate, first) if self.accumulate > 1 else None
+                for b in range(first, batches):
+                    if order_d is None:
+                        xb, yb = in_order[b]
+                    else:
+                        idx = order_d[b * bs:(b + 1) * bs]
+                        xb, yb = xd[idx], yd[idx]
+                    batch_loss, batch_correct = self.train_step(xb, yb, callbacks, plan[b - first] if plan else None)
+                    loss_sum += batch_loss
+                    if classify:  # regression scores 0: adding it would still be a launch on GPU
+                        correct += batch_correct
+                    done = b + 1
+                    for cb in callbacks:
+                        cb.on_batch_end(epoch, done)
+                penalty = self._penalty()  # once per epoch: the validation loss adds the same weights' penalty
+                train_loss = float(loss_sum) / used + penalty  # the loss reported, as checked
+                healthy = guard.healthy(train_loss)
+                if callbacks or val is not None or not healthy:  # others see the model: plain mode
+                    fast = self.fast_mode(False)
+                if not healthy:  # replay the epoch to name the first non-finite value
+                    error = guard.diagnose(epoch, self._epoch_batches(xd, yd, order_d, bs, used, first), callbacks,
+                                           first)
+                    self.position = guard.position  # the state kept: where the epoch started or resumed
+                    raise error
+                self.epoch, in_batches = epoch, False
+                m = self._evaluate_device(*val, penalty=penalty) if val is not None else _NO_VALIDATION
+                row = {"epoch": epoch, "train_loss": train_loss,
+                       "train_accuracy": float(correct) / used if self.classification else None,
+                       "val_loss": m["loss"], "val_accuracy": m["accuracy"],
+                       "learning_rate": float(self.optimizer.learning_rate),
+                       "seconds": time.perf_counter() - t0}
+                if tracked:
+                    row.update(self.tracker.results(self._sums, "train_"))
+                    row.update(self.tracker.results(m.get("metrics"), "val_"))
+                history.rows.append(row)
+                stop = False
+                for cb in callbacks:
+                    stop = bool(cb.on_epoch_end(epoch, row)) or stop
+                if stop:
+                    break
+        except Interrupted as e:
+            if not e.immediate and done and self.epoch < epoch:  # stopped between two batches of ``epoch``
+                # where a checkpoint continues from (the epoch's start when the state there is not finite)
+                self.position = guard.kept(EpochPosition(epoch, done, batches, n, bs, shuffle_state, float(loss_sum),
+                                                         int(correct), time.perf_counter() - t0,
+                                                         *self.tracker.position(self._sums)))
+            raise
+        except BaseException as e:  # code raised inside a batch: back to where the epoch started (or resumed)
+            if in_batches and not isinstance(e, NonFiniteError):  # (the replay has put its state back)
+                self.position = guard.restore(rewind_shuffle=True)
+            raise
+        finally:
+            if fast:
+                self.fast_mode(False)
+        for cb in callbacks:
+            cb.on_train_end(history.rows)
+        return history
+
+    def epoch_batches(self, n: int) -> tuple[int, int]:
+        """(batch size, batches per epoch) for ``n`` training samples. A batch_size above ``n``
+        trains on all ``n``; with drop_last, a last batch smaller than the others is skipped."""
+        bs = n if self.batch_size is None else min(self.batch_size, n)
+        return bs, (n // bs if self.drop_last else math.ceil(n / bs))
+
+    def train_step(self, xb, yb, callbacks=(), window=None):
+        """One optimisation step on a device batch, adding to the epoch's metric sums (see
+        :class:`~dlrun.step.TrainingStep`); returns ``(batch loss × batch size, number of correct
+        predictions)`` as device scalars."""
+        return self.training_step(xb, yb, callbacks, window, self._sums)
+
+    def _epoch_batches(self, xd, yd, order_d, bs: int, used: int, first: int = 0):
+        """The batches of one epoch from batch ``first`` on, in the order ``fit`` drew them, each
+        with its accumulation window or None (for the non-finite replay)."""
+        batches = -(-used // bs)
+        plan = windows(batches, bs, used, self.accumulate, first) if self.accumulate > 1 else None
+        for b, s in enumerate(range(first * bs, used, bs)):
+            idx = slice(s, s + bs) if order_d is None else order_d[s:s + bs]
+            yield xd[idx], yd[idx], plan[b] if plan else None
+
+    def _batches(self, n: int, batch_size: int | None):
+        bs = n if batch_size is None else max(1, min(batch_size, n))
+        return [(s, min(s + bs, n)) for s in range(0, n, bs)]
+
+    def _evaluate_device(self, xd, yd, batch_size: int | None = None, penalty: float | None = None) -> dict:
+        self.model.eval()
+        n = len(xd)
+        loss_sum, correct = self.backend.zero(np.float64), self.backend.zero(np.int64)
+        sums = self.tracker.zeros()
+        for s, e in self._batches(n, batch_size or self.batch_size or n):
+            batch_loss, batch_correct = self.training_step.score(self.model.forward(xd[s:e]), yd[s:e], sums)
+            loss_sum += batch_loss
+            if self.classification:
+                correct += batch_correct
+        self.model.train()
+        return {"loss": float(loss_sum) / n + (self._penalty() if penalty is None else penalty),
+                "accuracy": float(correct) / n if self.classification else None,
+                "metrics": sums}
+
+    def evaluate(self, x, y, batch_size: int | None = None) -> dict:
+        """Loss (including regularization), accuracy and the train.metrics (``metrics``: name to
+        value) on (x, y), in evaluation mode."""
+        m = self._evaluate_device(*self.to_device(x, y), batch_size)
+        return {**m, "metrics": self.tracker.results(m["metrics"], "")}
+
+    def predict(self, x, batch_size: int | None = None) -> np.ndarray:
+        """Raw model outputs for ``x`` (host array), in evaluation mode."""
+        return predict(self.model, x, batch_size or self.batch_size)
+
+
+def predict(model: Sequential, x, batch_size: int | None = None) -> np.ndarray:
+    """Raw outputs of ``model`` for host array ``x`` (see :meth:`Sequential.predict`)."""
+    return model.predict(x, batch_size)
