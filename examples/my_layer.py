@@ -1,4 +1,4 @@
-"""A user layer written as a plugin: seed 000's large-margin fully connected layer.
+"""A user layer written as a plugin: the large-margin fully connected layer of the 2017 blog post "Way to implement custom Layer for Deep Learning framework".
 
 Load it with ``--plugin examples/my_layer.py`` (gradcheck, train, list, show) or a config's
 ``plugins: [my_layer.py]``. docs/custom-layers.md walks through writing it.

@@ -1,6 +1,6 @@
 """`dlrun gradcheck CONFIG.yaml`: the whole model plus its loss, then each layer as the model uses it.
 
-The Oxford practical's whole-model check (seed 002): on a small batch of the config's own data,
+The whole-model check of the Oxford machine-learning practical 5 (Torch): on a small batch of the config's own data,
 in float64, the loss is differentiated numerically with respect to every trainable parameter
 and compared with backpropagation through the model. The run-wide regularizer is left out
 (a penalty can hide a data-loss bug; cs231n). Then every layer is checked on the per-sample

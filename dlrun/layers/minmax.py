@@ -1,4 +1,4 @@
-"""MinMaxNormalization: seed 001's NormalizationLayer, rescaling the batch into [0, 1]."""
+"""MinMaxNormalization: the MXNet custom-layer tutorial's NormalizationLayer, rescaling the batch into [0, 1]."""
 from __future__ import annotations
 
 import math
@@ -58,7 +58,7 @@ def minmax_backward(dy, cache):
 class MinMaxNormalization(Layer):
     """y = (x − min x) / (max x − min x), with min and max over the whole batch.
 
-    As in the MXNet tutorial (seed 001) the extremes are taken over every element of the
+    As in the MXNet custom-layer tutorial the extremes are taken over every element of the
     batch, so the output spans exactly [0, 1]. Backward: ∂y_e/∂x_e = 1/r, and the elements at
     the argmin and argmax also receive Σ_e G_e(y_e − 1)/r and −Σ_e G_e·y_e/r, where
     r = max x − min x. A constant batch gives 0 (and gradient 0). The kinks are where the

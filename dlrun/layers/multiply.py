@@ -1,4 +1,4 @@
-"""MultiplyByTwo: the neon documentation's first custom layer (seed 003)."""
+"""MultiplyByTwo: the first custom layer of the neon documentation ("Creating new layers")."""
 from __future__ import annotations
 
 from ..registry import layers

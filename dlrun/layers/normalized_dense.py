@@ -1,4 +1,4 @@
-"""NormalizedDense: seed 001's parameterized NormalizationHybridLayer."""
+"""NormalizedDense: the MXNet custom-layer tutorial's parameterized NormalizationHybridLayer."""
 from __future__ import annotations
 
 from .initializers import Initializer

@@ -1,4 +1,4 @@
-"""ReQU: the rectified quadratic unit of the Oxford practical (seed 002)."""
+"""ReQU: the rectified quadratic unit of the Oxford machine-learning practical 5 (Torch)."""
 from __future__ import annotations
 
 from ..registry import layers
