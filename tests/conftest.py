@@ -174,7 +174,7 @@ def _run_here(args: list[str], *, cwd, env, input) -> Result:
     saved_environ = dict(os.environ)
     saved_cwd = os.getcwd()
     saved_streams = sys.stdin, sys.stdout, sys.stderr
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    saved_argv, saved_path = sys.argv, sys.path[:]
     saved_modules = set(sys.modules)
     hidden_plugins = {n: m for n, m in sys.modules.items() if n.startswith("dlrun_plugin_")}
     saved_registries = _registries()
@@ -203,8 +203,6 @@ def _run_here(args: list[str], *, cwd, env, input) -> Result:
             c._color_system = c._detect_color_system()
         with warnings.catch_warnings(), np.errstate(**_ERRSTATE), np.printoptions(**_PRINT_OPTIONS):
             _default_warnings()
-            if os.environ.get("DLRUN_TEST_LEAKS"):  # TEMPORARY
-                import leakprobe; _before = leakprobe.snapshot(_cli)
             try:
                 _cli.main(args)
             except SystemExit as e:
@@ -215,16 +213,15 @@ def _run_here(args: list[str], *, cwd, env, input) -> Result:
             except Exception:  # the interpreter prints the traceback, status 1
                 traceback.print_exc()
                 code = 1
-            if os.environ.get("DLRUN_TEST_LEAKS"):  # TEMPORARY
-                leakprobe.compare(args, _before, leakprobe.snapshot(_cli))
     finally:
         sys.stdin, sys.stdout, sys.stderr = saved_streams
         for s, h in saved_signals.items():
-            signal.signal(s, h)
+            if h is not None:  # (None: a handler not set from Python, left as it is)
+                signal.signal(s, h)
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_environ)
-        sys.argv[:] = saved_argv
+        sys.argv = saved_argv
         sys.path[:] = saved_path
         for n in set(sys.modules) - saved_modules:
             where = getattr(sys.modules[n], "__file__", None)

@@ -94,7 +94,7 @@ def test_sizes_too_large_for_memory_are_config_errors(tmp_path, where, key, valu
 
 @pytest.mark.slow
 def test_mutated_configs_through_the_cli_print_no_traceback(tmp_path):
-    """A few fixed mutations through the real `dlrun check` (one subprocess each)."""
+    """A few fixed mutations through the real `dlrun check` (one run each)."""
     cases = []
     for mutate in (lambda c: c["model"].__setitem__(0, {"type": "Linear", "units": None}),
                    lambda c: c["train"].__setitem__("batch_size", []),

@@ -268,7 +268,7 @@ def test_files_of_the_wrong_kind_are_named_for_what_they_are(tmp_path):
     assert r.code == 2 and "a config file, not a checkpoint; train it first" in r.err, r.err
     r = run_cli("check", tmp_path)
     assert r.code == 2 and "(it is a folder)" in r.err, r.err
-    r = run_cli("gradcheck", "Linear", "--dims", "N=100000000000")
+    r = run_cli("gradcheck", "Linear", "--dims", "N=100000000000", process=True)  # (a kill ends that process only)
     assert r.code == 2 and "out of memory" in r.err and "Traceback" not in r.err, r.err
 
 

@@ -19,7 +19,7 @@ HERE = __import__("pathlib").Path(__file__).resolve().parent
 
 def plugin(tmp_path, cls) -> str:
     """A --plugin file registering the fixture ``cls`` of broken_layers under its own name (the
-    CLI runs in a subprocess)."""
+    CLI loads components from files)."""
     return str(write(tmp_path / f"{cls.__name__.lower()}.py", f"""
 import sys
 sys.path.insert(0, {str(HERE)!r})

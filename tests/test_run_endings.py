@@ -101,7 +101,7 @@ def test_the_command_reports_a_signal_that_came_as_training_finished(tmp_path):
                                      "model: [{type: Linear, units: 3}, {type: SignalAtTheEnd, at: 4}]\n"
                                      "loss: SoftmaxCrossEntropy\noptimizer: SGD\n"
                                      "train: {epochs: 3, batch_size: null, validation_split: 0}\n")
-    r = run_cli("train", cfg, "--runs-dir", tmp_path / "runs", "--plugin", plugin)
+    r = run_cli("train", cfg, "--runs-dir", tmp_path / "runs", "--plugin", plugin, process=True)  # (signals it)
     assert r.code == 143, r.err
     assert "SIGTERM received as training finished; the run is complete" in r.err, r.err
     (done,) = (tmp_path / "runs").iterdir()
