@@ -414,3 +414,25 @@ optimizer: {type: SGD, learning_rate: 0.1}
     assert "the model's loss differs between two evaluations at the same point" in r.out + r.err
     assert "0.weight" not in r.out  # no parameter was differenced
     assert "RESULT model[2] GlobalDrop: ERROR" in r.out
+
+
+def test_every_checker_setting_is_an_option_with_its_documented_help(cli):
+    """The options are generated from gradcheck.Settings: a new setting is an option at once,
+    with its docstring entry as the help (nothing is declared twice)."""
+    import inspect
+    from dataclasses import fields
+
+    from dlrun.cli.gradcheck import HIDDEN, _documented, gradcheck_cmd
+    from dlrun.gradcheck import Settings
+
+    params = inspect.signature(gradcheck_cmd).parameters
+    documented = _documented(Settings)
+    for f in fields(Settings):
+        if f.name in HIDDEN:
+            assert f.name not in params
+            continue
+        option = params[f.name].default
+        assert option.param_decls == (f"--{f.name.replace('_', '-')}",) and option.default == f.default, f.name
+        assert option.help == documented[f.name] and len(option.help) > 20, f.name
+    r = cli("gradcheck", "Linear", "--max-exhaustive", "10", "--json")
+    assert r.code == 0 and json.loads(r.out)["result"] == "PASS", r.err

@@ -1,8 +1,12 @@
 """`dlrun gradcheck`: check a layer's (or a whole config's) backward against finite differences."""
 from __future__ import annotations
 
+import inspect
 import json
+import re
+import typing
 from contextlib import nullcontext
+from dataclasses import fields
 from pathlib import Path
 from typing import Optional
 
@@ -16,6 +20,7 @@ from ..errors import UsageError
 from .. import registry
 from ..registry.options import did_you_mean
 from ..gradcheck import ERROR, PASS, Settings, check_all, check_config, check_layer, check_loss, check_regularizer
+from ..gradcheck.settings import MODES, PHASES
 from ..gradcheck.report import NA, band
 from ..registry.plugins import load_plugins
 from . import app, err, out
@@ -170,50 +175,48 @@ def parse_sets(name: str, items: list[str]) -> dict:
     return raw
 
 
-@app.command("gradcheck")
-def gradcheck_cmd(
-    target: Optional[str] = typer.Argument(None, help="Layer (e.g. LargeMarginFC), loss (e.g. Hinge) or "
-                                           "regularizer (e.g. L1) name, or a CONFIG.yaml."),
-    set_: list[str] = typer.Option([], "--set", metavar="OPTION=VALUE",
-                                   help="Layer option (or, for a config, KEY.PATH=VALUE override); repeatable."),
-    plugin: list[str] = PLUGIN,
-    all_: bool = typer.Option(False, "--all", help="Check every registered layer, loss and regularizer (plugins' too)."),
-    dtype: str = typer.Option("float64", "--dtype", help="float64 (default) or float32 (warns; loose tolerances)."),
-    eps: Optional[float] = typer.Option(None, "--eps", help="Finite-difference step (default 1e-6; 1e-3 where "
-                                "a float32 check cannot difference a float64 copy)."),
-    atol: Optional[float] = typer.Option(None, "--atol", help="Absolute tolerance (float64 1e-5, float32 1e-3)."),
-    rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance (float64 1e-3, float32 1e-2)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of inputs, parameters, upstream gradients and layer randomness."),
-    mode: str = typer.Option("auto", "--mode", help="auto, exhaustive, fast, sampled, or jacobian (every "
-                             "entry of the full Jacobian, naming the output: for debugging small layers)."),
-    strict: bool = typer.Option(False, "--strict", help="float64 tolerances atol 1e-7, rtol 1e-6 (smooth layers)."),
-    phase: str = typer.Option("auto", "--phase",
-                              help="auto (train and eval for layers whose forward depends on it), train, eval or both."),
-    points: int = typer.Option(2, "--points", help="Random points per shape and phase, on the same layer instance."),
-    directions: int = typer.Option(4, "--directions", help="Random directions per tensor in fast mode."),
-    samples: int = typer.Option(64, "--samples", help="Elements per tensor in sampled mode."),
-    resample: int = typer.Option(20, "--resample", help="Redraws of a point within --kink-margin of a declared kink "
-                                 "or with over 1% of elements skipped at one."),
-    kink_margin: Optional[float] = typer.Option(None, "--kink-margin", help="Redraw points whose declared "
-                                                "kink_distance is at most this (default 10 steps: 1e-5, or 1e-2 where a "
-                                                "float32 check must difference in float32)."),
-    detect_kinks: bool = typer.Option(False, "--detect-kinks", help="Also sample at ±eps/2 and skip elements where "
-                                      "a quadratic does not fit (kinks without a branch_signature); 2x the forwards."),
-    nondet_tol: Optional[float] = typer.Option(None, "--nondet-tol", help="Allowed difference between two backward "
-                                               "passes after one forward, relative to the largest gradient entry "
-                                               "(default 0 on cpu: identical; 1e-12 on gpu)."),
-    device: str = typer.Option("cpu", "--device", metavar="cpu|gpu", help="cpu, or gpu: run the checked code on CuPy (the "
-                               "comparison stays on the host in float64)."),
-    dims: Optional[str] = typer.Option(None, "--dims", metavar="N=7,D=3,...",
-                                       help="Check one shape configuration with these sizes instead of the two defaults."),
-    json_: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-) -> None:
+# ``dlrun gradcheck``'s checker options are the fields of gradcheck.Settings, their help the
+# field's entry in its docstring: declared once
+HIDDEN = ("float32_eps", "float32_kink_margin")  # derived from --eps and --kink-margin (Settings.resolved)
+METAVARS = {"dtype": "float64|float32", "mode": "|".join(MODES), "phase": "|".join(PHASES), "device": "cpu|gpu",
+            "dims": "N=7,D=3,..."}
+
+
+def _documented(cls) -> dict[str, str]:
+    """Each ``name: text`` entry of a class docstring's ``Args:`` section, its lines joined."""
+    entries, name = {}, None
+    doc = inspect.getdoc(cls) or ""
+    for line in doc.split("Args:", 1)[-1].splitlines():
+        head = re.match(r"^    (\w+): (.*)", line)
+        if head:
+            name = head[1]
+            entries[name] = head[2]
+        elif name and line.startswith("        "):
+            entries[name] += " " + line.strip()
+    return entries
+
+
+def _settings_options() -> list[inspect.Parameter]:
+    """The typer parameters of the checker options, one per field of :class:`Settings`."""
+    helps, hints = _documented(Settings), typing.get_type_hints(Settings)
+    params = []
+    for f in fields(Settings):
+        if f.name in HIDDEN:
+            continue
+        hint = hints[f.name]
+        kind = next((t for t in (bool, int, float) if hint is t or t in typing.get_args(hint)), str)
+        annotation = Optional[kind] if f.default is None else kind
+        option = typer.Option(f.default, f"--{f.name.replace('_', '-')}", help=helps[f.name],
+                              metavar=METAVARS.get(f.name))
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
+    return params
+
+
+def gradcheck_cmd(target: Optional[str], set_: list[str], plugin: list[str], all_: bool, json_: bool,
+                  **options) -> None:
     """Check backward passes against central finite differences. Exit 0 PASS, 1 FAIL, 2 cannot run."""
     load_plugins(plugin)
-    settings = Settings(dtype=dtype, eps=eps, atol=atol, rtol=rtol, seed=seed, mode=mode, strict=strict, phase=phase,
-                        points=points, directions=directions, samples=samples, resample=resample,
-                        dims=dims, nondet_tol=nondet_tol, kink_margin=kink_margin, detect_kinks=detect_kinks,
-                        device=device).resolved()
+    settings = Settings(**options).resolved()
     if all_:
         if target is not None:
             raise UsageError(f"give either a name / config or --all, not both (got {target!r} and --all)")
@@ -259,3 +262,22 @@ def gradcheck_cmd(
     else:
         print_report(report)
     raise typer.Exit(EXIT[report.verdict])
+
+
+_COMMAND = [
+    inspect.Parameter("target", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Optional[str],
+                      default=typer.Argument(None, help="Layer (e.g. LargeMarginFC), loss (e.g. Hinge) or regularizer "
+                                                        "(e.g. L1) name, or a CONFIG.yaml.")),
+    inspect.Parameter("set_", inspect.Parameter.KEYWORD_ONLY, annotation=list[str],
+                      default=typer.Option([], "--set", metavar="OPTION=VALUE",
+                                           help="Layer option (or, for a config, KEY.PATH=VALUE override); "
+                                                "repeatable.")),
+    inspect.Parameter("plugin", inspect.Parameter.KEYWORD_ONLY, annotation=list[str], default=PLUGIN),
+    inspect.Parameter("all_", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                      default=typer.Option(False, "--all", help="Check every registered layer, loss and regularizer "
+                                                                "(plugins' too).")),
+    inspect.Parameter("json_", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                      default=typer.Option(False, "--json", help="Print the report as JSON.")),
+]
+gradcheck_cmd.__signature__ = inspect.Signature(_COMMAND + _settings_options())
+app.command("gradcheck")(gradcheck_cmd)

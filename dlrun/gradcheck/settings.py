@@ -33,41 +33,47 @@ PHASES = ("auto", "train", "eval", "both")
 class Settings:
     """How a check runs. ``None`` tolerances take the dtype's defaults (see :func:`resolve`).
 
+    Each field but ``float32_eps`` and ``float32_kink_margin`` is an option of ``dlrun
+    gradcheck`` (``--kink-margin`` for ``kink_margin``), documented by its entry below: the
+    command's ``--help`` shows these texts.
+
     Args:
-        dtype: float64 (default) or float32 (warned: rounding noise needs loose tolerances).
-        eps: central-difference step h; by default float64's, 1e-6, also in a float32 check, whose
-            differences are taken on a float64 copy (gradcheck.twin).
+        dtype: float64 (default) or float32 (warns; loose tolerances): float32 backward is compared
+            with central differences of a float64 copy.
+        eps: Finite-difference step (default 1e-6; 1e-3 where a float32 check cannot difference a
+            float64 copy).
         float32_eps: the step where a float32 check must difference in float32 (no float64 copy
             can stand in): ``eps`` when given, else 1e-3. Set by :meth:`resolved`.
-        atol, rtol: an element passes when abs(a - n) <= atol + rtol * abs(n) (n = numeric).
-        seed: seeds inputs, parameters, upstream gradients and every stochastic forward.
-        mode: auto (exhaustive up to ``max_exhaustive`` elements, else fast + sampled),
-            exhaustive, fast (random directions per tensor), sampled (``samples`` elements) or
-            jacobian (the full Jacobian, entry by entry: for debugging small layers).
-        points: random points per shape configuration and phase, on the same layer instance.
-        directions: random directions per tensor in fast mode.
-        samples: elements per tensor in sampled mode.
-        max_exhaustive: the largest total element count checked exhaustively in auto mode.
-        resample: how often a point is redrawn when more than 1% of its elements sit on a kink.
-        phase: auto (train and eval for layers that declare ``has_phase``, else train), train,
-            eval or both.
-        strict: float64 only: default tolerances atol 1e-7, rtol 1e-6 instead of 1e-5, 1e-3.
-        dims: ``"N=7,D=3"``: check one shape configuration with these sizes (the others from the
-            first default configuration) instead of the two defaults.
-        nondet_tol: how far two backward passes after one forward may differ (the reentrant
-            check), relative to the tensor's largest gradient entry (at least 1); 0 demands
-            identical results. Default: 0 on the CPU (numpy is deterministic), 1e-12 on the GPU
-            (atomic adds may sum in any order). PyTorch's ``nondet_tol``.
-        kink_margin: a point where a declared ``kink_distance`` is at most this is redrawn (up
-            to ``resample`` times); default 10 times the step of the differences taken (1e-5,
-            float32 checks included: their float64 copy's step); 0 redraws only points exactly on
-            a kink.
+        atol: Absolute tolerance (float64 1e-5, float32 1e-3): an element passes when
+            |analytic - numeric| <= atol + rtol·|numeric|.
+        rtol: Relative tolerance (float64 1e-3, float32 1e-2).
+        seed: Seed of inputs, parameters, upstream gradients and layer randomness.
+        mode: auto (exhaustive up to --max-exhaustive elements, else fast + sampled), exhaustive,
+            fast (random directions per tensor), sampled, or jacobian (every entry of the full
+            Jacobian, naming the output: for debugging small layers).
+        points: Random points per shape and phase, on the same layer instance.
+        directions: Random directions per tensor in fast mode.
+        samples: Elements per tensor in sampled mode.
+        max_exhaustive: The largest total element count auto mode checks exhaustively.
+        resample: Redraws of a point within --kink-margin of a declared kink or with over 1% of
+            elements skipped at one.
+        phase: auto (train and eval for layers whose forward depends on it), train, eval or both.
+        strict: float64 tolerances atol 1e-7, rtol 1e-6 (smooth layers).
+        dims: Check one shape configuration with these sizes instead of the two defaults (the
+            others from the first default configuration).
+        nondet_tol: Allowed difference between two backward passes after one forward, relative to
+            the largest gradient entry (default 0 on cpu: identical; 1e-12 on gpu, whose atomic
+            adds may sum in any order). PyTorch's nondet_tol.
+        kink_margin: Redraw points whose declared kink_distance is at most this (default 10 steps:
+            1e-5, or 1e-2 where a float32 check must difference in float32); 0 redraws only points
+            exactly on a kink.
         float32_kink_margin: the margin where a float32 check must difference in float32 (no
             float64 copy can stand in): ``kink_margin`` when given, else 10 × ``float32_eps``
             (1e-2). Set by :meth:`resolved`.
-        detect_kinks: also sample θ ± h/2 and skip elements where a quadratic does not fit the
-            five values (a kink the layer declares no ``branch_signature`` for); twice the forwards.
-        device: cpu, or gpu (CuPy): where the checked code runs; the comparison stays on the host.
+        detect_kinks: Also sample at ±eps/2 and skip elements where a quadratic does not fit
+            (kinks without a branch_signature); 2x the forwards.
+        device: cpu, or gpu: run the checked code on CuPy (the comparison stays on the host in
+            float64).
     """
 
     dtype: Literal["float64", "float32"] = "float64"
