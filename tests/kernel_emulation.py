@@ -256,3 +256,22 @@ def import_all_modules() -> None:
     for m in pkgutil.walk_packages(dlrun.__path__, "dlrun."):
         if not m.name.endswith("__main__"):
             importlib.import_module(m.name)
+
+
+def reference(x, layer, dy):
+    """(y, dx) window by window: the maximum, NaN if the window holds one; the gradient to the
+    window's last NaN if it holds any, else to its first maximum (row-major order)."""
+    (kh, kw), (sh, sw), (ph, pw) = layer.pool_size, layer.stride, layer.padding
+    n, c, h, w = x.shape
+    xp = np.full((n, c, h + 2 * ph, w + 2 * pw), -np.inf)
+    xp[:, :, ph:ph + h, pw:pw + w] = x
+    ho, wo = (xp.shape[2] - kh) // sh + 1, (xp.shape[3] - kw) // sw + 1
+    y, dxp = np.empty((n, c, ho, wo)), np.zeros(xp.shape)
+    for i, j, a, b in np.ndindex(n, c, ho, wo):
+        win = xp[i, j, a * sh:a * sh + kh, b * sw:b * sw + kw].reshape(-1)
+        nans = np.flatnonzero(np.isnan(win))
+        k = nans[-1] if len(nans) else int(np.argmax(win))
+        y[i, j, a, b] = win[k]
+        r, q = divmod(int(k), kw)
+        dxp[i, j, a * sh + r, b * sw + q] += dy[i, j, a, b]
+    return y, dxp[:, :, ph:ph + h, pw:pw + w]

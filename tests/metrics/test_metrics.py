@@ -20,7 +20,7 @@ from dlrun.backend import get_backend
 from dlrun.config import config_from_dict, load_config
 from dlrun.errors import CheckpointError, ConfigError, Interrupted
 BinaryCrossEntropy, MSE, SoftmaxCrossEntropy = (registry.losses.get(n) for n in ("BinaryCrossEntropy", "MSE", "SoftmaxCrossEntropy"))
-from test_interrupt_resume import InterruptAt
+from resume_helpers import InterruptAt
 
 CPU = get_backend("cpu")
 BATCHES = [0, 7, 8, 30, 31, 64]  # uneven batches, one of a single sample
@@ -407,7 +407,7 @@ def test_the_plugin_metric_in_the_docs_works_as_written(tmp_path):
     and its val_ value the largest |z - y| of the final model on the validation data."""
     from pathlib import Path
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text()
     code = re.search(r"```python\n(.*?)```", page[page.index("Your own metric is a plugin class"):], re.S).group(1)
     plugin = write(tmp_path / "max_error.py", code)
     cfg = write(tmp_path / "reg.yaml", f"""\

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dlrun import registry
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
 
 def test_every_name_in_the_components_table_is_registered_where_it_says():

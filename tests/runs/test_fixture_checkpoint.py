@@ -22,7 +22,7 @@ import pytest
 
 from conftest import run_cli
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 RUN, EXPECTED = FIXTURES / "run_v1", FIXTURES / "run_v1_expected"
 RESUME_TO = json.loads((EXPECTED / "made_by.json").read_text())["resume_to"]
 

@@ -3,97 +3,14 @@ epoch from the next batch: interrupted and resumed (once or twice) equals uninte
 bit, with shuffling, a stochastic layer, momentum, clipping and a per-step schedule."""
 from __future__ import annotations
 
-import os
-import signal
-
 import numpy as np
 import pytest
 
 from checkpoint_helpers import metrics_rows, summary
 from conftest import run_cli, write
 from dlrun.runs import checkpoint, run
-from dlrun import registry
-from dlrun.config import load_config
-from dlrun.errors import Interrupted
-from dlrun.training.hooks import Callback
-from test_resume import NOISE, NOISY, _assert_same_state
-
-
-@pytest.fixture(autouse=True)
-def _forget_noise_plugin():
-    """Each test loads TestNoise from its own folder: the registry takes one origin per name."""
-    yield
-    registry.layers.unregister("TestNoise")
-
-
-class InterruptAt(Callback):
-    """Sends this process SIGINT at the end of batch ``batch`` of ``epoch`` (-1: the last batch),
-    after ``before(trainer)`` (to spoil the state, say)."""
-
-    def __init__(self, epoch, batch, before=None):
-        self.at, self.before = (epoch, batch), before
-
-    def on_train_begin(self, trainer):
-        self.trainer = trainer
-
-    def on_epoch_begin(self, epoch, batches):
-        self.batches = batches
-
-    def on_batch_end(self, epoch, batch):
-        if (epoch, batch if self.at[1] > 0 else batch - self.batches - 1) == self.at:
-            if self.before:
-                self.before(self.trainer)
-            os.kill(os.getpid(), signal.SIGINT)
-
-
-def _interrupted(cfg, runs, *stops):
-    """Train ``cfg`` and interrupt it at each of ``stops`` in turn, resuming in between; returns
-    the run directory and the checkpoint metadata saved at each stop."""
-    metas, resumed = [], None
-    for at in stops:
-        with pytest.raises(Interrupted) as e:
-            if resumed is None:
-                run.train(load_config(cfg), runs, callbacks=[at])
-            else:
-                run.resume(resumed, *run.resume_config(resumed), callbacks=[at])
-        assert e.value.exit_code == 130 and "resume with: dlrun train --resume" in e.value.message
-        (resumed,) = runs.iterdir()
-        metas.append(checkpoint.read(resumed / "checkpoints" / "last.npz").meta)
-    return resumed, metas
-
-
-def _config_and_straight_run(tmp_path, text):
-    """The config (NOISE plugin beside it) and the run directory of its uninterrupted training."""
-    write(tmp_path / "noise_plugin.py", NOISE)
-    cfg = write(tmp_path / "cfg.yaml", text)
-    return cfg, run.train(load_config(cfg), tmp_path / "a").run_dir
-
-
-def _resume_equals(straight, resumed):
-    """Resume ``resumed`` to its end: it must equal the uninterrupted run, bit for bit."""
-    run.resume(resumed, *run.resume_config(resumed))
-    _same_run(straight, resumed)
-
-
-def _same_run(straight, resumed):
-    _assert_same_state(straight / "checkpoints" / "last.npz", resumed / "checkpoints" / "last.npz")
-    _assert_same_state(straight / "checkpoints" / "best.npz", resumed / "checkpoints" / "best.npz")
-    assert metrics_rows(straight) == metrics_rows(resumed)
-    for k in ("train_loss", "val_loss", "final_train_loss", "best"):
-        assert summary(straight)[k] == summary(resumed)[k], k
-
-
-# NOISY with a per-step schedule, gradient clipping and drop_last (72 samples at batch 16: 4 steps)
-PER_STEP = NOISY.replace("train: {epochs: EPOCHS, batch_size: 16, shuffle: true, validation_split: 0.2}\n", """\
-train:
-  epochs: EPOCHS
-  batch_size: 16
-  validation_split: 0.2
-  drop_last: true
-  clip_norm: 0.5
-  schedule: {type: warmup, epochs: 1, then: {type: cosine, period: 5}}
-  schedule_interval: step
-""")
+from resume_helpers import (NOISE, NOISY, PER_STEP, InterruptAt, _assert_same_state, _config_and_straight_run,
+                            _forget_noise_plugin, _interrupted, _resume_equals)  # noqa: F401  (an autouse fixture)
 
 
 @pytest.mark.slow

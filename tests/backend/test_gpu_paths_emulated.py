@@ -123,7 +123,7 @@ NAN_POOLS = {  # the kernel each takes on GPU: disjoint windows one each way, ot
 def test_maxpool_gpu_path_sends_nan_windows_gradient_to_their_last_nan(case, dtype, monkeypatch):
     """Windows with one or several NaNs: NaN out, and the gradient to the window's last NaN in
     row-major order (as PyTorch), on the GPU path as on the CPU path and as the reference says."""
-    from test_maxpool_nan import reference
+    from kernel_emulation import reference
 
     spec, forward_kernel, backward_kernel = NAN_POOLS[case]
     rng = np.random.default_rng(3)

@@ -14,7 +14,7 @@ from dlrun.gradcheck import FAIL, PASS, Settings, check_layer
 from dlrun.gradcheck.diagnose import Pattern
 from dlrun.gradcheck.report import NA
 
-HERE = __import__("pathlib").Path(__file__).resolve().parent
+HERE = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 
 def plugin(tmp_path, cls) -> str:

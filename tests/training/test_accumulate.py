@@ -13,8 +13,8 @@ from dlrun.training.accumulate import windows
 from dlrun.errors import NonFiniteError
 from dlrun.model import Sequential
 from dlrun.training.trainer import Trainer
-from test_interrupt_resume import PER_STEP, InterruptAt, _config_and_straight_run, _interrupted, _resume_equals
-from test_interrupt_resume import _forget_noise_plugin  # noqa: F401  (autouse: the TestNoise plugin is forgotten after each test)
+from resume_helpers import PER_STEP, InterruptAt, _config_and_straight_run, _interrupted, _resume_equals
+from resume_helpers import _forget_noise_plugin  # noqa: F401  (autouse: the TestNoise plugin is forgotten after each test)
 
 
 def test_windows_split_an_epoch_into_steps_weighted_by_samples():

@@ -165,6 +165,7 @@ def test_a_loss_without_a_float64_copy_is_differenced_in_float32_with_a_note(cli
                for n in z["notes"]), z
 
 
+@pytest.mark.slow
 def test_whole_model_in_float32_is_differenced_in_float64(cli):
     r = cli("gradcheck", "configs/moons_dropout.yaml", "--dtype", "float32", "--json")
     report = json.loads(r.out)
@@ -218,6 +219,7 @@ def test_float32_checks_redraw_only_for_the_float64_copys_step_unless_they_fall_
     assert len(rechecked) == 2
 
 
+@pytest.mark.slow
 def test_float32_model_check_compares_a_conv_bias_that_float32_steps_skipped(cli):
     # every ReLU/max-pool position a conv bias feeds moves by the step: with float32's 1e-3 some
     # element of 0.bias crossed a kink at every redraw and the bias was reported "not compared"

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
+
 from conftest import ROOT, write
 
 BROKEN = '''
@@ -85,6 +87,7 @@ def test_json_settings_and_float32_warning(cli):
     assert (j["settings"]["eps"], j["settings"]["atol"], j["settings"]["seed"]) == (1e-5, 1e-4, 3)
 
 
+@pytest.mark.slow
 def test_all_checks_every_layer_and_plugins(cli, tmp_path):
     r = cli("gradcheck", "--all", "--plugin", ROOT / "examples" / "my_layer.py")
     assert r.code == 0, r.out
@@ -295,6 +298,7 @@ def test_float32_check_passes_batchnorm_and_fails_a_real_bug_without_a_rounding_
     assert x["status"] == "FAIL" and not any("float32 rounding" in n for n in x["notes"])
 
 
+@pytest.mark.slow
 def test_config_check_moves_off_kinks_of_zero_biases_and_keeps_shapes_whole_at_80_columns(cli):
     """digits_cnn: zero biases on zero pixels put the first ReLUs exactly on their kink, so at the
     initial parameters every element of 0.bias crossed it; the check then jitters the parameters

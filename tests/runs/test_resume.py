@@ -10,61 +10,7 @@ import pytest
 from checkpoint_helpers import metrics_rows, spiral_config, summary, train
 from conftest import CONFIGS, run_cli, write
 from dlrun.runs import checkpoint
-
-# A stochastic plugin layer: its noise comes from self.rng, so a resume that did not restore
-# the layer's generator state would diverge from the straight run.
-NOISE = '''
-from dlrun.layers import Layer
-from dlrun.registry import layers
-
-
-@layers.register()
-class TestNoise(Layer):
-    """y = x + 0.1·ε with ε ~ N(0, 1) in training; y = x in evaluation."""
-
-    has_phase = True
-    stochastic = True
-
-    def forward(self, x, y=None):
-        if not self.training:
-            return x
-        return x + (0.1 * self.rng.standard_normal(x.shape)).astype(x.dtype)
-
-    def backward(self, dy):
-        return dy
-'''
-
-NOISY = """\
-name: noisy
-seed: 5
-plugins: [noise_plugin.py]
-data: {type: spiral, classes: 3, points_per_class: 30, noise: 0.2, seed: 2}
-model:
-  - {type: Linear, units: 12, weight_initializer: he_normal}
-  - TestNoise
-  - ReLU
-  - {type: Linear, units: 3}
-loss: SoftmaxCrossEntropy
-optimizer: {type: SGD, learning_rate: 0.3, momentum: 0.9}
-train: {epochs: EPOCHS, batch_size: 16, shuffle: true, validation_split: 0.2}
-"""
-
-
-def _arrays(path):
-    ckpt = checkpoint.read(path)
-    return ckpt.model, ckpt.optimizer, ckpt.meta
-
-
-def _assert_same_state(a, b):
-    ma, oa, meta_a = _arrays(a)
-    mb, ob, meta_b = _arrays(b)
-    assert ma.keys() == mb.keys() and oa.keys() == ob.keys()
-    for k in ma:
-        assert np.array_equal(ma[k], mb[k]), k
-    for k in oa:
-        assert np.array_equal(oa[k], ob[k]), k
-    assert (meta_a["epoch"], meta_a["step"]) == (meta_b["epoch"], meta_b["step"])
-    assert meta_a["rng"] == meta_b["rng"]
+from resume_helpers import NOISE, NOISY, _assert_same_state
 
 
 @pytest.mark.slow
