@@ -43,10 +43,11 @@ class Result:
     err: str
 
 
-def run_cli(*args, cwd=None, env=None, timeout=600, input=None, process=False) -> Result:
+def run_cli(*args, cwd=None, env=None, timeout=600, input=None, process=None) -> Result:
     """Run ``dlrun ARGS`` (``python -m dlrun ARGS`` with this checkout first on the path when
-    ``process`` is true; ``timeout`` applies to that process)."""
-    if process or os.environ.get("DLRUN_TEST_PROCESSES") == "1":
+    ``process`` is true; ``timeout`` applies to that process). ``process=False``: in this process
+    even under DLRUN_TEST_PROCESSES=1 (a test that patches this process for the call)."""
+    if process or (process is None and os.environ.get("DLRUN_TEST_PROCESSES") == "1"):
         return run_process(*args, cwd=cwd, env=env, timeout=timeout, input=input)
     early = sorted(k for k in env or () if k.startswith(START_UP_VARIABLES))
     if early:

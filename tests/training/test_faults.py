@@ -120,47 +120,42 @@ def test_sigkill_during_checkpoint_write_leaves_previous_checkpoint_loadable(tmp
     assert meta["epoch"] == 1 and np.all(model["0.weight"] == 1.5)
 
 
-FULL_DISK = r"""
-import errno, numpy as np, sys
-calls = {"n": 0}
-real = np.savez
-def full(f, **arrays):
-    raise OSError(errno.ENOSPC, "No space left on device")
-np.savez = full
-from dlrun.cli import main
-main(sys.argv[1:])
-"""
+def _disk_full(monkeypatch, only=None):
+    """np.savez refuses with ENOSPC (only for files whose name starts with ``only``, if given)."""
+    real = np.savez
+
+    def full(f, **arrays):
+        if only is not None and not f.name.rsplit("/", 1)[-1].startswith(only):
+            return real(f, **arrays)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.np, "savez", full)
 
 
-def test_full_disk_gives_clear_error(tmp_path):
+def test_full_disk_gives_clear_error(tmp_path, monkeypatch):
     cfg = ROOT / "tests/corpus/configs/valid.yaml"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200")
-    p = subprocess.run([sys.executable, "-c", FULL_DISK, "train", str(cfg), "--runs-dir", str(tmp_path / "runs")],
-                       env=env, capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert p.returncode == 1, p.stderr
-    assert "No space left on device" in p.stderr and ".npz" in p.stderr and "Traceback" not in p.stderr
+    _disk_full(monkeypatch)
+    r = run_cli("train", cfg, "--runs-dir", tmp_path / "runs", process=False)  # (its numpy is the patched one)
+    assert r.code == 1, r.err
+    assert "No space left on device" in r.err and ".npz" in r.err and "Traceback" not in r.err
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert not list(run_dir.rglob("*tmp*"))  # the partial file was removed
     # the first checkpoint failed: nothing can be resumed, and the message says so (it claimed
     # "any earlier checkpoint is intact")
-    assert "no checkpoint had been written yet, so the run cannot be resumed" in p.stderr
+    assert "no checkpoint had been written yet, so the run cannot be resumed" in r.err
 
 
-FULL_AT_BEST = FULL_DISK.replace("def full(f, **arrays):\n",
-                                 "def full(f, **arrays):\n    if not f.name.rsplit('/', 1)[-1].startswith('.best'):\n        return real(f, **arrays)\n")
-
-
-def test_a_disk_full_at_best_npz_leaves_a_resumable_run(tmp_path):
+def test_a_disk_full_at_best_npz_leaves_a_resumable_run(tmp_path, monkeypatch):
     # best.npz was written before last.npz, so a disk that filled at the first checkpoint left a
     # best.npz, or nothing, and no last.npz to resume from
     cfg = ROOT / "tests/corpus/configs/valid.yaml"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200")
-    p = subprocess.run([sys.executable, "-c", FULL_AT_BEST, "train", str(cfg), "--runs-dir", str(tmp_path / "runs"),
-                        "--set", "train.validation_split=0.5"],  # (best by val_loss)
-                       env=env, capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert p.returncode == 1 and "best.npz: No space left on device" in p.stderr, p.stderr
+    _disk_full(monkeypatch, only=".best")
+    r = run_cli("train", cfg, "--runs-dir", tmp_path / "runs", "--set", "train.validation_split=0.5",  # (best by val_loss)
+                process=False)  # (its numpy is the patched one)
+    assert r.code == 1 and "best.npz: No space left on device" in r.err, r.err
     (run_dir,) = (tmp_path / "runs").iterdir()
-    assert f"is intact: once there is room, resume with: dlrun train --resume {run_dir}" in p.stderr
+    assert f"is intact: once there is room, resume with: dlrun train --resume {run_dir}" in r.err
+    monkeypatch.undo()  # room again
     # a learning rate below every ulp: epoch 2's val_loss equals epoch 1's, no strict improvement,
     # so only the resume itself can write epoch 1's best.npz
     r = run_cli("train", "--resume", run_dir, "--set", "train.epochs=2", "--set", "optimizer.learning_rate=1e-30")
