@@ -92,8 +92,7 @@ class NonFiniteGuard:
                     pass
         # the trainer's counters; its arrays (weights, optimizer buffers) are copied above, into
         # buffers kept across epochs, so a mark allocates nothing
-        state = t.state_dict()
-        self.counters = {"step": state["step"], "learning_rate": state["learning_rate"]}
+        self.counters = t.state_dict(("step", "learning_rate"))
         self.iterations = t.optimizer.iterations  # (the optimizer's own counter, beside its buffers)
 
     def restore(self, rewind_shuffle: bool = False):

@@ -19,7 +19,7 @@ from ..metrics import Tracker
 from .hooks import History
 from .position import EpochPosition
 from .faults import NonFiniteGuard
-from .step import FirstStep, TrainingStep
+from .step import FirstStep, TrainingStep, penalty
 from .controls import control_states, load_control_states
 from .preflight import balance_class_weights, check_label_range
 
@@ -78,16 +78,14 @@ class Trainer:
         self.training_step.count = value
 
     # -- state: what a checkpoint saves beside the weights, and the non-finite guard puts back ---
-    def state_dict(self) -> dict:
+    def state_dict(self, keys: tuple | None = None) -> dict:
         """The training state beside the model's weights: ``epoch``, ``step``, ``position`` (an
-        :class:`~dlrun.position.EpochPosition` inside an epoch, else None), ``shuffle`` (the
-        shuffling generator's state), ``optimizer`` (its ``state_dict``: slot arrays on the device
-        and ``iterations``), ``learning_rate`` and ``controls`` (each stateful control's state, by
-        type). Arrays are the live ones, not copies."""
-        return {"epoch": self.epoch, "step": self.step, "position": self.position,
-                "shuffle": self.shuffle_rng.bit_generator.state,
-                "optimizer": self.optimizer.state_dict() if hasattr(self.optimizer, "state_dict") else {},
-                "learning_rate": self.optimizer.learning_rate, "controls": control_states(self.controls)}
+        :class:`~dlrun.training.position.EpochPosition` inside an epoch, else None), ``shuffle``
+        (the shuffling generator's state), ``optimizer`` (its ``state_dict``: slot arrays on the
+        device and ``iterations``), ``learning_rate`` and ``controls`` (each stateful control's
+        state, by type); ``keys`` picks some (the non-finite guard takes the counters every
+        epoch). Arrays are the live ones, not copies."""
+        return {k: _STATE[k](self) for k in (keys or _STATE)}
 
     def load_state_dict(self, state: dict) -> None:
         """Put back what :meth:`state_dict` gave; only the keys present are restored (a checkpoint
@@ -140,7 +138,7 @@ class Trainer:
         return on
 
     def _penalty(self) -> float:
-        return self.training_step.penalty()
+        return penalty(self.training_step.regularized)
 
     def fit(self, x, y, x_val=None, y_val=None, epochs: int = 10, callbacks=(), history: History | None = None) -> History:
         """Train until ``epochs`` epochs have run in total (resumes from ``self.epoch``)."""
@@ -160,6 +158,7 @@ class Trainer:
         start, self.position = self.position, None  # a mid-epoch resume continues its epoch
         if start is not None:
             start.check(n, bs, batches, self.shuffle, "--resume", self.tracker.described)
+        step = self.training_step
         tracked = bool(self.tracker.metrics)
         fast = False
         epoch = done = 0
@@ -194,7 +193,7 @@ class Trainer:
                     else:
                         idx = order_d[b * bs:(b + 1) * bs]
                         xb, yb = xd[idx], yd[idx]
-                    batch_loss, batch_correct = self.train_step(xb, yb, callbacks, plan[b - first] if plan else None)
+                    batch_loss, batch_correct = step(xb, yb, callbacks, plan[b - first] if plan else None, self._sums)
                     loss_sum += batch_loss
                     if classify:  # regression scores 0: adding it would still be a launch on GPU
                         correct += batch_correct
@@ -299,3 +298,15 @@ class Trainer:
 def predict(model: Sequential, x, batch_size: int | None = None) -> np.ndarray:
     """Raw outputs of ``model`` for host array ``x`` (see :meth:`Sequential.predict`)."""
     return model.predict(x, batch_size)
+
+
+# what Trainer.state_dict gives, by key
+_STATE = {
+    "epoch": lambda t: t.epoch,
+    "step": lambda t: t.training_step.count,
+    "position": lambda t: t.position,
+    "shuffle": lambda t: t.shuffle_rng.bit_generator.state,
+    "optimizer": lambda t: t.optimizer.state_dict() if hasattr(t.optimizer, "state_dict") else {},
+    "learning_rate": lambda t: t.optimizer.learning_rate,
+    "controls": lambda t: control_states(t.controls),
+}
