@@ -9,7 +9,8 @@ handlers of SIGINT and SIGTERM, numpy's error state, print options and global ge
 Python's default warning filters (a warning is printed on stderr, as it would be). A test
 whose subject is the process itself (signals sent to it, pipes, the installed console script,
 start-up, environment variables read at start-up, timeouts) passes ``process=True``.
-DLRUN_TEST_PROCESSES=1 runs every call in a process of its own (as the suite did before: slower).
+DLRUN_TEST_PROCESSES=1 runs every call in a process of its own (as the suite did before: slower),
+but those that pass ``process=False`` (the test patches this process for the call).
 """
 from __future__ import annotations
 
