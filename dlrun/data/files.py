@@ -222,6 +222,7 @@ def _read(p: Path, label_column: int, header: bool | None, task: str, features_k
             expect_npy(p)
             arr = np.load(p, allow_pickle=False)
             if not isinstance(arr, np.ndarray):  # an .npz archive under an .npy name
+                arr.close()
                 raise DataError(f"{p}: holds an .npz archive, not one array; rename it to .npz and name its "
                                 f"arrays with features_key and labels_key")
             arr = _real(arr, p, "the array")

@@ -109,6 +109,7 @@ def read_features(path: str | Path, input_shape: tuple, dtype=np.float64, model=
             expect_npy(p)
             x = np.load(p, allow_pickle=False)
             if not isinstance(x, np.ndarray):  # an .npz archive under an .npy name
+                x.close()
                 raise DataError(f"{p}: holds an .npz archive, not one array; save the features with numpy.save")
         elif p.suffix.lower() == ".npz":
             raise DataError(f"{p}: expected a CSV or .npy file of features, got an .npz archive")
