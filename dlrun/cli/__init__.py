@@ -1,5 +1,5 @@
 """The command line. Each command parses its arguments and calls a library function; this
-package (and dlrun.progress) is the only code that prints.
+package (and dlrun.cli.progress) is the only code that prints.
 
 Exit codes: 0 success, 1 the run failed, 2 bad usage, config or input.
 """

@@ -4,7 +4,7 @@ The config is validated, the data loaded and split, the model built, one batch d
 forward, through the loss and backward, layer by layer. Each layer's output and gradients are
 checked for the shape its ``build`` promised and for NaN/inf, and its memory is measured. Then
 the same step continues as the trainer's first does, checking the loss, regularizers, schedule
-and optimizer (:class:`dlrun.contract.FirstStep`): one observed training step does it all.
+and optimizer (:class:`dlrun.training.step.FirstStep`): one observed training step does it all.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ class EarlyStoppingSettings:
             (default: keep the last epoch's weights).
     """
 
-    monitor: str = "val_loss"  # checked against the metrics the run records (dlrun.monitor.check)
+    monitor: str = "val_loss"  # checked against the metrics the run records (dlrun.metrics.monitor.check)
     patience: NonNegativeInt = 5
     min_delta: NonNegativeFloat = 0.0
     mode: Literal["auto", "min", "max"] = "auto"

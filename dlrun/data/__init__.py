@@ -1,6 +1,6 @@
 """Datasets, the spiral generator and the checks every data source passes (the ``file`` loader
-is :mod:`dlrun.datafile`; more generators are in :mod:`dlrun.generators` and
-:mod:`dlrun.datasets`), registered under ``data:`` in a config.
+is :mod:`dlrun.data.files`; more generators are in :mod:`dlrun.data.generators` and
+:mod:`dlrun.data.datasets`), registered under ``data:`` in a config.
 
 Each returns a :class:`Dataset` of host numpy arrays: features ``x`` (N, ...) and targets ``y``
 (integer labels for classification, floats for regression). A generator may also provide its

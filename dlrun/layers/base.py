@@ -79,7 +79,7 @@ class Layer:
         needs_input_grad: False when nothing consumes this layer's input gradient (the first
             trainable layer of a model during training); ``backward`` may then skip computing
             dx and return None.
-        buffers: a :class:`~dlrun.buffers.BufferPool`; ``self.buffer(name, shape, dtype)`` gives
+        buffers: a :class:`~dlrun.backend.buffers.BufferPool`; ``self.buffer(name, shape, dtype)`` gives
             a per-shape scratch array to pass as ``out=`` while the trainer owns the outputs,
             and None (allocate) otherwise.
     """

@@ -35,7 +35,7 @@ class Loss:
 
     def __new__(cls, *args, **kwargs):
         self = super().__new__(cls)
-        self.buffers = BufferPool()  # enabled by the trainer while it owns the gradients (see dlrun.buffers)
+        self.buffers = BufferPool()  # enabled by the trainer while it owns the gradients (see dlrun.backend.buffers)
         return self
 
     def forward(self, z, y):

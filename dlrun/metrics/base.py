@@ -127,7 +127,7 @@ class Tracker:
 
     def position(self, sums) -> tuple:
         """(the metrics with their options, their sums so far) for an
-        :class:`~dlrun.position.EpochPosition`; () without metrics."""
+        :class:`~dlrun.training.position.EpochPosition`; () without metrics."""
         if sums is None:
             return ()
         return self.described, [float(v) for v in self.backend.to_host(sums)]

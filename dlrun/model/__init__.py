@@ -104,7 +104,7 @@ class Sequential:
         self._first_trainable = trainable[0] if trainable else len(self._run)
         self._stop = 0  # backward runs down to this position of order (see train(fast=True))
         self._unchecked_forward = self._unchecked_backward = True  # see _forward_checked
-        # trainable tensors become views of one flat buffer (see dlrun.arena); a plugin's
+        # trainable tensors become views of one flat buffer (see dlrun.backend.arena); a plugin's
         # parameter of another dtype or shape than its gradient is left on its own
         packable = [p for _, p in self.named_parameters() if p.trainable and p.data.dtype == self.dtype
                     and (p.grad is None or p.grad.shape == p.data.shape)]

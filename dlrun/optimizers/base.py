@@ -24,7 +24,7 @@ class Optimizer:
 
     An optimizer whose update is purely elementwise (same hyperparameters for every entry of
     every parameter) sets ``elementwise = True``. ``step`` then runs ``_update`` once over the
-    model's flat parameter buffer (see :mod:`dlrun.arena`) instead of once per parameter, and
+    model's flat parameter buffer (see :mod:`dlrun.backend.arena`) instead of once per parameter, and
     on the CPU splits a large buffer into cache-sized blocks (views of the parameters, their
     gradient and their state), so the update's several passes hit L2 cache instead of memory.
     On GPU the built-in optimizers run their whole update as one fused kernel
@@ -46,7 +46,7 @@ class Optimizer:
     def setup(self, named_params, arena=None) -> None:
         """Take the parameters to update; allocate per-parameter state buffers once.
 
-        ``arena`` is the model's :class:`~dlrun.arena.ParamArena`. When it holds exactly these
+        ``arena`` is the model's :class:`~dlrun.backend.arena.ParamArena`. When it holds exactly these
         parameters and the update is ``elementwise``, state is allocated flat in the same
         layout (``self.state`` keeps per-parameter views of it) and ``step`` updates every
         parameter in one pass over the flat arrays.

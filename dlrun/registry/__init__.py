@@ -46,7 +46,7 @@ class Registry:
     @property
     def base(self) -> type | None:
         """The kind's base class (Layer, Loss, ...): every entry subclasses it, and an option
-        typed with it takes a name or spec of this kind (:func:`dlrun.options.component_registry`)."""
+        typed with it takes a name or spec of this kind (:func:`dlrun.registry.options.component_registry`)."""
         return self._base
 
     @base.setter
@@ -250,7 +250,7 @@ REGISTRIES = {
     "metrics": metrics,
 }
 
-_loading_origin: str | None = None  # set by dlrun.plugins while a plugin file runs
+_loading_origin: str | None = None  # set by dlrun.registry.plugins while a plugin file runs
 
 _BUILTIN_MODULES = ("layers", "layers.initializers", "losses", "losses.regularizers", "optimizers", "data",
                     "data.files", "data.datasets", "data.generators", "schedules", "metrics")
@@ -268,7 +268,7 @@ def load_builtins() -> None:
     _load_entry_points()
 
 
-entry_point_files: dict[str, str] = {}  # the files of loaded entry points' modules: plugin code (dlrun.plugins.blame)
+entry_point_files: dict[str, str] = {}  # the files of loaded entry points' modules: plugin code (dlrun.registry.plugins.blame)
 
 
 def _load_entry_points() -> None:

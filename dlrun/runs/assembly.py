@@ -3,7 +3,7 @@
 :func:`assemble` computes, once and in this order, every part of a run and checks it before any
 file is written: the run seed (:mod:`dlrun.seeding`), the data and its validation split, the
 model on its device, the loss, the trainer with its optimizer, regularizer, metrics and its
-training step, the monitored metric (:mod:`dlrun.monitor`) and the training controls (clipping,
+training step, the monitored metric (:mod:`dlrun.metrics.monitor`) and the training controls (clipping,
 schedule, early stopping). ``dlrun train``, ``--resume``, ``check`` and ``time`` run what it
 returns; ``evaluate``, ``predict`` and ``gradcheck CONFIG`` build their model with
 :func:`build_model`, and need no optimizer.

@@ -103,7 +103,7 @@ def _dicts(v) -> bool:
     return isinstance(v, list) and all(isinstance(x, dict) for x in v)
 
 
-# what dlrun.snapshot writes into meta, checked where present so that a damaged or hand-edited
+# what dlrun.runs.snapshot writes into meta, checked where present so that a damaged or hand-edited
 # record is a CheckpointError naming the key, not a crash deep in restoring it
 _META = {
     "config": (lambda v: isinstance(v, dict), "a mapping"),

@@ -1,9 +1,9 @@
 """A training run from a config: data, model, trainer, and the run directory it writes.
 
 A run directory ``RUNS_DIR/<name>-<YYYYmmdd-HHMMSS>/`` holds config.yaml, metrics.csv and
-summary.json (:mod:`dlrun.rundir`), and ``checkpoints/last.npz`` (the full training state every
+summary.json (:mod:`dlrun.runs.rundir`), and ``checkpoints/last.npz`` (the full training state every
 ``train.checkpoint_every`` epochs and at the end) and ``checkpoints/best.npz`` (the state at the
-best ``train.monitor`` value; :mod:`dlrun.snapshot`, docs/runs.md).
+best ``train.monitor`` value; :mod:`dlrun.runs.snapshot`, docs/runs.md).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The files of a run directory: its name, config.yaml, metrics.csv and summary.json.
 
-Layout of ``RUNS_DIR/<name>-<YYYYmmdd-HHMMSS>/`` (checkpoints are :mod:`dlrun.snapshot`'s):
+Layout of ``RUNS_DIR/<name>-<YYYYmmdd-HHMMSS>/`` (checkpoints are :mod:`dlrun.runs.snapshot`'s):
 
 * ``config.yaml``  — the resolved config, including the seed actually used;
 * ``metrics.csv``  — one row per epoch, appended as training goes;

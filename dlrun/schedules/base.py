@@ -1,5 +1,5 @@
 """The schedule contract (:class:`Schedule`) and the option types of schedules that watch a
-metric (the metric and its direction are :mod:`dlrun.monitor`'s)."""
+metric (the metric and its direction are :mod:`dlrun.metrics.monitor`'s)."""
 from __future__ import annotations
 
 from typing import Annotated, Literal
@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from ..registry.options import Range
 from ..registry import schedules
 
-Monitor = str  # train_loss, val_accuracy, val_mae, ...: checked against the run's metrics (dlrun.monitor.check)
+Monitor = str  # train_loss, val_accuracy, val_mae, ...: checked against the run's metrics (dlrun.metrics.monitor.check)
 Mode = Literal["auto", "min", "max"]
 Factor = Annotated[float, Range(0, 1, min_inclusive=False, max_inclusive=False)]  # (0, 1)
 

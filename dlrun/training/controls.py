@@ -1,4 +1,4 @@
-"""Training controls from the ``train:`` section, as :class:`~dlrun.trainer.Callback` objects.
+"""Training controls from the ``train:`` section, as :class:`~dlrun.training.hooks.Callback` objects.
 
 * :class:`GradientClipping` (``clip_value``, ``clip_norm``) acts after backward, before the
   optimizer steps;
@@ -131,7 +131,7 @@ class LearningRateScheduler(Callback):
 class EarlyStopping(Callback):
     """Stop when ``monitor`` has not improved by more than min_delta for ``patience`` epochs.
 
-    Options as :class:`dlrun.settings.EarlyStoppingSettings`. After the run, ``best_epoch``,
+    Options as :class:`dlrun.config.settings.EarlyStoppingSettings`. After the run, ``best_epoch``,
     ``best`` and ``stopped_epoch`` (None when training ran to the end) tell what happened.
     """
 

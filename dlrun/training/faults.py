@@ -64,7 +64,7 @@ class NonFiniteGuard:
         """Copy everything a batch changes (called when an epoch starts, or resumes).
 
         ``shuffle_state`` is the shuffling generator's state before it drew this epoch's order;
-        ``position`` the :class:`~dlrun.position.EpochPosition` a resumed epoch continues from.
+        ``position`` the :class:`~dlrun.training.position.EpochPosition` a resumed epoch continues from.
         The copies live on the model's device, are allocated once and refilled in place, so a
         mark costs one device-side copy per array and nothing else.
         """

@@ -1,4 +1,4 @@
-"""What :meth:`dlrun.trainer.Trainer.fit` calls back, and the history it returns."""
+"""What :meth:`dlrun.training.trainer.Trainer.fit` calls back, and the history it returns."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,7 +15,7 @@ class Callback:
     def on_epoch_begin(self, epoch: int, batches: int) -> None: ...
     def on_epoch_resume(self, epoch: int, batches_done: int) -> None:
         """After ``on_epoch_begin``, when a resumed run continues ``epoch`` after its first
-        ``batches_done`` batches (see :mod:`dlrun.position`)."""
+        ``batches_done`` batches (see :mod:`dlrun.training.position`)."""
 
     def on_after_backward(self, trainer: "Trainer") -> None:
         """Gradients are written (regularization included); the optimizer steps next. With

@@ -49,7 +49,7 @@ class TrainingStep:
         accumulate: batches per optimizer step, their gradients averaged by size.
         tracker: the :class:`~dlrun.metrics.Tracker` of ``train.metrics``.
         owner: what the callbacks' ``on_after_backward`` receives (the trainer).
-        first_check: the observer of the first step (:class:`dlrun.contract.FirstStep`): what the
+        first_check: the observer of the first step (:class:`dlrun.training.step.FirstStep`): what the
             loss, the regularizers and the optimizer return is checked on it, once.
     """
 
@@ -72,7 +72,7 @@ class TrainingStep:
         """One step on a device batch; returns ``(batch loss × batch size, correct predictions)``
         as device scalars (nothing is read back to the host, so on GPU the step never waits for
         it). ``window``: with gradient accumulation, the batch's ``(share, first, last)`` in its
-        step's window (:func:`dlrun.accumulate.windows`); the optimizer steps after a window's
+        step's window (:func:`dlrun.training.accumulate.windows`); the optimizer steps after a window's
         last batch. ``sums``: the epoch's metric sums on the device, which the step adds to."""
         if self.observers or self.first_check is not None:
             return self.observed(xb, yb, callbacks, window, sums)
@@ -224,7 +224,7 @@ def _public(obj) -> dict:
 
 
 class FirstStep(StepObserver):
-    """The checks of the first training step (a :class:`~dlrun.step.StepObserver`): what the loss,
+    """The checks of the first training step (a :class:`~dlrun.training.step.StepObserver`): what the loss,
     the regularizers and the optimizer return (the layers are checked by the model's first
     calls). A plugin that breaks its contract is named here instead of by a numpy error an epoch
     later. With gradient accumulation every batch up to the first step's last is observed."""

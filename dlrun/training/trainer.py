@@ -40,7 +40,7 @@ class Trainer:
         seed: seeds the shuffling generator.
         drop_last: skip each epoch's last batch when it is smaller than ``batch_size``.
         accumulate: batches per optimizer step, their gradients averaged by size (see
-            :mod:`dlrun.accumulate`).
+            :mod:`dlrun.training.accumulate`).
         metrics: :class:`~dlrun.metrics.Metric` instances, set up (``dlrun.metrics.build``),
             recorded for the training and validation data as train_NAME and val_NAME.
     """
@@ -252,7 +252,7 @@ class Trainer:
 
     def train_step(self, xb, yb, callbacks=(), window=None):
         """One optimisation step on a device batch, adding to the epoch's metric sums (see
-        :class:`~dlrun.step.TrainingStep`); returns ``(batch loss × batch size, number of correct
+        :class:`~dlrun.training.step.TrainingStep`); returns ``(batch loss × batch size, number of correct
         predictions)`` as device scalars."""
         return self.training_step(xb, yb, callbacks, window, self._sums)
 
