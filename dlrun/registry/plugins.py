@@ -227,7 +227,7 @@ def named_for(config: dict, records: list[dict] | None, path) -> tuple[dict, lis
             needed.append((old, names))
             continue
         files = {o for o in origins if os.path.isfile(o)}  # (the rest: entry points, built-ins)
-        named += sorted(files)
+        named += sorted(os.path.abspath(f) for f in files)  # (a --plugin given relative to the working directory)
         given = files.pop() if len(files) == 1 else None
         if given is not None and os.path.realpath(given) != os.path.realpath(old):
             warnings.append(f"plugin {old} is gone; using {given}, which defines {', '.join(names)}"

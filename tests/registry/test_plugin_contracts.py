@@ -5,6 +5,8 @@ epoch later naming something else."""
 from __future__ import annotations
 
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -535,3 +537,32 @@ def test_show_of_a_subclass_without_a_docstring_keeps_its_options_descriptions(t
     r = run_cli("show", "MyLinear", "--plugin", plug)
     assert r.code == 0 and "number of output" in r.out and "features." in r.out, r.out
     assert "y = x Wᵀ + b" not in r.out  # Linear's own summary is not MyLinear's
+
+
+def test_a_resume_with_a_relative_plugin_records_its_absolute_path(tmp_path):
+    """--resume --plugin moved/twice.py (relative to the working directory) wrote
+    'plugins: [moved/twice.py]' into config.yaml and the checkpoint's config: `dlrun train
+    RUN/config.yaml` then looked for RUN/moved/twice.py, and a copied checkpoint refused
+    --plugin ../moved/twice.py, saying 'moved/twice.py ... is missing'."""
+    write(tmp_path / "twice.py", SCALE)
+    cfg = write(tmp_path / "c.yaml", "seed: 0\nplugins: [twice.py]\ndata: {type: spiral, points_per_class: 20}\n"
+                                     "model: [{type: Linear, units: 6}, Twice, {type: Linear, units: 3}]\n"
+                                     "loss: SoftmaxCrossEntropy\noptimizer: {type: SGD, learning_rate: 0.1}\n"
+                                     "train: {epochs: 2, batch_size: 20}\n")
+    r = run_cli("train", cfg, "--runs-dir", tmp_path / "runs")
+    assert r.code == 0, r.err
+    run = Path(r.out.strip().splitlines()[-1])
+    (tmp_path / "moved").mkdir()
+    (tmp_path / "twice.py").rename(tmp_path / "moved" / "twice.py")
+    r = run_cli("train", "--resume", run, "--set", "train.epochs=3", "--plugin", "moved/twice.py", cwd=tmp_path)
+    assert r.code == 0, r.err
+    moved = str(tmp_path / "moved" / "twice.py")
+    assert f"plugins: [{moved}]" in (run / "config.yaml").read_text()
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copy(run / "checkpoints" / "last.npz", tmp_path / "elsewhere" / "model.npz")
+    write(tmp_path / "x.csv", "0.1,0.2\n-0.3,0.4\n")
+    r = run_cli("predict", "model.npz", "--input", "../x.csv", "--plugin", "../moved/twice.py",
+                cwd=tmp_path / "elsewhere")
+    assert r.code == 0 and len(r.out.strip().splitlines()) == 3, r.err
+    r = run_cli("train", run / "config.yaml", "--runs-dir", tmp_path / "runs")
+    assert r.code == 0, r.err
