@@ -273,8 +273,12 @@ def config_from_dict(raw: dict, name: str = "run", overrides: list[str] = (), de
     """
     src = Source(origin, known=set(key_paths(raw)))
     raw = copy.deepcopy(raw)
+    named = "name" in raw
     raw.setdefault("name", name)
-    return _resolve(raw, src, overrides, None, device, None, run_plugins)
+    config = _resolve(raw, src, overrides, None, device, None, run_plugins)
+    if not named and config.raw.get("name") == name:  # the default names the Config, it is not recorded:
+        config.raw.pop("name")  # a checkpoint's config without one (named after its file) stays so in config.yaml
+    return config
 
 
 def _resolve(raw: dict, source: Source, overrides, seed: int | None, device: str | None,

@@ -126,6 +126,28 @@ def test_resume_finishes_a_run_whose_ending_was_lost(tmp_path):
     assert r.code == 2 and "has already trained 3 of 3 epochs" in r.err, r.err
 
 
+
+def test_a_resume_of_a_config_without_a_name_leaves_config_yaml_as_training_wrote_it(tmp_path):
+    """A config without `name:` (the run is named after its file): --resume wrote `name: run` into
+    config.yaml, which the checkpoint's config lacks; after a resume that finished a run whose
+    summary.json was lost (and writes no checkpoint), every later --resume warned that config.yaml
+    had been edited by hand."""
+    cfg = write(tmp_path / "sp.yaml", "seed: 0\ndata: {type: spiral, points_per_class: 20}\n"
+                                      "model: [{type: Linear, units: 3}]\nloss: SoftmaxCrossEntropy\n"
+                                      "optimizer: SGD\ntrain: {epochs: 2, batch_size: 20}\n")
+    run_dir = train(cfg, tmp_path / "runs")
+    written = (run_dir / "config.yaml").read_text()
+    (run_dir / "summary.json").unlink()
+    r = run_cli("train", "--resume", run_dir)
+    assert r.code == 0 and (run_dir / "summary.json").is_file(), r.err
+    assert (run_dir / "config.yaml").read_text() == written
+    r = run_cli("train", "--resume", run_dir, "--set", "train.epochs=3")
+    assert r.code == 0 and "warning" not in r.err, r.err
+    assert "name:" not in (run_dir / "config.yaml").read_text()
+    r = run_cli("train", "--resume", run_dir, "--set", "train.epochs=4")
+    assert r.code == 0 and "warning" not in r.err, r.err
+
+
 QUITTER = '''\
 import os
 import sys
