@@ -105,9 +105,10 @@ class Settings:
             raise UsageError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.phase not in PHASES:
             raise UsageError(f"--phase must be one of {', '.join(PHASES)}, got {self.phase!r}")
-        for name, low in (("points", 1), ("directions", 1), ("samples", 1), ("resample", 0), ("seed", 0)):
+        for name, low in (("points", 1), ("directions", 1), ("samples", 1), ("resample", 0), ("seed", 0),
+                          ("max_exhaustive", 0)):
             if getattr(self, name) < low:
-                raise UsageError(f"--{name} must be at least {low}, got {getattr(self, name)}")
+                raise UsageError(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(self, name)}")
         self.dim_configs()  # raises UsageError for a bad --dims
         if self.strict and self.dtype != "float64":
             raise UsageError("--strict needs --dtype float64 (float32 rounding alone exceeds its tolerances)")
@@ -139,7 +140,7 @@ class Settings:
         """The shape configurations to check: the two defaults, or the one ``dims`` names."""
         if self.dims is None:
             return [dict(c) for c in DIM_CONFIGS]
-        chosen = dict(DIM_CONFIGS[0])
+        chosen, given = dict(DIM_CONFIGS[0]), set()
         for item in filter(None, (p.strip() for p in self.dims.split(","))):
             name, sep, value = item.partition("=")
             name = name.strip()
@@ -148,6 +149,9 @@ class Settings:
                                  f"known dims: {', '.join(chosen)}")
             if not sep or not value.strip().isdigit() or int(value) < 1:
                 raise UsageError(f"--dims: {item!r} must be NAME=POSITIVE_INTEGER, e.g. --dims N=7,D=3")
+            if name in given:
+                raise UsageError(f"--dims: {name} is given twice ({self.dims!r})")
+            given.add(name)
             chosen[name] = int(value)
         return [chosen]
 

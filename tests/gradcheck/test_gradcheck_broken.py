@@ -222,7 +222,10 @@ def test_bad_returns_and_bad_settings_are_one_line_errors_not_crashes(cli, tmp_p
     assert "internal error" not in r.out + r.err
     for args, text in ((["--eps", "1e-17"], "θ ± eps rounds back to θ"),
                        (["--eps", "1e-17", "--mode", "fast"], "θ ± eps rounds back to θ"),
-                       (["--seed", "-1"], "--seed must be at least 0, got -1")):
+                       (["--seed", "-1"], "--seed must be at least 0, got -1"),
+                       # (a negative --max-exhaustive ran as 0; a repeated dim kept its last value)
+                       (["--max-exhaustive", "-5"], "--max-exhaustive must be at least 0, got -5"),
+                       (["--dims", "N=3,N=4"], "--dims: N is given twice")):
         r = cli("gradcheck", "Linear", *args)
         assert r.code == 2 and text in r.err and "Traceback" not in r.err, (args, r.out, r.err)
 
