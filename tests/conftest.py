@@ -40,6 +40,19 @@ def _threads_per_worker() -> None:
 
 _threads_per_worker()
 
+
+def _foreground_signals() -> None:
+    """The suite sends itself SIGINT and SIGTERM (training stops at a batch boundary). A shell's
+    background job starts with SIGINT ignored, and dlrun leaves an ignored signal ignored (as under
+    nohup): the tests would find nothing to catch. The test process takes the foreground's."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+_foreground_signals()
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 

@@ -53,7 +53,10 @@ def load_plugin(path: str | Path) -> None:
         raise PluginError(f"{p}{_line(e, p)}: {e.message}") from None
     except (Exception, SystemExit) as e:  # the plugin's own code failed (or exited): say where, in one line
         _forget(name, origin)
-        raise PluginError(f"{p}{_line(e, p)}: plugin {_raised(e)}") from None
+        moved = ("; dlrun's own modules may move between releases: import what a plugin needs from dlrun.api "
+                 "(Layer, layers, PositiveInt, ...)" if isinstance(e, ModuleNotFoundError)
+                 and (e.name or "").startswith("dlrun.") else "")
+        raise PluginError(f"{p}{_line(e, p)}: plugin {_raised(e)}{moved}") from None
     finally:
         registry._loading_origin = None
     _loaded[key] = name

@@ -122,3 +122,10 @@ def test_an_entry_point_plugin_that_raises_is_named_like_a_plugin_file(cli, tmp_
     r = cli("check", cfg, env={"PYTHONPATH": f"{ROOT}{os.pathsep}{site}"}, process=True)
     assert r.code == 1 and "internal error" not in r.err, r.err
     assert "the optimizer 'TypoSGD': _update raised AttributeError: 'TypoSGD' object has no attribute 'lr' (typoplug.py:16)" in r.err
+
+
+def test_a_plugin_importing_a_module_dlrun_no_longer_has_is_pointed_at_dlrun_api(cli, tmp_path):
+    plugin = write(tmp_path / "old.py", "from dlrun.options import PositiveInt\n")
+    r = cli("list", "layers", "--plugin", plugin)
+    assert r.code == 2 and "old.py:1: plugin raised ModuleNotFoundError" in r.err, r.err
+    assert "import what a plugin needs from dlrun.api" in r.err and len(r.err.splitlines()) == 1, r.err
