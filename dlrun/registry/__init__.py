@@ -109,10 +109,10 @@ class Registry:
             raise ConfigError(f"expected {self.article} {self.kind} name, got {name!r}", where)
         if name not in self._entries:
             valid = ", ".join(self.names())
-            e = ConfigError(
-                f"unknown {self.kind} {name!r}{did_you_mean(name, self._entries)}; valid {self.plural}: {valid}",
-                where,
-            )
+            close = did_you_mean(name, self._entries)
+            # no built-in comes close: most likely a plugin's, from a file not named
+            yours = "" if close else f" (a {self.kind} of your own? name its file with --plugin FILE.py or the config's plugins:)"
+            e = ConfigError(f"unknown {self.kind} {name!r}{close}{yours}; valid {self.plural}: {valid}", where)
             e.unknown_name = name  # a config whose plugin failed to load drops these (see config.py)
             raise e
         return self._entries[name]

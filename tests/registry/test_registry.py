@@ -111,3 +111,12 @@ def test_list_option_types_read_as_plurals():
 def test_repr_shows_options_as_the_component_received_them():
     layer = registry.layers.build({"type": "Linear", "units": 8.0})  # YAML's 8.0 is a whole number
     assert layer.units == 8 and repr(layer).startswith("Linear(units=8") and "8.0" not in repr(layer)
+
+
+def test_an_unknown_name_nothing_resembles_suggests_naming_the_plugin_file():
+    with pytest.raises(ConfigError) as e:
+        registry.layers.get("Scale")
+    assert "unknown layer 'Scale' (a layer of your own? name its file with --plugin FILE.py" in e.value.message
+    with pytest.raises(ConfigError) as e:  # a near miss gets the did-you-mean alone
+        registry.layers.get("Relu")
+    assert "did you mean ReLU?" in e.value.message and "of your own" not in e.value.message
