@@ -162,7 +162,9 @@ class Trainer:
         tracked = bool(self.tracker.metrics)
         fast = False
         epoch = done = 0
-        in_batches = False  # between the guard's mark and the epoch's end: its state may be half-updated
+        # from the guard's mark until the epoch is recorded (its validation and callbacks done): code
+        # that raises in between leaves a state that no checkpoint and metrics row describe together
+        in_batches = False
         try:
             while self.epoch < epochs:
                 epoch, done = self.epoch + 1, 0
@@ -210,7 +212,7 @@ class Trainer:
                                            first)
                     self.position = guard.position  # the state kept: where the epoch started or resumed
                     raise error
-                self.epoch, in_batches = epoch, False
+                self.epoch = epoch
                 m = self._evaluate_device(*val, penalty=penalty) if val is not None else _NO_VALIDATION
                 row = {"epoch": epoch, "train_loss": train_loss,
                        "train_accuracy": float(correct) / used if self.classification else None,
@@ -224,6 +226,7 @@ class Trainer:
                 stop = False
                 for cb in callbacks:
                     stop = bool(cb.on_epoch_end(epoch, row)) or stop
+                in_batches = False
                 if stop:
                     break
         except Interrupted as e:
@@ -233,9 +236,10 @@ class Trainer:
                                                          int(correct), time.perf_counter() - t0,
                                                          *self.tracker.position(self._sums)))
             raise
-        except BaseException as e:  # code raised inside a batch: back to where the epoch started (or resumed)
+        except BaseException as e:  # code raised inside an epoch: back to where it started (or resumed)
             if in_batches and not isinstance(e, NonFiniteError):  # (the replay has put its state back)
                 self.position = guard.restore(rewind_shuffle=True)
+                self.epoch = epoch - 1  # (raised in its validation or callbacks: the epoch is not recorded)
             raise
         finally:
             if fast:

@@ -273,3 +273,50 @@ def test_evaluate_takes_a_data_spec_too_long_to_be_a_file_name(tmp_path):
     done = train(spiral_config(tmp_path, epochs=1), tmp_path / "runs")
     r = run_cli("evaluate", done, "--data", "{type: spiral, seed: 7" + " " * 300 + "}")
     assert r.code == 0 and "accuracy" in r.out, r.err
+
+
+EVAL_EXIT = '''\
+import sys
+
+from dlrun.api import Layer, layers
+
+
+@layers.register()
+class EvalExit(Layer):
+    """y = x; its evaluation-mode forward ends the process on call ``at`` (validation)."""
+
+    def __init__(self, at: int = 0):
+        super().__init__()
+        self.at, self.evals = at, 0
+
+    def forward(self, x):
+        if not self.training:
+            self.evals += 1
+            if self.evals == self.at:
+                sys.exit(3)
+        return x
+
+    def backward(self, dy):
+        return dy
+'''
+
+
+def test_code_that_exits_in_validation_leaves_no_epoch_without_its_metrics_row(tmp_path):
+    """sys.exit in epoch 2's validation: the checkpoint said 2 epochs were done, metrics.csv had
+    one row, and the resumed run never recorded epoch 2. The epoch is now undone, as one that
+    raised in a batch, and the resumed run equals a straight one."""
+    plugin = write(tmp_path / "evalexit.py", EVAL_EXIT)
+    text = ("seed: 0\ndata: {type: spiral, points_per_class: 20}\n"
+            "model: [{type: Linear, units: 3}, {type: EvalExit, at: AT}]\nloss: SoftmaxCrossEntropy\n"
+            "optimizer: {type: SGD, momentum: 0.9}\ntrain: {epochs: 4, batch_size: 10, validation_split: 0.25}\n")
+    straight = train(write(tmp_path / "s.yaml", text.replace("AT", "0")), tmp_path / "a", "--plugin", plugin)
+    r = run_cli("train", write(tmp_path / "c.yaml", text.replace("AT", "3")), "--runs-dir", tmp_path / "b",
+                "--plugin", plugin)  # 2 validation batches an epoch: call 3 is epoch 2's
+    assert r.code == 1 and "forward called sys.exit(3)" in r.err and "checkpoint (epoch 1)" in r.err, r.err
+    (done,) = (tmp_path / "b").iterdir()
+    assert checkpoint.read(done / "checkpoints" / "last.npz").meta["epoch"] == 1 and len(metrics_rows(done)) == 1
+    r = run_cli("train", "--resume", done, "--plugin", plugin, "--set", "model[1].at=0")
+    assert r.code == 0, r.err
+    assert [row["epoch"] for row in metrics_rows(done)] == ["1", "2", "3", "4"]
+    a, b = (checkpoint.read(d / "checkpoints" / "last.npz").model for d in (straight, done))
+    assert all((a[k] == b[k]).all() for k in a)
