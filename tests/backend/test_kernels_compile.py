@@ -4,7 +4,8 @@ CuPy builds an ElementwiseKernel's CUDA source from its parameters and the argum
 the call, then compiles it with NVRTC on first use. Here the same source comes from CuPy's own
 code generator, for float32 and float64 and for the argument kinds the kernels are called
 with (host scalars or device arrays; raw arrays of 1 or 4 dimensions, contiguous or not), and
-NVRTC compiles it for sm_90 (Hopper) and sm_60 (Pascal, where double atomicAdd is emulated).
+NVRTC compiles it for the oldest and the newest architecture the installed NVRTC supports (it
+says which: CUDA 12 goes back to sm_50, CUDA 13 to sm_75, Turing).
 A typo or a type error in a kernel then fails here on a CPU-only machine, not on a user's GPU.
 
 Needs CuPy and NVRTC (``pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12``), not a CUDA device;
@@ -28,6 +29,7 @@ try:
     from cupy.cuda import nvrtc
 
     NVRTC = nvrtc.getVersion()
+    ARCHS = sorted(nvrtc.getSupportedArchs())
 except Exception as e:  # the NVRTC library is not installed or does not load
     pytest.skip(f"NVRTC is not available ({type(e).__name__}: {e})", allow_module_level=True)
 try:
@@ -47,7 +49,8 @@ import_all_modules()
 FLOATS = (np.float32, np.float64)
 OTHERS = (np.int32, np.int64, np.uint8, np.float32, np.float64)  # labels (Y), indices (X)
 # (non-raw inputs as, non-raw ndim, raw ndim, contiguous, 32-bit indexing, arch)
-VARIANTS = (("arrays", 1, 1, True, True, "compute_90"), ("scalars", 2, 4, False, False, "compute_60"))
+OLDEST, NEWEST = f"compute_{ARCHS[0]}", f"compute_{ARCHS[-1]}"
+VARIANTS = (("arrays", 1, 1, True, True, NEWEST), ("scalars", 2, 4, False, False, OLDEST))
 
 
 def kernel_source(in_params, out_params, operation, name, types, variant):
@@ -112,10 +115,10 @@ def test_every_declared_kernel_compiles_for_both_floats_and_every_argument_kind(
 def test_the_check_fails_on_a_broken_kernel():
     source = kernel_source("T x", "T y", "y = x * undeclared;", "dlrun_broken", {"T": np.float32}, VARIANTS[0])
     with pytest.raises(AssertionError, match='identifier "undeclared" is undefined'):
-        nvrtc_compile(source, "dlrun_broken", "compute_90")
+        nvrtc_compile(source, "dlrun_broken", NEWEST)
     bad_type = kernel_source("T x", "T y", "y = min(x, 1LL);", "dlrun_bad_type", {"T": np.float32}, VARIANTS[0])
     with pytest.raises(AssertionError, match="dlrun_bad_type"):
-        nvrtc_compile(bad_type, "dlrun_bad_type", "compute_90")
+        nvrtc_compile(bad_type, "dlrun_bad_type", NEWEST)
 
 
 def test_every_kernel_in_the_source_is_declared_through_backend_kernel():
