@@ -64,16 +64,22 @@ class Emulated:
                 outs.append(np.empty(shape, types[t] if len(t) == 1 else t))
             elif not raw and outs[k].shape != shape:
                 raise ValueError(f"{name}: output {p} has shape {outs[k].shape}, the kernel's is {shape}")
+        # the arrays' own class (tests/device_emulation.py's device arrays) for what it returns;
+        # plain ndarray views of them for the body, which is the kernel, not host code
+        kind = next((type(a) for a in args if isinstance(a, np.ndarray)), np.ndarray)
+        outs = [o.view(kind) for o in outs]
         v = SimpleNamespace(i=np.arange(math.prod(shape)).reshape(shape))
         for (raw, t, p), a in zip(self.ins, args[:n_in]):
             dt = np.dtype(types.get(t, t) if len(t) == 1 else t)
             if not isinstance(a, np.ndarray):
                 a = dt.type(a)  # a host scalar, cast to its parameter's type
             elif not raw:
-                a = np.broadcast_to(a, shape)
+                a = np.broadcast_to(a.view(np.ndarray), shape)
+            else:
+                a = a.view(np.ndarray)
             setattr(v, p, a)
         for (_, _, p), a in zip(self.outs, outs):
-            setattr(v, p, a)
+            setattr(v, p, a.view(np.ndarray))
         self.calls[name] += 1
         self.body(v)
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -232,12 +238,13 @@ EMULATORS = {
 
 @contextmanager
 def emulate(monkeypatch):
-    """Within it, every Kernel runs its numpy emulator on numpy arrays; yields the call counts."""
+    """Within it, every Kernel runs its numpy emulator on numpy arrays (and on those of
+    tests/device_emulation.py's stand-in for CuPy); yields the call counts."""
     calls: Counter = Counter()
     real_on = Kernel.on
 
     def on(self, xp):
-        if xp is np:
+        if xp is np or getattr(xp, "__name__", "") == "cupy_emulated":
             return Emulated(self, EMULATORS[self.name], calls)
         return real_on(self, xp)
 

@@ -127,7 +127,12 @@ class _FromConfusion(Metric):
 
     def update(self, sums, z, y, loss):
         c = self.classes
-        sums += array_module(z).bincount(y * c + predicted(loss, z).reshape(-1), minlength=c * c)
+        cells = y * c + predicted(loss, z).reshape(-1)
+        xp = array_module(z)
+        if xp is np:
+            sums += np.bincount(cells, minlength=c * c)
+        else:  # CuPy's bincount reads max(cells) back to size its output: the step would wait for the GPU
+            xp.add.at(sums, cells, 1.0)
 
     def result(self, sums):
         cm = sums.reshape(self.classes, self.classes)
