@@ -6,11 +6,13 @@ seed-000 bug: ``range(X.shape[1])`` for N samples) cannot hide behind equal size
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import registry
+from ..backend import ensure_fits
 from ..errors import ConfigError
 from ..registry.options import component_registry
 
@@ -192,6 +194,13 @@ def redraw_params(layer, rng, device) -> None:
 def draw_point(spec, dims, shape, out_shape, n, layer, settings, rng) -> Point:
     """A random point of the layer's input kind (and labels when it takes them) for a batch of n."""
     high = index_high(spec, dims, layer) if spec.kind == "index" else None
+    # the float64 draw, x in the checked dtype, its perturbed copy and gradient; the output, its
+    # gradient and the perturbed outputs: refused before anything is allocated (Linux would grant
+    # the arrays and kill the process when they are touched)
+    item = np.dtype(settings.np_dtype).itemsize
+    values = float(n) * math.prod(shape)
+    ensure_fits(values * (8 + 3 * item) + float(n) * math.prod(out_shape) * 4 * item,
+                f"{type(layer).__name__}'s check with x of shape {(n, *shape)} in {np.dtype(settings.np_dtype).name}")
     x = draw_x(spec, (n, *shape), high, settings.np_dtype, rng)
     y = None
     if layer.needs_labels:

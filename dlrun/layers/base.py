@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..backend import CPU, Backend, format_bytes, host_memory_available
+from ..backend import CPU, Backend, ensure_fits
 from ..backend.buffers import BufferPool
 from ..errors import ConfigError, DlrunError, ShapeError
 from ..registry import initializers, layers
@@ -268,8 +268,5 @@ def _fits_in_memory(name: str, shape: tuple, dtype: np.dtype, drawn: bool) -> No
     initializer's float64 draw, its copy in ``dtype``, the parameter and its gradient. Linux
     would otherwise grant the arrays and kill the process (no message, exit 137) on first touch."""
     n = int(np.prod(shape, dtype=np.float64))
-    need = n * ((8 if drawn else 0) + 3 * dtype.itemsize)
-    free = host_memory_available()
-    if free is not None and need > free:
-        raise MemoryError(f"parameter {name!r} of shape {shape} needs {format_bytes(need)} while it is made "
-                          f"({n:,} values), more than the {format_bytes(free)} of memory available")
+    ensure_fits(n * ((8 if drawn else 0) + 3 * dtype.itemsize),
+                f"parameter {name!r} of shape {shape} ({n:,} values) while it is made")

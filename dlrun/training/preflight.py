@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import format_bytes, host_memory_available, to_host
+from ..backend import format_bytes, to_host
 from ..data import Dataset, check_indices
 from ..errors import ConfigError, DataError
 from ..losses import Loss
@@ -60,20 +60,21 @@ def check_model_indices(ds: Dataset, model: Sequential) -> None:
 
 def check_batch_memory(model: Sequential, batch: int, where=None) -> None:
     """ConfigError (at ``where``: train.batch_size) when one batch's activations cannot fit in the
-    host memory available. A training step holds each layer's output and the gradient it passes
-    back (fast mode keeps one buffer for each), so 2 × batch × Σ outputs × itemsize is a lower
-    bound of its peak; caches come on top (measured peaks: 2–3 times the bound). Over it, Linux
-    would grant the arrays and kill the process, with no message, when they are written. On the
-    GPU activations live in device memory, whose allocator refuses with an error instead."""
-    free = host_memory_available() if model.backend.name == "cpu" else None
+    memory the model's device has left. A training step holds each layer's output and the
+    gradient it passes back (fast mode keeps one buffer for each), so 2 × batch × Σ outputs ×
+    itemsize is a lower bound of its peak; caches come on top (measured peaks: 2–3 times the
+    bound). Over it, Linux would grant the arrays and kill the process, with no message, when
+    they are written; CuPy would fail in the middle of the first step."""
+    free = model.backend.memory_available()
     if free is None:
         return
     per_sample = 2 * sum(int(np.prod(s, dtype=np.float64)) for s in model.shapes) * model.dtype.itemsize
     if batch * per_sample > free:
         fits = int(free // per_sample)
+        kind = "memory" if model.backend.name == "cpu" else "GPU memory"
         raise ConfigError(f"a batch of {batch} needs at least {format_bytes(batch * per_sample)} for the layers' "
                           f"outputs and their gradients ({format_bytes(per_sample)} a sample), more than the "
-                          f"{format_bytes(free)} of memory available; "
+                          f"{format_bytes(free)} of {kind} available; "
                           + (f"make train.batch_size at most {fits}" if fits else "make the model's layers smaller"),
                           where)
 

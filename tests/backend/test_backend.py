@@ -129,3 +129,41 @@ def test_seed_rng_drops_the_generator_and_a_given_generator_is_kept():
     own = np.random.default_rng(5)
     layer.rng = own
     assert layer.rng is own and layer.rng_made is own
+
+
+def test_memory_available_is_the_least_of_the_os_the_cgroup_and_ulimit_v(monkeypatch):
+    import dlrun.backend as b
+
+    monkeypatch.setattr(b, "_os_available", lambda: 20 * 2**30)
+    monkeypatch.setattr(b, "_cgroup_available", lambda: None)
+    monkeypatch.setattr(b, "_rlimit_available", lambda: None)
+    assert b.host_memory_available() == 20 * 2**30 == CPU.memory_available()
+    monkeypatch.setattr(b, "_cgroup_available", lambda: 4 * 2**30)  # a container's limit
+    assert b.host_memory_available() == 4 * 2**30
+    monkeypatch.setattr(b, "_rlimit_available", lambda: 2**30)  # ulimit -v
+    assert b.host_memory_available() == 2**30
+    for f in ("_os_available", "_cgroup_available", "_rlimit_available"):
+        monkeypatch.setattr(b, f, lambda: None)
+    assert b.host_memory_available() is None
+    b.ensure_fits(10**18, "anything")  # nothing says: nothing refused
+
+
+def test_an_address_space_limit_counts_as_the_memory_left():
+    import subprocess
+    import sys
+
+    code = ("import resource, dlrun.backend as b; resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30)); "
+            "print(b._rlimit_available(), b.host_memory_available())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    left, available = int(out[0]), int(out[1])
+    assert 0 < left < 3 * 2**30 and available <= left
+
+
+def test_ensure_fits_names_the_figures(monkeypatch):
+    import dlrun.backend as b
+
+    monkeypatch.setattr(b, "host_memory_available", lambda: 2**30)
+    b.ensure_fits(2**30, "exactly what is left")
+    with pytest.raises(MemoryError) as e:
+        b.ensure_fits(4e12, "x of shape (10, 10) in float64")
+    assert str(e.value) == "x of shape (10, 10) in float64 needs about 3.6 TiB, more than the 1.0 GiB of memory available"

@@ -276,30 +276,30 @@ def test_files_of_the_wrong_kind_are_named_for_what_they_are(tmp_path):
 def test_a_parameter_larger_than_memory_is_refused_before_the_os_kills_the_process(monkeypatch):
     # Linux grants a 15 GiB numpy array and kills the process (exit 137, no message) on first
     # touch; so add_param compares what making a parameter needs with the memory available
-    import dlrun.layers.base as base
+    import dlrun.backend
     from dlrun.config import load_config
     from dlrun.errors import ShapeError
     from dlrun.runs.assembly import build_model
 
-    monkeypatch.setattr(base, "host_memory_available", lambda: 64 * 2**20)  # 64 MiB left
+    monkeypatch.setattr(dlrun.backend, "host_memory_available", lambda: 64 * 2**20)  # 64 MiB left
     cfg = load_config("configs/spiral.yaml", ["model[0].units=4000000"])  # 8e6 weights: 160 MB to make
     with pytest.raises(ShapeError) as e:
         build_model(cfg, (2,))
     assert e.value.exit_code == 2 and str(e.value.where).endswith("spiral.yaml:10: model[0]")
     assert e.value.message == ("Linear cannot take input of shape (2,): parameter 'weight' of shape (4000000, 2) "
-                               "needs 152.6 MiB while it is made (8,000,000 values), more than the 64.0 MiB of "
+                               "(8,000,000 values) while it is made needs about 152.6 MiB, more than the 64.0 MiB of "
                                "memory available")
     assert build_model(load_config("configs/spiral.yaml", ["model[0].units=400000"]), (2,))  # 15 MiB: fits
 
 
 def test_a_batch_whose_outputs_cannot_fit_is_refused_with_the_batch_size_that_would(monkeypatch):
     # the same OS kill, from activations: the outputs and their gradients bound a step's peak
-    import dlrun.training.preflight as preflight
+    import dlrun.backend
     from dlrun.runs.assembly import assemble
     from dlrun.config import load_config
     from dlrun.errors import ConfigError
 
-    monkeypatch.setattr(preflight, "host_memory_available", lambda: 2**30)  # 1 GiB left
+    monkeypatch.setattr(dlrun.backend, "host_memory_available", lambda: 2**30)  # 1 GiB left
     cfg = load_config("configs/spiral.yaml", ["model[0].units=400000", "train.batch_size=null"])
     with pytest.raises(ConfigError) as e:  # 2 × (400000 + 400000 + 3) float32 outputs = 6.1 MiB a sample
         assemble(cfg)

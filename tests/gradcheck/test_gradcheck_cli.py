@@ -440,3 +440,28 @@ def test_every_checker_setting_is_an_option_with_its_documented_help(cli):
         assert option.help == documented[f.name] and len(option.help) > 20, f.name
     r = cli("gradcheck", "Linear", "--max-exhaustive", "10", "--json")
     assert r.code == 0 and json.loads(r.out)["result"] == "PASS", r.err
+
+
+def test_dims_too_large_for_the_memory_left_are_refused_with_the_figure_before_allocating(cli, monkeypatch):
+    import dlrun.backend
+
+    monkeypatch.setattr(dlrun.backend, "host_memory_available", lambda: 2**30)  # 1 GiB left, on any machine
+    r = cli("gradcheck", "Linear", "--dims", "N=10000000")
+    assert r.code == 2 and "Traceback" not in r.err
+    assert ("out of memory: Linear's check with x of shape (10000000, 3) in float64 needs about 2.1 GiB, more than "
+            "the 1.0 GiB of memory available") in r.err, r.err
+    assert cli("gradcheck", "Linear", "--dims", "N=1000").code == 0  # 1000 rows fit
+
+
+def test_under_a_real_address_space_limit_gradcheck_refuses_instead_of_being_killed(tmp_path):
+    import resource
+    import subprocess
+    import sys
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
+
+    r = subprocess.run([sys.executable, "-m", "dlrun", "gradcheck", "Linear", "--dims", "N=300000000"],
+                       capture_output=True, text=True, preexec_fn=limit, timeout=120)
+    assert r.returncode == 2 and "needs about 62.6 GiB, more than the" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
