@@ -31,7 +31,7 @@ LEVEL = {wing: i for i, wings in enumerate(LAYERS) for wing in wings}
 # deferred imports that are not there to dodge a cycle: optional or platform-specific modules,
 # and the console script's guard (Ctrl-C while the CLI imports ends with one line)
 DEFERRED = {("backend/__init__.py", "cupy"), ("backend/__init__.py", "cupyx"), ("runs/rundir.py", "fcntl"),
-            ("runs/rundir.py", "msvcrt"), ("console.py", "dlrun.cli"), ("cli/__init__.py", "typer._click.exceptions"),
+            ("runs/rundir.py", "msvcrt"), ("backend/__init__.py", "resource"), ("console.py", "dlrun.cli"), ("cli/__init__.py", "typer._click.exceptions"),
             ("cli/__init__.py", "click.exceptions")}
 
 
