@@ -38,4 +38,8 @@ ROWS: dict[str, dict] = {
     "SimpleRNN": {"return_sequences": True},
     "LSTM": {},
     "GRU": {"return_sequences": True},
+    # attention and sequences
+    "MultiHeadAttention": {"causal": True, "dropout": 0.25},
+    "PositionalEmbedding": {},
+    "SequencePool": {},
 }

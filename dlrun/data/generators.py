@@ -2,8 +2,8 @@
 
 Each returns a :class:`~dlrun.data.Dataset` of float64 features (N, D) and int64 labels (N,)
 for classification, or float64 targets (N, 1) for regression (``sine``; ``adding``, whose
-features are sequences (N, T, 2)). The same seed gives
-the same data; a validation part is split off by ``train.validation_split`` (stratified).
+features are sequences (N, T, 2)); ``lookup``'s features are token sequences (N, T). The same
+seed gives the same data; a validation part is split off by ``train.validation_split`` (stratified).
 """
 from __future__ import annotations
 
@@ -163,3 +163,31 @@ def adding(samples: PositiveInt = 2000, steps: AtLeastTwo = 20, seed: NonNegativ
     x = np.stack([values, marks], axis=2)
     y = (values[rows, first] + values[rows, second])[:, None]
     return Dataset(x, y, name="adding")
+
+
+@data.register("lookup")
+def lookup(samples: PositiveInt = 3000, length: Annotated[int, Range(min=3)] = 8, vocabulary: AtLeastTwo = 10,
+           seed: NonNegativeInt = 0) -> Dataset:
+    """Find the token a pointer names: the first token p is a position, the label is the token at p.
+
+    Each sample is a sequence of ``length`` integer tokens: x[0] = p ~ U{1, …, length − 1}, and
+    x[1:] ~ U{0, …, vocabulary − 1}; the label is y = x[p], one of ``vocabulary`` classes. The
+    answer depends on where each token stands, not only on which tokens occur: a model that
+    pools the tokens' embeddings before it looks at them (a bag of embeddings) cannot tell the
+    pointer from the other tokens, nor which token stands at p, while attention with learned
+    positions can look p up.
+
+    Features have shape (N, length), token indices in [0, max(vocabulary, length)) held as
+    whole-number floats: start the model with an Embedding of that ``input_dim``. Labels (N,).
+
+    Args:
+        samples: number of sequences.
+        length: tokens per sequence, the pointer included (at least 3).
+        vocabulary: number of distinct tokens after the pointer, and of classes.
+        seed: seed of the tokens and the pointers.
+    """
+    rng = seeding.data_stream(seed)
+    x = rng.integers(0, vocabulary, (samples, length))
+    x[:, 0] = rng.integers(1, length, samples)
+    y = x[np.arange(samples), x[:, 0]].astype(np.int64)
+    return Dataset(x.astype(np.float64), y, name="lookup")

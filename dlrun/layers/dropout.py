@@ -40,22 +40,8 @@ class Dropout(Layer):
         if not self.training or self.rate == 0:
             self._mask = None
             return x
-        if self.rng is None:  # a layer used outside a model: still reproducible
-            self.rng = self.backend.rng(0)
-        xp, shape = self.xp, x.shape
-        # drawn in float32 whatever x's dtype: the same seed gives the same mask in float32 and
-        # float64 (gradcheck differentiates a float64 copy of a float32 model), and half the bits
-        u = self.rng.random(shape, dtype=np.float32, out=self.buffer("u", shape, np.float32))
-        mask = self.output_array("mask", shape, x.dtype)  # kept for backward: 0 or 1/(1 − rate)
-        scale = 1.0 / (1.0 - self.rate)
-        fused = _DROPOUT.on(xp)
-        if fused is not None:  # GPU: one launch for what the CPU does in three passes
-            self._mask = mask
-            return fused(u, x, self.rate, x.dtype.type(scale), mask, self.output_array("y", shape, x.dtype))[1]
-        xp.greater_equal(u, self.rate, out=mask)  # the rate is compared in float32 (a Python float)
-        mask *= scale
-        self._mask = mask
-        return xp.multiply(x, mask, out=self.buffer("y", shape, x.dtype))
+        out, self._mask = drop(self, x, self.rate)
+        return out
 
     def backward(self, dy):
         if self._mask is None:
@@ -64,3 +50,23 @@ class Dropout(Layer):
 
     def __repr__(self) -> str:
         return f"Dropout(rate={self.rate})"
+
+
+def drop(layer: Layer, x, rate: float):
+    """(x ⊙ m/(1 − rate), m/(1 − rate)) with m ~ Bernoulli(1 − rate) drawn from ``layer.rng``:
+    inverted dropout for any layer that drops (Dropout, the attention weights of
+    MultiHeadAttention). The mask is kept by the caller for backward: dx = dy ⊙ mask."""
+    if layer.rng is None:  # a layer used outside a model: still reproducible
+        layer.rng = layer.backend.rng(0)
+    xp, shape = layer.xp, x.shape
+    # drawn in float32 whatever x's dtype: the same seed gives the same mask in float32 and
+    # float64 (gradcheck differentiates a float64 copy of a float32 model), and half the bits
+    u = layer.rng.random(shape, dtype=np.float32, out=layer.buffer("dropout_u", shape, np.float32))
+    mask = layer.output_array("dropout_mask", shape, x.dtype)  # kept for backward: 0 or 1/(1 − rate)
+    scale = 1.0 / (1.0 - rate)
+    fused = _DROPOUT.on(xp)
+    if fused is not None:  # GPU: one launch for what the CPU does in three passes
+        return fused(u, x, rate, x.dtype.type(scale), mask, layer.output_array("dropout_y", shape, x.dtype))[1], mask
+    xp.greater_equal(u, rate, out=mask)  # the rate is compared in float32 (a Python float)
+    mask *= scale
+    return xp.multiply(x, mask, out=layer.buffer("dropout_y", shape, x.dtype)), mask

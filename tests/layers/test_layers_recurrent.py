@@ -134,7 +134,8 @@ def test_a_sequence_given_where_a_vector_is_read_points_at_return_sequences():
            "loss": "MSE", "optimizer": {"type": "Adam", "learning_rate": 0.01}}
     with pytest.raises(ConfigError) as e:
         assemble(config_from_dict(raw))
-    assert ("model[1]: Linear expects (N, features) input; add a Flatten before it, got input of shape (5, 3) per "
+    assert ("model[1]: Linear expects (N, features) input; add a Flatten before it, or set position_wise: true to apply it to "
+            "each step, got input of shape (5, 3) per "
             "sample (model[0] gives every step, return_sequences: true; set it to false for the last state)") in str(e.value)
 
 
