@@ -57,6 +57,8 @@ LAYER_CASES = {
                 ["dlrun_dropout"]),
     "Embedding": ({"type": "Embedding", "input_dim": 10, "output_dim": 4}, (5,),
                   lambda n, rng, dt: rng.integers(0, 10, (n, 5)).astype(dt), ["dlrun_embedding"]),
+    "MultiHeadAttention": ({"type": "MultiHeadAttention", "heads": 2, "causal": True, "dropout": 0.3}, (5, 4),
+                           lambda n, rng, dt: rng.standard_normal((n, 5, 4)).astype(dt), ["dlrun_dropout"]),
 }
 
 
@@ -79,7 +81,7 @@ def test_layer_gpu_path_matches_the_cpu_path(case, dtype, monkeypatch):
             np.testing.assert_allclose(g1[k], g0[k], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("case", ["Dropout", "ReLU", "GELU"])
+@pytest.mark.parametrize("case", ["Dropout", "ReLU", "GELU", "MultiHeadAttention"])
 def test_layer_gpu_path_without_training_buffers_matches_the_cpu_path(case, monkeypatch):
     """Outside the training loop (gradcheck, a plugin's own use) no buffer is given: a kernel
     with two outputs must still be passed both, or CuPy refuses the call."""
