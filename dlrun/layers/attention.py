@@ -19,16 +19,26 @@ from .linear import _init
 class MultiHeadAttention(Layer):
     """y = [A_1 v_1, …, A_h v_h] W_oᵀ + b_o, A_i = softmax(q_i k_iᵀ/√d + M), [q k v] = x W_inᵀ + b_in.
 
-    Self-attention (Vaswani et al. 2017): every position of a sequence is a query, key and value
-    at once. For each sample, x (T × E) is projected to queries, keys and values of h heads of
-    size d; head i's weights A_i (T × T, rows summing to 1) mix its values v_i; the h results
-    are concatenated (T × h·d) and projected back to E. With ``causal``, M_ts = −inf for s > t
-    (position t sees positions 0…t only), else M = 0. The softmax subtracts each row's maximum.
+    Self-attention (Vaswani et al. 2017) over a batch of sequences, batch first: input
+    (N, T, E) -> output (N, T, E), E inferred when the model is built. Every position is a
+    query, a key and a value at once: x (T × E) is projected to queries, keys and values of
+    h heads of size d; head i's weights A_i (T × T, rows summing to 1) mix its values v_i; the
+    h results are concatenated (T × h·d) and projected back to E. The softmax subtracts each
+    row's maximum, so large scores neither overflow nor give NaN.
 
-    Backward, per head, with dO the gradient of A v and A' the weights after dropout:
-    dv = A'ᵀ dO; dA = (dO vᵀ) ⊙ mask; dS = A ⊙ (dA − rowsum(dA ⊙ A)); dq = dS k/√d; dk = dSᵀ q/√d;
-    then the projections' gradients as for Linear. All heads and samples are batched matrix
-    products over (N, h).
+    The mask M: with ``causal``, M_ts = −inf for s > t, so position t attends to positions
+    0…t only (a decoder's mask); otherwise M = 0 and every position sees every other. (PyTorch
+    takes a mask tensor instead, ``attn_mask``, whose True entries are the forbidden ones.)
+
+    Parameters, packed as PyTorch packs them: ``in_weight`` (3·h·d, E) holds the query, key
+    and value projections stacked in that order (PyTorch's ``in_proj_weight``; head i uses
+    rows i·d … (i+1)·d − 1 of each third), ``in_bias`` (3·h·d,), ``out_weight`` (E, h·d) and
+    ``out_bias`` (E,) (``out_proj.weight`` and ``.bias``): weights copy across unchanged.
+
+    Backward, per head, with dO the gradient of A' v (A' the weights after dropout, mask its
+    multiplier): dv = A'ᵀ dO; dA = (dO vᵀ) ⊙ mask; dS = A ⊙ (dA − rowsum(dA ⊙ A));
+    dq = dS k/√d; dk = dSᵀ q/√d; then the projections' gradients as for Linear. All heads and
+    samples are batched matrix products over (N, h).
 
     Args:
         heads: number of heads h.
@@ -46,14 +56,7 @@ class MultiHeadAttention(Layer):
         bias_regularizer: penalty on b_in and b_o (biases are otherwise not regularized).
 
     Shape:
-        input (N, T, E) -> output (N, T, E): batch first; E is inferred when the model is built.
-
-    Attributes:
-        in_weight: (3·h·d, E), the query, key and value projections stacked in that order
-            (PyTorch's ``in_proj_weight``; head i's rows are i·d … (i+1)·d − 1 of each third).
-        in_bias: (3·h·d,) (PyTorch's ``in_proj_bias``).
-        out_weight: (E, h·d) (PyTorch's ``out_proj.weight``).
-        out_bias: (E,) (PyTorch's ``out_proj.bias``).
+        input (N, T, E) -> output (N, T, E).
 
     Example:
         ``- {type: MultiHeadAttention, heads: 4, causal: true, dropout: 0.1}``

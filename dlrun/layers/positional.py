@@ -16,7 +16,8 @@ class PositionalEmbedding(Layer):
     sequence permutes the output the same way. Put this after an ``Embedding`` (BERT's and
     GPT-2's learned positions) so that each step's vector says where it is.
 
-    ∂L/∂P = Σ_n dy[n]; ∂L/∂x = dy.
+    Input (N, T, E) -> output (N, T, E); P has one row per position of the sequences the model
+    is built for (T and E are inferred). ∂L/∂P = Σ_n dy[n]; ∂L/∂x = dy.
 
     Args:
         weight_initializer: initializer for P (default U[-0.05, 0.05], as Embedding's).

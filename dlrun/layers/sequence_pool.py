@@ -12,11 +12,11 @@ from ..errors import ShapeError
 class SequencePool(Layer):
     """y[n] = (1/T) Σ_t x[n, t] (mode mean), x[n, 0] (first) or x[n, T − 1] (last).
 
-    Reduces a sequence (N, T, E) to one vector per sample, (N, E), for a classifier after
-    attention or a recurrent layer with ``return_sequences``. ``mean`` pools every step (Keras'
-    ``GlobalAveragePooling1D``); ``first`` keeps the first step, as BERT classifies from its
-    first ([CLS]) token; ``last`` keeps the last step (after a causal model, the only step that
-    has seen the whole sequence).
+    Reduces a sequence (N, T, E) to one vector per sample, (N, E) (in general (N, T, *F) to
+    (N, *F)), for a classifier after attention or a recurrent layer with ``return_sequences``.
+    ``mean`` pools every step (Keras' ``GlobalAveragePooling1D``); ``first`` keeps the first
+    step, as BERT classifies from its first ([CLS]) token; ``last`` keeps the last step (after
+    a causal model, the only step that has seen the whole sequence).
 
     ∂L/∂x[n, t] = dy[n]/T (mean); dy[n] at the kept step and 0 elsewhere (first, last).
 
