@@ -172,12 +172,12 @@ def test_float32_hints_stay_off_correct_float64_layers():
 
 def test_the_report_shows_the_options_it_built_the_layer_with(cli):
     report = check_layer("Linear")
-    assert [b["layer"] for b in report.built] == ["Linear(units=4, use_bias=True)", "Linear(units=2, use_bias=True)"]
-    assert report.built[0]["options"] == {"units": 4, "use_bias": True}
+    assert [b["layer"] for b in report.built] == ["Linear(units=4, use_bias=True, position_wise=False)", "Linear(units=2, use_bias=True, position_wise=False)"]
+    assert report.built[0]["options"] == {"units": 4, "use_bias": True, "position_wise": False}
     r = cli("gradcheck", "Linear", "--dims", "C=7")
-    assert r.out.splitlines()[0] == "gradcheck Linear(units=7, use_bias=True)", r.out
+    assert r.out.splitlines()[0] == "gradcheck Linear(units=7, use_bias=True, position_wise=False)", r.out
     d = json.loads(cli("gradcheck", "Linear", "--dims", "C=7", "--set", "use_bias=false", "--json").out)
-    assert d["built"] == [{"layer": "Linear(units=7, use_bias=False)", "options": {"units": 7, "use_bias": False}}]
+    assert d["built"] == [{"layer": "Linear(units=7, use_bias=False, position_wise=False)", "options": {"units": 7, "use_bias": False, "position_wise": False}}]
     assert check_layer("LargeMarginFC", {"k": 0.3}).built[0]["layer"] == "LargeMarginFC(units=4, k=0.3)"
 
 
@@ -186,9 +186,9 @@ def test_a_square_weight_is_forced_by_setting_an_option_to_a_dim(cli):
     square gradient then runs and is named in both; 'D' was refused as not a positive integer."""
     with registered(AssignsTransposedGrad) as name:
         report = check_layer(name, {"units": "D"})
-    assert [b["layer"] for b in report.built] == [f"{name}(units=3, use_bias=True)", f"{name}(units=5, use_bias=True)"]
+    assert [b["layer"] for b in report.built] == [f"{name}(units=3, use_bias=True, position_wise=False)", f"{name}(units=5, use_bias=True, position_wise=False)"]
     weight = _tensor(report, "weight")
     assert weight.shapes == [[3, 3], [5, 5]] and report.error is None, (weight.shapes, report.error)
     assert any("is the transpose of the finite differences" in n for n in weight.notes), weight.notes
     r = cli("gradcheck", "Linear", "--set", "units=D", "--dims", "D=6")
-    assert r.code == 0 and r.out.splitlines()[0] == "gradcheck Linear(units=6, use_bias=True)", r.out
+    assert r.code == 0 and r.out.splitlines()[0] == "gradcheck Linear(units=6, use_bias=True, position_wise=False)", r.out
