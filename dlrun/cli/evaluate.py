@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..runs import inference
@@ -49,8 +50,9 @@ def evaluate_cmd(
     t = Table(title="per class", title_justify="left")
     for col in ("class", "precision", "recall", "f1", "support"):
         t.add_column(col, justify="right")
+    names = result.classes or [str(k) for k in range(len(result.confusion))]
     for k, (p, r, f, s) in enumerate(zip(result.precision, result.recall, result.f1, result.support)):
-        t.add_row(str(k), f"{p:.4f}", f"{r:.4f}", f"{f:.4f}", str(s))
+        t.add_row(escape(names[k]), f"{p:.4f}", f"{r:.4f}", f"{f:.4f}", str(s))
     t.add_section()
     for kind in ("macro", "weighted"):
         avg = getattr(result, kind)
@@ -60,7 +62,7 @@ def evaluate_cmd(
     cm = Table(title="confusion matrix (rows true, columns predicted)", title_justify="left")
     cm.add_column("true \\ pred", justify="right")
     for k in range(len(result.confusion)):
-        cm.add_column(str(k), justify="right")
+        cm.add_column(escape(names[k]), justify="right")
     for k, row in enumerate(result.confusion):
-        cm.add_row(str(k), *map(str, row))
+        cm.add_row(escape(names[k]), *map(str, row))
     out.print(cm)

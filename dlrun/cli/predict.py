@@ -20,14 +20,15 @@ def predict_cmd(
     target: Path = TARGET,
     input: Path = typer.Option(..., "--input", "-i", help="Features: CSV (header optional) or .npy, one sample per row."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the CSV here instead of stdout."),
-    proba: bool = typer.Option(False, "--proba", help="Add one probability column per class (proba_0, proba_1, ...)."),
+    proba: bool = typer.Option(False, "--proba", help="Add one probability column per class (proba_0, proba_1, ..., or proba_NAME for named classes)."),
     batch_size: Optional[int] = BATCH_SIZE,
     device: Optional[str] = DEVICE,
     plugin: list[str] = PLUGIN,
 ) -> None:
-    """Write a CSV with a header and one row per input: `prediction` (class index or value)."""
+    """Write a CSV with a header and one row per input: `prediction` (class name or index, or value)."""
     restored = open_trained(target, device, plugin)
-    x = inference.read_features(input, restored.model.input_shape, restored.model.dtype, restored.model)
+    x = inference.read_features(input, restored.model.input_shape, restored.model.dtype, restored.model,
+                                restored.preprocess, restored.delimiter)
     table = inference.predictions(restored, x, proba, batch_size)
     if output is None:
         inference.write_csv(table, sys.stdout)

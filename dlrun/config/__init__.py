@@ -21,6 +21,7 @@ from ..registry.options import FilePath, NonNegativeInt, OptionError, _got, chec
 from ..metrics import monitor
 from ..registry.plugins import load_plugins, loaded
 from .settings import TrainSettings
+from ..data.preprocess import Settings
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Config:
     train: TrainSettings
     # how a stratified split rounds the classes' shares (data.split): a checkpoint records it
     split_shares: str = "whole"
+    preprocess: Settings | None = None  # data.preprocess (data.load_data fits it on the training split)
 
     def locate(self, path: str) -> Location:
         return self.source.locate(path)
@@ -138,11 +140,13 @@ def _check_fields(cls, given: dict, path: str, locate) -> tuple[Any, list]:
     return cls(**kwargs), errors
 
 
-def validate(raw: Any, source: Source, base_dir: Path | None = None, run_plugins: bool = True) -> Config:
+def validate(raw: Any, source: Source, base_dir: Path | None = None, run_plugins: bool = True,
+             from_checkpoint: bool = False) -> Config:
     """Check a parsed config; raise every problem at once (ConfigErrors).
 
     ``run_plugins``: load the files its ``plugins:`` list names. False for a config recorded in a
-    checkpoint, which never runs code: each file must already have been loaded (``--plugin``)."""
+    checkpoint, which never runs code: each file must already have been loaded (``--plugin``).
+    ``from_checkpoint``: a checkpoint's config, which may keep data options that preprocessing replaced."""
     locate = source.locate
     if not isinstance(raw, dict):
         raise ConfigError(f"expected a mapping with keys such as model, data, loss, optimizer; got {type(raw).__name__}", locate(""))
@@ -200,16 +204,27 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None, run_plugins
             # absolute, so the recorded config reads the same file from any directory (evaluate, --resume)
             raw["data"][key] = str(p if p.is_absolute() else os.path.abspath(base_dir / p))
 
-    def component(reg, key):
+    def component(reg, key, source_only=False):
         if raw.get(key) is None:
             return None
+        spec = raw[key]
+        if source_only and isinstance(spec, dict):  # data: the generator's options, without preprocess
+            spec = {k: v for k, v in spec.items() if k != "preprocess"}
         try:
-            reg.build(raw[key], key, locate) if reg is not registry.data else reg.check(raw[key], key, locate)
+            reg.build(spec, key, locate) if reg is not registry.data else reg.check(spec, key, locate)
         except DlrunError as e:
             errors.append(e)
-        return raw[key]
+        if spec is not raw[key]:
+            raw[key].update(spec)  # (numbers as recorded)
+        return spec
 
-    data = component(registry.data, "data")
+    preprocess = None
+    if isinstance(raw.get("data"), dict) and "preprocess" in raw["data"]:
+        given = raw["data"]["preprocess"]
+        preprocess, errs = _check_fields(Settings, {} if given is None else given, "data.preprocess", locate)
+        errors.extend(errs)
+    errors.extend(_legacy_data_options(raw.get("data"), from_checkpoint, locate))
+    data = component(registry.data, "data", source_only=True)
     loss = component(registry.losses, "loss")
     optimizer = component(registry.optimizers, "optimizer")
     regularizer = component(registry.regularizers, "regularizer")
@@ -246,7 +261,24 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None, run_plugins
             names = ", ".join(dict.fromkeys(e.unknown_name for e in unknown))
             plugin_failed.message += f" (so these names were not checked: {names})"
     collect(errors)
-    return Config(raw, source, name, seed, device, dtype, plugins, data, model, loss, optimizer, regularizer, train)
+    return Config(raw, source, name, seed, device, dtype, plugins, data, model, loss, optimizer, regularizer, train,
+                  preprocess=preprocess)
+
+
+# data generator options that preprocessing replaced: a config spells them the new way; a run
+# recorded before keeps them (and its meaning) in its checkpoint's config
+LEGACY_DATA_OPTIONS = {
+    ("iris", "standardize"): "preprocess: {numeric: standardize} (fitted on the training split and saved with "
+                             "the model, so predict and evaluate take raw measurements)",
+}
+
+
+def _legacy_data_options(spec, from_checkpoint: bool, locate) -> list[DlrunError]:
+    """A ConfigError for each replaced data option a config (not a checkpoint's) sets to true."""
+    if from_checkpoint or not isinstance(spec, dict):
+        return []
+    return [ConfigError(f"replaced by {new}", locate(f"data.{key}"))
+            for (kind, key), new in LEGACY_DATA_OPTIONS.items() if spec.get("type") == kind and spec.get(key) is True]
 
 
 def load_config(path: str | Path, overrides: list[str] = (), seed: int | None = None,
@@ -263,26 +295,26 @@ def load_config(path: str | Path, overrides: list[str] = (), seed: int | None = 
 
 
 def config_from_dict(raw: dict, name: str = "run", overrides: list[str] = (), device: str | None = None,
-                     origin: str | None = None, run_plugins: bool = True) -> Config:
+                     origin: str | None = None, run_plugins: bool = True, from_checkpoint: bool = False) -> Config:
     """Validate an already-parsed config (a checkpoint's recorded config, or one built in Python).
 
     ``overrides`` are ``--set`` items and ``device`` the ``--device`` flag, applied first;
     ``origin`` names where the dict came from in error messages (a checkpoint file);
     ``run_plugins=False`` (a checkpoint's config) loads no plugin file: those it lists must have
-    been named with ``--plugin``.
+    been named with ``--plugin``; ``from_checkpoint``: the config a checkpoint recorded (see :func:`validate`).
     """
     src = Source(origin, known=set(key_paths(raw)))
     raw = copy.deepcopy(raw)
     named = "name" in raw
     raw.setdefault("name", name)
-    config = _resolve(raw, src, overrides, None, device, None, run_plugins)
+    config = _resolve(raw, src, overrides, None, device, None, run_plugins, from_checkpoint)
     if not named and config.raw.get("name") == name:  # the default names the Config, it is not recorded:
         config.raw.pop("name")  # a checkpoint's config without one (named after its file) stays so in config.yaml
     return config
 
 
 def _resolve(raw: dict, source: Source, overrides, seed: int | None, device: str | None,
-             base_dir: Path | None, run_plugins: bool = True) -> Config:
+             base_dir: Path | None, run_plugins: bool = True, from_checkpoint: bool = False) -> Config:
     """Apply ``--set`` items and the --seed/--device flags, then validate; all problems at once."""
     errors: list[DlrunError] = []
     for item in overrides:
@@ -296,7 +328,7 @@ def _resolve(raw: dict, source: Source, overrides, seed: int | None, device: str
             source.flags[key] = flag
     config = None
     try:
-        config = validate(raw, source, base_dir, run_plugins)
+        config = validate(raw, source, base_dir, run_plugins, from_checkpoint)
     except DlrunError as e:
         errors.append(e)
     collect(errors)  # --set problems and the file's problems, all at once

@@ -14,6 +14,8 @@ import numpy as np
 
 from .. import seeding
 from ..errors import ConfigError, ContractError, DataError
+from .preprocess import Preprocessing, Settings, fit
+from .table import Table, encode_labels
 from ..registry.options import NonNegativeFloat, NonNegativeInt, PositiveInt
 from ..registry import data
 
@@ -32,6 +34,10 @@ class Dataset:
     name_val: str | None = None  # the file of x_val when it is not ``name`` (file's validation_path)
     samples: np.ndarray | None = None  # after a split: each sample's 0-based place in the data as read
     samples_val: np.ndarray | None = None  # ... and each validation sample's
+    columns: list[str] | None = None  # the feature columns' names (a CSV with a header)
+    target: str | None = None  # the label column's name
+    classes: list[str] | None = None  # class names: label k is classes[k]
+    preprocess: Preprocessing | None = None  # fitted on the training split by load_data, applied to x and x_val
 
     def __post_init__(self):  # a (plugin's) data generator that pairs samples and labels wrongly
         for x, y, part in ((self.x, self.y, ""), (self.x_val, self.y_val, "validation ")):
@@ -67,6 +73,8 @@ class Dataset:
     def num_classes(self) -> int | None:
         if self.y.dtype.kind not in "iu":
             return None
+        if self.classes is not None:
+            return len(self.classes)
         ys = [self.y] + ([self.y_val] if self.y_val is not None else [])
         return int(max(int(a.max()) for a in ys if a.size)) + 1
 
@@ -193,10 +201,13 @@ def check_indices(ds: Dataset, layer: str, high: int | None = None) -> None:
                             f"input_dim or check the data")
 
 
-def load_data(config) -> Dataset:
-    """Generate or read a config's data (a :class:`~dlrun.config.Config`) and split off the
-    validation data (seeded, stratified), with errors placed at the config key that caused them."""
+def load_data(config, fitted: Preprocessing | None = None) -> Dataset:
+    """Generate or read a config's data (a :class:`~dlrun.config.Config`), split off the
+    validation data (seeded, stratified) and preprocess both parts (``data.preprocess``, fitted on
+    the training part only, or ``fitted``: a run's own, from its checkpoint), with errors placed
+    at the config key that caused them."""
     split_seed = seeding.split_seed(config.seed, config.train.split_seed)
+    settings = getattr(config, "preprocess", None)
     try:
         ds = config.build("data")
         if not isinstance(ds, Dataset):  # a plugin generator's return
@@ -207,6 +218,9 @@ def load_data(config) -> Dataset:
             raise ConfigError(f"{config.train.validation_split} asks for a split, but {given} already gives the "
                               f"validation samples; set train.validation_split to 0 (or leave it out)",
                               config.locate("train.validation_split"))
+        name_labels(ds, fitted.classes if fitted is not None else None)
+        if fitted is None:  # a missing value is named by its row in the file, before any split
+            refuse_missing(ds, settings)
         if ds.x_val is None and config.train.validation_split > 0:  # split the samples' places, then the data
             keep, _, held, _ = split(np.arange(len(ds.x)), ds.y, config.train.validation_split, split_seed,
                                      shares=config.split_shares)
@@ -221,7 +235,53 @@ def load_data(config) -> Dataset:
     if ds.x_val is None and config.train.validation_split > 0:
         rows, rows_val = (ds.rows[keep], ds.rows[held]) if ds.rows is not None else (None, None)  # CSV lines
         ds = Dataset(ds.x[keep], ds.y[keep], ds.x[held], ds.y[held], name=ds.name, rows=rows, rows_val=rows_val,
-                     samples=keep, samples_val=held)
+                     samples=keep, samples_val=held, columns=ds.columns, target=ds.target, classes=ds.classes)
     if len(ds.x) == 0:
         raise DataError(f"data {ds.name!r} has no training samples")
+    return apply_preprocessing(ds, fitted or fit_preprocessing(ds, settings))
+
+
+def name_labels(ds: Dataset, classes: list[str] | None = None) -> None:
+    """Class names as labels (a CSV's yes/no) become indices into ``classes`` (default: the training
+    data's names, sorted); a name not among them is named with its file and line."""
+    if ds.y.dtype.kind != "U":
+        return
+    if classes is None and ds.classes is None:
+        classes = sorted(set(np.unique(ds.y).tolist()))
+    ds.classes = classes or ds.classes
+    ds.y = encode_labels(ds.y, ds.classes, ds.where, ds.target)
+    if ds.y_val is not None:
+        ds.y_val = encode_labels(ds.y_val, ds.classes, lambda i: ds.where(i, True), ds.target)
+
+
+def refuse_missing(ds: Dataset, settings: Settings | None) -> None:
+    """A DataError naming the first missing value of ``ds`` (all of it, before a split) unless
+    ``settings.missing`` fills them."""
+    if settings is not None and settings.missing != "refuse":
+        return
+    for x, val in ((ds.x, False), (ds.x_val, True)):
+        numbers = x.numbers if isinstance(x, Table) else x
+        if x is not None and (np.isnan(np.asarray(numbers, dtype=np.float64)).any()
+                              or (isinstance(x, Table) and (x.text == "").any())):
+            fit(Settings(), x, lambda i: ds.where(i, val), ds.columns)
+
+
+def fit_preprocessing(ds: Dataset, settings: Settings | None) -> Preprocessing | None:
+    """The preprocessing of ``ds``'s training part: what ``settings`` asks for, the encoding of
+    categorical columns and the class names, which a model's inputs and outputs need; None when
+    there is nothing to learn (samples used as they are)."""
+    if settings is None and not isinstance(ds.x, Table) and ds.classes is None:
+        return None
+    return fit(settings or Settings(), ds.x, ds.where, ds.columns, ds.classes, ds.target)
+
+
+def apply_preprocessing(ds: Dataset, fitted: Preprocessing | None) -> Dataset:
+    """``ds`` with ``fitted`` applied to its training and validation samples (and recorded)."""
+    if fitted is None:
+        return ds
+    ds.x = fitted.transform(ds.x, ds.where, ds.name)
+    if ds.x_val is not None:
+        ds.x_val = fitted.transform(ds.x_val, lambda i: ds.where(i, True), ds.name_val or ds.name)
+    ds.preprocess = fitted
+    ds.classes = fitted.classes if fitted.classes is not None else ds.classes
     return ds

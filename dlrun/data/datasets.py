@@ -20,16 +20,19 @@ def _load(name: str) -> dict:
 
 @data.register("iris")
 def iris(standardize: bool = False) -> Dataset:
-    """Fisher's Iris: 150 flowers × 4 measurements (cm), 3 classes of 50.
+    """Fisher's Iris: 150 flowers × 4 measurements (cm), 3 classes of 50 (setosa, versicolor,
+    virginica). Scale the measurements with ``data.preprocess: {numeric: standardize}``.
 
     Args:
-        standardize: rescale each feature to zero mean and unit variance (over all 150 rows).
+        standardize: kept for runs recorded before data.preprocess (it rescaled each feature over
+            all 150 rows, validation rows included); a config spells it preprocess: {numeric: standardize}.
     """
     z = _load("iris")
     x = z["x"].astype(np.float64)
     if standardize:
         x = (x - x.mean(axis=0)) / x.std(axis=0)
-    return Dataset(x, z["y"].astype(np.int64), name="iris")
+    return Dataset(x, z["y"].astype(np.int64), name="iris", columns=[str(c) for c in z["feature_names"]],
+                   classes=[str(c) for c in z["class_names"]])
 
 
 @data.register("digits")
@@ -38,7 +41,9 @@ def digits(flatten: bool = False, scale: bool = True) -> Dataset:
 
     Args:
         flatten: return (N, 64) vectors for MLPs instead of (N, 1, 8, 8) images.
-        scale: divide pixel counts (0–16) by 16 so inputs lie in [0, 1].
+        scale: divide pixel counts (0–16) by 16 so inputs lie in [0, 1]. With ``scale: false`` and
+            ``data.preprocess: {numeric: minmax, per_feature: false}`` the scaling is saved with the
+            model, and predict takes raw pixel counts.
     """
     z = _load("digits")
     x = z["x"].astype(np.float64)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import Dataset
+from . import Dataset, table
 from ..errors import DataError
-from ..registry.options import FilePath, did_you_mean
+from ..registry.options import FilePath, OptionError, did_you_mean
 from ..registry import data
 
 
@@ -18,14 +18,14 @@ MAX_LINE = 1 << 24  # characters in one line of a CSV file (16 Mi: a million fea
 BINARY_PROBE = 1 << 16  # bytes read to tell a binary file from text before any parsing
 
 
-def read_csv(path: Path, label_column: int | None, header: bool | None):
-    """(features, labels or None, file line of each row); errors name the file and line.
-    A binary file is refused from its first block, and lines are read in bounded pieces, so a
-    large file that is not CSV text costs neither time nor memory."""
+def read_rows(path: Path, delimiter: str = ",") -> tuple[list[list[str]], list[int]]:
+    """The non-blank rows of a CSV file as lists of cells, with the file line of each; errors
+    name the file and line. A binary file is refused from its first block, and lines are read in
+    bounded pieces, so a large file that is not CSV text costs neither time nor memory."""
     refuse_binary(path)
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:  # (-sig: a spreadsheet's BOM)
-            reader = csv.reader(_bounded_lines(f, path))
+            reader = csv.reader(_bounded_lines(f, path), delimiter=delimiter)
             rows, lines = [], []
             try:
                 for r in reader:
@@ -36,32 +36,20 @@ def read_csv(path: Path, label_column: int | None, header: bool | None):
                 raise DataError(_csv_problem(path, reader.line_num, e)) from None
     except UnicodeDecodeError:
         raise DataError(_not_utf8(path)) from None
-    if not rows:
-        raise DataError(f"{path}: the file has no rows")
-    if header is None:  # sniff: a first row that is not all numbers is a header
-        header = not all(_is_number(c) for c in rows[0])
-    start = 1 if header else 0
-    if len(rows) <= start:
-        raise DataError(f"{path}: the file has a header row but no data rows")
-    width = len(rows[start])
-    if label_column is not None and width < 2:
-        raise DataError(f"{path}:{lines[start]}: expected at least 2 columns (features and a label), got {width}")
-    if label_column is not None and not -width <= label_column < width:
-        raise DataError(f"{path}: label_column {label_column} is out of range for {width} columns")
-    values = np.empty((len(rows) - start, width))
-    for k, (row, line) in enumerate(zip(rows[start:], lines[start:])):
-        if len(row) != width:
-            raise DataError(f"{path}:{line}: expected {width} columns (as in line {lines[start]}), got {len(row)}")
-        for j, cell in enumerate(row):
-            try:
-                values[k, j] = float(cell)
-            except ValueError:
-                raise DataError(f"{path}:{line}: column {j + 1}: expected a number, got {cell.strip()!r}") from None
-    line_of = np.asarray(lines[start:], dtype=np.int64)
-    if label_column is None:
-        return values, None, line_of
-    lc = label_column % width
-    return np.delete(values, lc, axis=1), values[:, lc], line_of
+    return rows, lines
+
+
+def read_table(path: Path, delimiter: str = ",", **options) -> table.Parsed:
+    """A CSV's feature columns, labels and lines (:func:`dlrun.data.table.parse` takes the options)."""
+    rows, lines = read_rows(path, delimiter)
+    return table.parse(path, rows, lines, delimiter=delimiter, **options)
+
+
+def read_csv(path: Path, label_column: int | None, header: bool | None, delimiter: str = ","):
+    """(features, labels or None, file line of each row) of a CSV of numbers; errors name the
+    file and line."""
+    parsed = read_table(path, delimiter, header=header, label_column=label_column)
+    return parsed.x, parsed.y, parsed.lines
 
 
 def refuse_binary(path: Path) -> None:
@@ -118,14 +106,6 @@ def _not_utf8(path: Path) -> str:
     return f"{path}: not UTF-8 text; save the file as UTF-8"
 
 
-def _is_number(s: str) -> bool:
-    try:
-        float(s)
-    except ValueError:
-        return False
-    return True
-
-
 MAX_LABEL = 2 ** 31 - 1  # class indices beyond int32 are not classes anyone has outputs for
 
 
@@ -162,46 +142,71 @@ def _real(a: np.ndarray, p: Path, what: str) -> np.ndarray:
 @data.register("file")
 def load_file(path: FilePath, label_column: int = -1, header: bool | None = None,
               task: str = "classification", features_key: str = "x", labels_key: str = "y",
-              validation_path: FilePath | None = None) -> Dataset:
+              validation_path: FilePath | None = None, target: str | None = None,
+              features: list[str] | None = None, categorical: list[str] | None = None,
+              delimiter: str = ",") -> Dataset:
     """Features and labels from a CSV, .npy or .npz file.
 
-    CSV: one sample per row; the label is column ``label_column`` (default the last); a header
-    row is detected automatically unless ``header`` is given. ``.npz``: arrays ``features_key``
-    and ``labels_key``. ``.npy``: a 2-D array whose ``label_column`` holds the labels.
-    ``validation_path`` names a second file, read the same way, that holds the validation
-    samples (Keras' ``validation_data``); train.validation_split must then be 0.
+    CSV: one sample per row; the label is column ``label_column`` (default the last), or the
+    column a header row names with ``target``; a header row is detected automatically unless
+    ``header`` is given. Class labels may be numbers (0, 1, ...) or names (``yes``/``no``,
+    mapped to indices in sorted order). ``.npz``: arrays ``features_key`` and ``labels_key``.
+    ``.npy``: a 2-D array whose ``label_column`` holds the labels. ``validation_path`` names a
+    second file, read the same way, that holds the validation samples (Keras'
+    ``validation_data``); train.validation_split must then be 0.
 
     Args:
         path: the file, relative to the config file.
         label_column: index of the label column in CSV/.npy (negative counts from the end).
         header: whether the CSV's first row is a header (default: detect).
-        task: "classification" (integer labels) or "regression" (float targets).
+        task: "classification" (class labels) or "regression" (float targets).
         features_key: name of the feature array in an .npz file.
         labels_key: name of the label array in an .npz file.
         validation_path: a file of validation samples in the same format, relative to the config file.
+        target: the label column by its header name (instead of label_column).
+        features: the feature columns by header name, in this order (default: every other column).
+        categorical: feature columns that hold categories (text such as north/south), encoded as
+            data.preprocess.categorical says; every other feature column holds numbers.
+        delimiter: the character between a CSV's columns (one character, e.g. ";" or "\\t").
     """
     if task not in ("classification", "regression"):
         raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
-    ds = _read(Path(path), label_column, header, task, features_key, labels_key)
+    if len(delimiter) != 1 or delimiter in "\"\r\n":
+        raise OptionError(f"expected one character that is not a quote or line break, such as ',' or ';', "
+                          f"got {delimiter!r}", option="delimiter")
+    columns = {"target": target, "features": features, "categorical": categorical, "delimiter": delimiter}
+    ds = _read(Path(path), label_column, header, task, features_key, labels_key, columns)
     if validation_path is None:
         return ds
     try:
-        val = _read(Path(validation_path), label_column, header, task, features_key, labels_key)
-        if val.x.shape[1:] != ds.x.shape[1:]:
-            raise DataError(f"{val.name}: samples of shape {val.x.shape[1:]}, but the training file {ds.name} has "
-                            f"samples of shape {ds.x.shape[1:]}; both files need the same columns")
+        val = _read(Path(validation_path), label_column, header, task, features_key, labels_key, columns)
+        if val.x.shape[1:] != ds.x.shape[1:] or val.columns != ds.columns:
+            names = val.x.shape[1:] == ds.x.shape[1:]  # (same count, other names)
+            what = f"columns {', '.join(val.columns or ())}" if names else f"samples of shape {val.x.shape[1:]}"
+            was = f"columns {', '.join(ds.columns or ())}" if names else f"samples of shape {ds.x.shape[1:]}"
+            raise DataError(f"{val.name}: {what}, but the training file {ds.name} has {was}; both files need the "
+                            f"same columns")
+        if (val.y.dtype.kind == "U") != (ds.y.dtype.kind == "U"):
+            raise DataError(f"{val.name}: labels are {'names' if val.y.dtype.kind == 'U' else 'numbers'}, but the "
+                            f"training file {ds.name} has {'names' if ds.y.dtype.kind == 'U' else 'numbers'}")
     except DataError as e:
         e.option = "validation_path"  # the config key to point at (data.load_data)
         raise
-    return Dataset(ds.x, ds.y, val.x, val.y, name=ds.name, rows=ds.rows, rows_val=val.rows, name_val=val.name)
+    return Dataset(ds.x, ds.y, val.x, val.y, name=ds.name, rows=ds.rows, rows_val=val.rows, name_val=val.name,
+                   columns=ds.columns, target=ds.target)
 
 
-def _read(p: Path, label_column: int, header: bool | None, task: str, features_key: str, labels_key: str) -> Dataset:
+def _read(p: Path, label_column: int, header: bool | None, task: str, features_key: str, labels_key: str,
+          columns: dict) -> Dataset:
     """One file's samples and labels as a Dataset named by the file."""
     if not p.is_file():
         raise DataError(f"data file not found: {p}" + (" (it is a folder)" if p.is_dir() else " (not a regular file)" if p.exists() else ""))
     suffix = p.suffix.lower()
-    lines = None
+    lines = names = target = None
+    named = [k for k in ("target", "features", "categorical") if columns[k] is not None]
+    if named and suffix in (".npz", ".npy"):
+        raise DataError(f"{p}: data.{named[0]} names CSV columns, but this is an {suffix} file (its columns have "
+                        f"no names); use label_column, or a CSV with a header")
     try:
         if suffix == ".npz":
             if not zipfile.is_zipfile(p):
@@ -231,7 +236,10 @@ def _read(p: Path, label_column: int, header: bool | None, task: str, features_k
             lc = label_column % arr.shape[1]
             x, y = np.delete(arr, lc, axis=1).astype(np.float64), arr[:, lc]
         else:
-            x, y, lines = read_csv(p, label_column, header)
+            parsed = read_table(p, columns["delimiter"], header=header, label_column=label_column,
+                                target=columns["target"], features=columns["features"],
+                                categorical=columns["categorical"], task=task)
+            x, y, lines, names, target = parsed.x, parsed.y, parsed.lines, parsed.names, parsed.target
     except DataError:
         raise
     except (ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile) as e:
@@ -242,13 +250,16 @@ def _read(p: Path, label_column: int, header: bool | None, task: str, features_k
         raise DataError(f"{p}: {len(x)} feature rows but labels of shape {y.shape}; expected {expected}")
     if len(x) == 0:
         raise DataError(f"{p}: the file holds no samples")
-    ds = Dataset(x, np.zeros(len(x), dtype=np.int64), name=str(p), rows=lines)
-    bad = ~np.isfinite(x).reshape(len(x), -1).all(axis=1)
+    ds = Dataset(x, np.zeros(len(x), dtype=np.int64), name=str(p), rows=lines, columns=names, target=target)
+    numbers = x.numbers if isinstance(x, table.Table) else x
+    bad = np.isinf(numbers).reshape(len(x), -1).any(axis=1)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        kind = "NaN" if np.isnan(x[i]).any() else "inf"
-        raise DataError(f"{ds.where(i)}: features contain {kind} ({int(bad.sum())} sample"
+        raise DataError(f"{ds.where(i)}: features contain inf ({int(bad.sum())} sample"
                         f"{'s' if bad.sum() > 1 else ''} in all)")
+    if y.dtype.kind == "U":  # class names (a CSV's): mapped to indices by data.load_data
+        ds.y = y
+        return ds
     try:
         y = np.asarray(y, dtype=np.float64)
     except (TypeError, ValueError):

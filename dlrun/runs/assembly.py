@@ -18,6 +18,7 @@ from .. import metrics, seeding
 from ..backend import get_backend
 from ..config import Config
 from ..data import Dataset, check_range, load_data
+from ..data.preprocess import Preprocessing
 from ..model import Sequential
 from ..training.preflight import (balance_class_weights,
                                   check_batch_memory,
@@ -64,11 +65,12 @@ def build_model(config: Config, input_shape, backend=None, dtype=None, seed: int
                       frozen=config.frozen if frozen else ())
 
 
-def assemble(config: Config) -> Assembly:
-    """Every part of a run, built and checked before any file is written (see the module docstring)."""
+def assemble(config: Config, fitted: Preprocessing | None = None) -> Assembly:
+    """Every part of a run, built and checked before any file is written (see the module docstring).
+    ``fitted``: the preprocessing a resumed run recorded (else it is fitted on the training split)."""
     resolve_seed(config)
     backend = get_backend(config.device)
-    ds = load_data(config)
+    ds = load_data(config, fitted)
     check_range(ds, config.dtype)
     model = build_model(config, ds.input_shape, backend)
     check_model_indices(ds, model)

@@ -116,6 +116,7 @@ _META = {
     "controls": (lambda v: _dicts(v) and all(isinstance(x.get("state"), dict) for x in v), "a list of control states"),
     "rng": (lambda v: isinstance(v, dict) and isinstance(v.get("layers", {}) or {}, dict), "a mapping of generator states"),
     "best": (lambda v: v is None or isinstance(v, dict), "null or a mapping"),
+    "preprocess": (lambda v: isinstance(v, dict), "a mapping"),
 }
 
 

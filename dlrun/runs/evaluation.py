@@ -33,9 +33,13 @@ class Evaluation:
     mae: float | None = None
     r2: float | None = None
     metrics: dict = field(default_factory=dict)
+    classes: list | None = None  # class names (the confusion matrix's rows and columns), when the run has them
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["classes"] is None:  # (a run without class names reports as it always did)
+            del d["classes"]
+        return d
 
 
 def evaluate(model, loss, x: np.ndarray, y: np.ndarray, batch_size: int | None = None, penalty: float = 0.0,

@@ -53,8 +53,9 @@ def _fit(run: Assembly, run_dir: Path, callbacks, extra: dict, best: dict | None
         c.restore_at_end = False
     # best.npz holds the weights early stopping restores when both watch one metric: the same test
     restoring = [c for c in deferred if c.restore_best_weights and c.monitor == monitor and c.mode == mode]
+    saved = {**extra, **snapshot.preprocess_meta(ds)}  # (the checkpoints' metadata; summary.json takes extra)
     writer = snapshot.CheckpointWriter(run_dir / "checkpoints", config, config.train.checkpoint_every,
-                                       monitor, mode, best, extra, restoring[0].min_delta if restoring else 0.0)
+                                       monitor, mode, best, saved, restoring[0].min_delta if restoring else 0.0)
     ckpt = run_dir / "checkpoints" / "last.npz"
     stop = StopOnSignal(config.train.epochs, deferred)
     start_step = trainer.step  # a resumed run that diverges before a good step leaves its checkpoint as it was
@@ -209,7 +210,7 @@ def resume_config(run_dir: str | Path, overrides=(), device: str | None = None,
     if warnings is not None:
         warnings.extend(found)
     return config_from_dict(recorded, overrides=list(overrides), device=device, origin=str(path),
-                            run_plugins=False), ckpt
+                            run_plugins=False, from_checkpoint=True), ckpt
 
 
 def config_edited(run_dir: str | Path, ckpt: checkpoint.Checkpoint) -> bool:
@@ -235,7 +236,7 @@ def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, cal
 def _resume(run_dir: Path, config: Config, ckpt: checkpoint.Checkpoint, callbacks) -> RunResult:
     position.check_split(ckpt.meta.get("config"), config)
     config.split_shares = ckpt.meta.get("split_shares", "per_class")  # the run's own split (data.split)
-    run = assemble(config)
+    run = assemble(config, snapshot.recorded_preprocessing(ckpt))
     ds, trainer = run.data, run.trainer
     snapshot.restore(trainer, ckpt, config.seed, config.frozen)
     if trainer.epoch >= config.train.epochs and (trainer.position is not None or _finished(run_dir, trainer.epoch)):

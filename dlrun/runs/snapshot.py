@@ -17,6 +17,8 @@ import numpy as np
 from .. import __version__, registry, seeding
 from . import checkpoint
 from ..config import Config
+from ..data import Dataset
+from ..data.preprocess import Preprocessing
 from ..errors import CheckpointError
 from ..metrics.monitor import improved
 from ..registry.plugins import loaded_files, source_hash
@@ -77,6 +79,23 @@ def capture(trainer: Trainer, config: Config, extra: dict | None = None) -> tupl
             "plugins": plugin_records(config),
             "controls": state["controls"], **(extra or {})}
     return {k: np.array(v) for k, v in model.state_arrays().items()}, optim, meta
+
+
+def preprocess_meta(ds: Dataset) -> dict:
+    """The checkpoint metadata of a run's fitted preprocessing (``{"preprocess": record}``), or {}."""
+    return {} if ds.preprocess is None else {"preprocess": ds.preprocess.record()}
+
+
+def recorded_preprocessing(ckpt: checkpoint.Checkpoint) -> Preprocessing | None:
+    """The preprocessing a checkpoint recorded (None for a run without one: its inputs are used as
+    given, as before preprocessing was saved)."""
+    rec = ckpt.meta.get("preprocess")
+    if rec is None:
+        return None
+    try:
+        return Preprocessing.from_record(rec, str(ckpt.path))
+    except ValueError as e:
+        raise CheckpointError(f"{ckpt.path}: corrupt checkpoint: meta.preprocess: {e}") from None
 
 
 def write(path: Path, trainer: Trainer, config: Config, extra: dict | None = None) -> Path:

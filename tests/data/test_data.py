@@ -83,7 +83,6 @@ def test_npy_and_npz(tmp_path):
     ("1,2,0\n3,x,1\n", r"x.csv:2: column 2: expected a number, got 'x'"),
     ("1,2,0\n3,1\n", r"x.csv:2: expected 3 columns \(as in line 1\), got 2"),
     ("1,2,0.5\n", r"x.csv:1: class labels must be integers from 0 to 2147483647, got 0.5"),
-    ("1,nan,0\n", r"x.csv:1: features contain NaN"),
 ])
 def test_bad_csv_files_name_the_row(tmp_path, text, message):
     p = write(tmp_path / "x.csv", text)
