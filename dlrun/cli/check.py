@@ -5,13 +5,14 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..backend import format_bytes
 from ..commands.check import check_config
 from ..config import load_config
 from ..registry.plugins import load_plugins
-from . import app, out
+from . import app, err, out
 from .catalog import PLUGIN
 from .train import SET_HELP
 
@@ -55,3 +56,5 @@ def check_cmd(
     if r.checkpoint:
         out.print(f"checkpoint {r.checkpoint} fits the model")
     out.print(f"one batch forward, loss {r.loss:.4f}, backward, one optimizer step: OK (nothing saved, nothing written)")
+    for note in r.warnings:
+        err.print(f"[yellow]warning:[/] {escape(note)}", soft_wrap=True)

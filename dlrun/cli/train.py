@@ -19,6 +19,10 @@ from .catalog import PLUGIN
 SET_HELP = "Override a config key by its dotted path, e.g. train.epochs=5 or model[0].units=64 (repeatable)."
 
 
+def _warn(text: str) -> None:
+    err.print(f"[yellow]warning:[/] {escape(text)}", soft_wrap=True)
+
+
 @app.command("train")
 def train_cmd(
     config: Optional[Path] = typer.Argument(None, help="YAML config file (omit with --resume)."),
@@ -55,7 +59,7 @@ def train_cmd(
             raise UsageError("give a CONFIG file to train, or --resume RUN_DIR to continue a run")
         cfg = load_config(config, set_, seed=seed, device=device)
         with RichProgress(out, cfg.train.epochs) as progress:
-            result = run.train(cfg, runs_dir, callbacks=[progress], init_from=init_from)
+            result = run.train(cfg, runs_dir, callbacks=[progress], init_from=init_from, warn=_warn)
     s = result.summary
     acc = "" if s["train_accuracy"] is None else f" train_accuracy={s['train_accuracy']:.4f}"
     val = "" if s["val_loss"] is None else f" val_loss={s['val_loss']:.4f}" + (

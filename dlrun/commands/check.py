@@ -18,6 +18,7 @@ from ..runs.assembly import assemble
 from ..config import Config
 from ..errors import LayerContractError, Location, NonFiniteError
 from ..training.faults import nonfinite_kind
+from ..training.preflight import chance_warning
 from ..training.step import StepObserver
 
 
@@ -57,6 +58,7 @@ class CheckReport:
     device: str
     dtype: str
     checkpoint: str | None = None
+    warnings: tuple[str, ...] = ()  # data that trains badly (features of very different scales, a loss far above chance)
 
     @property
     def total_bytes(self) -> int:
@@ -168,5 +170,6 @@ def check_config(config: Config, checkpoint_path: str | Path | None = None) -> C
                                 sum(int(p.data.nbytes) for p in ps),
                                 sum(int(p.grad.nbytes) for p in ps if p.grad is not None), act,
                                 sum(p.size for p in ps if not p.trainable)))
+    notes = [*run.warnings, chance_warning(float(first.value), model, loss)]
     return CheckReport(ds.name, n, 0 if ds.x_val is None else len(ds.x_val), model.input_shape, bs, rows,
-                       float(first.value), b.name, str(model.dtype), ckpt)
+                       float(first.value), b.name, str(model.dtype), ckpt, tuple(filter(None, notes)))

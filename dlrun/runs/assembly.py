@@ -10,7 +10,7 @@ returns; ``evaluate``, ``predict`` and ``gradcheck CONFIG`` build their model wi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..metrics import monitor
 from ..training import controls
@@ -24,7 +24,9 @@ from ..training.preflight import (balance_class_weights,
                                   check_batch_memory,
                                   check_class_weights,
                                   check_labels,
-                                  check_model_indices)
+                                  check_model_indices,
+                                  chance_warning,
+                                  scale_warning)
 from ..training.trainer import Trainer
 
 
@@ -37,6 +39,7 @@ class Assembly:
     trainer: Trainer
     controls: list      # clipping, schedule, early stopping (the ``train:`` controls), in that order
     monitor: monitor.Monitor  # what best.npz follows (and early stopping, when it names no other)
+    warnings: list[str] = field(default_factory=list)  # data that trains badly (preflight.scale_warning)
 
     @property
     def model(self) -> Sequential:
@@ -87,4 +90,13 @@ def assemble(config: Config, fitted: Preprocessing | None = None) -> Assembly:
     has_val = ds.x_val is not None and len(ds.x_val) > 0
     watched = monitor.of_run(config, has_val, trainer.classification, trainer.tracker.modes)
     trainer.controls = controls.from_config(config, has_val, trainer.classification, trainer.tracker.modes)
-    return Assembly(config, ds, trainer, trainer.controls, watched)
+    warned = scale_warning(ds)
+    return Assembly(config, ds, trainer, trainer.controls, watched, [warned] if warned else [])
+
+
+def first_loss_warning(run: Assembly) -> str | None:
+    """:func:`chance_warning` for the loss of the model as it stands (initial or --init-from weights)
+    on the first batch of training data, in evaluation mode (no random draw, no state changed)."""
+    ds, trainer = run.data, run.trainer
+    n = min(len(ds.x), trainer.batch_size or len(ds.x))
+    return chance_warning(trainer.evaluate(ds.x[:n], ds.y[:n])["loss"], trainer.model, trainer.loss)

@@ -19,7 +19,9 @@ from ..training import controls, position
 from . import checkpoint, rundir, snapshot
 from ..config import Config, config_from_dict
 from ..config.source import parse_yaml
-from .assembly import Assembly, assemble
+from .assembly import Assembly, assemble, first_loss_warning
+from .. import seeding
+from ..data import load_data
 from ..data import Dataset
 from ..errors import CheckpointError, DlrunError, Interrupted, NonFiniteError, TrainingError, UsageError
 from ..training.faults import StopOnSignal, catch_signals
@@ -155,18 +157,28 @@ def _at(trainer: Trainer) -> str:
     return str(trainer.position) if trainer.position is not None else f"epoch {trainer.epoch}"
 
 
-def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from: str | Path | None = None) -> RunResult:
+def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from: str | Path | None = None,
+          warn=None) -> RunResult:
     """Run ``dlrun train``: build, create the run directory, fit, write summary and checkpoints.
 
     ``init_from`` (a checkpoint or run directory) supplies the initial weights; the optimizer
-    starts fresh. Names and shapes must match the configured model exactly.
+    starts fresh. Names and shapes must match the configured model exactly. ``warn(text)`` is
+    called before training with each warning about the data (features of very different scales
+    with no scaling, a first loss far above chance, validation samples the initial weights
+    trained on).
     """
     run = assemble(config)
     extra = {}
+    notes = list(run.warnings)
     if init_from is not None:
         ckpt = checkpoint.read(checkpoint.resolve(init_from))
         snapshot.load_weights(run.model, ckpt)
         extra["init_from"] = os.path.abspath(ckpt.path)
+        notes.append(init_from_warning(config, run.data, ckpt))
+    notes.append(first_loss_warning(run))
+    for note in filter(None, notes):
+        if warn is not None:
+            warn(note)
     run_dir = rundir.new_run_dir(runs_dir, config.name)
     try:
         with rundir.RunLock(run_dir):
@@ -175,6 +187,55 @@ def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from
     except BaseException:  # a run that saved nothing leaves nothing behind (an interrupted one saves)
         rundir.discard_if_empty(run_dir)
         raise
+
+
+def init_from_warning(config: Config, ds: Dataset, ckpt: checkpoint.Checkpoint) -> str | None:
+    """A warning when the run that ``ckpt`` comes from read other data or held out other validation
+    samples (train.validation_split, the split seed) and this run's validation samples were among
+    its training samples: the initial weights have seen them, so the validation figures flatter."""
+    recorded = ckpt.meta.get("config")
+    if ds.x_val is None or not len(ds.x_val) or not isinstance(recorded, dict):
+        return None
+    source = lambda spec: {k: v for k, v in spec.items() if k != "preprocess"} if isinstance(spec, dict) else spec  # noqa: E731
+    before = recorded.get("train") if isinstance(recorded.get("train"), dict) else {}
+    fraction = float(before.get("validation_split") or 0.0)
+    seed = before.get("split_seed") if before.get("split_seed") is not None else recorded.get("seed")
+    now = seeding.split_seed(config.seed, config.train.split_seed)
+    same_data = source(recorded.get("data")) == source(config.data)
+    changed = [what for what, differs in (("data", not same_data), ("validation_split", fraction != config.train.validation_split),
+                                          ("split seed", fraction > 0 and seed != now)) if differs]
+    if not changed:
+        return None
+    try:
+        base_config = config_from_dict(recorded, origin=str(ckpt.path), run_plugins=False, from_checkpoint=True)
+        base_config.split_shares = ckpt.meta.get("split_shares", "per_class")
+        base = load_data(base_config)
+        if same_data and base.samples is not None and ds.samples_val is not None:  # the same rows: by place
+            seen = int(np.isin(ds.samples_val, base.samples).sum())
+        else:  # by content, before preprocessing (each run fits its own)
+            trained = _raw_rows(base_config.build("data"), base.samples)
+            held = _raw_rows(config.build("data"), ds.samples_val, validation=ds.samples_val is None)
+            seen = 0 if trained is None or held is None or trained.dtype != held.dtype else int(np.isin(held, trained).sum())
+    except DlrunError:  # the base run's data is gone or unreadable: nothing to compare
+        return None
+    if not seen:
+        return None
+    return (f"--init-from {ckpt.path}: its run had other {', '.join(changed)}, and {seen} of this run's "
+            f"{len(ds.x_val)} validation samples were among its training samples; the initial weights have seen "
+            f"them, so validation figures will flatter the model. Keep the checkpoint's data, seed (or "
+            f"train.split_seed) and validation_split, or validate on data the first run never trained on")
+
+
+def _raw_rows(raw: Dataset, chosen, validation: bool = False):
+    """The rows of a data source as it was read (``chosen`` of x, or x_val), one bytes value each,
+    for comparison; None when the rows are not plain numbers."""
+    x = raw.x_val if validation else raw.x
+    if x is None or not isinstance(x, np.ndarray):
+        return None
+    if chosen is not None:
+        x = x[chosen]
+    flat = np.ascontiguousarray(np.asarray(x, dtype=np.float64).reshape(len(x), -1))
+    return flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1]))).ravel()
 
 
 def _offer_best_weights(run_dir: Path, train_controls: list) -> None:

@@ -1,12 +1,17 @@
 """Checks that the data, the model and the loss fit together, made before a run writes a file
 or a command reads a checkpoint's data: labels the model has outputs for, targets shaped like its
-outputs, and one class weight per class (``balanced`` ones computed from the training labels)."""
+outputs, and one class weight per class (``balanced`` ones computed from the training labels);
+and the warnings of data that trains badly: features of very different scales with no scaling,
+a first loss far above chance level."""
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from ..backend import format_bytes, to_host
 from ..data import Dataset, check_indices
+from ..data.preprocess import scale_spread
 from ..errors import ConfigError, DataError
 from ..losses import Loss
 from ..losses.base import BALANCED
@@ -113,3 +118,41 @@ def check_labels(ds: Dataset, model: Sequential, loss, locate=None) -> None:
                             f"scores, so labels must lie in 0..{limit - 1} (set the last layer's units to "
                             f"{ds.num_classes})", last)
     raise DataError(f"data {ds.name!r} {problem}", at("loss"))
+
+
+SCALE_SPREAD = 100.0  # largest / smallest feature magnitude that asks for scaling (two orders of magnitude)
+CHANCE_FACTOR = 10.0  # a first loss this many times log(C) is far above chance
+
+
+def scale_warning(ds: Dataset) -> str | None:
+    """A warning when the training features' magnitudes (largest absolute value of each) differ by
+    SCALE_SPREAD or more and data.preprocess scales nothing: the large ones swamp the first layer."""
+    if ds.preprocess is not None and ds.preprocess.settings.numeric != "none":
+        return None
+    found = scale_spread(ds.x)
+    if found is None or found[0] < SCALE_SPREAD:
+        return None
+    ratio, big, small = found
+    names = (ds.preprocess.output_names if ds.preprocess is not None else None) or ds.columns
+    flat = np.abs(np.asarray(ds.x)).reshape(len(ds.x), -1)
+
+    def named(j):
+        return repr(names[j]) if names is not None and len(names) == flat.shape[1] else f"feature {j + 1}"
+    return (f"data {ds.name!r}: features differ in scale by {math.log10(ratio):.0f} orders of magnitude ({named(big)} "
+            f"up to {flat[:, big].max():.4g}, {named(small)} up to {flat[:, small].max():.4g}) and nothing scales them; "
+            f"add data.preprocess: {{numeric: standardize}} (fitted on the training split and saved with the model)")
+
+
+def chance_warning(first_loss: float, model: Sequential, loss) -> str | None:
+    """A warning when a classification loss on the first batch, before any training, is
+    CHANCE_FACTOR times log(C) or more for C classes: inputs (or initial weights) far too large."""
+    if getattr(loss, "task", "classification") != "classification" or not math.isfinite(first_loss):
+        return None
+    outputs = model.output_shape[-1] if model.output_shape else 1
+    classes = loss.classes(outputs) if hasattr(loss, "classes") else outputs
+    chance = math.log(max(classes, 2))
+    if first_loss < CHANCE_FACTOR * chance:
+        return None
+    return (f"the first batch's loss {first_loss:.4g} is {first_loss / chance:.0f} times chance level (log {max(classes, 2)} "
+            f"= {chance:.3g} for {max(classes, 2)} classes): the inputs (or the initial weights) are far too large; "
+            f"scale the features with data.preprocess: {{numeric: standardize}}")
