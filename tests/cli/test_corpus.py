@@ -83,6 +83,17 @@ CASES = [
     ("monitor_without_validation", ["check", f"{C}/valid.yaml", "--set", "train.monitor=val_loss"], 2,
      ["--set train.monitor=val_loss: train.monitor", "needs validation data"]),
     ("data_label_column", ["check", f"{C}/data_one_column.yaml"], 2, [f"{D}/one_row.csv", "label_column 5"]),
+    ("data_semicolon", ["check", f"{C}/data_semicolon_csv.yaml"], 2, [f"{D}/semicolon.csv:2", "got 1", "set data.delimiter: ';'"]),
+    ("data_target_typo", ["check", f"{C}/data_target_typo.yaml"], 2, [f"{D}/tabular.csv:1", "data.target: no column 'lable'", "did you mean label?"]),
+    ("data_text_in_numeric_column", ["check", f"{C}/data_text_in_numeric.yaml"], 2,
+     [f"{D}/tabular.csv:2", "column 2: expected a number, got 'red'", "column 'colour'", "data.categorical"]),
+    ("data_missing_cell", ["check", f"{C}/data_missing_cell_csv.yaml"], 2, [f"{D}/missing_cell.csv:3", "column 'b'", "missing value", "missing: mean"]),
+    ("data_unseen_label_in_validation", ["check", f"{C}/data_unseen_label_validation.yaml"], 2,
+     [f"{D}/tabular_unseen_label.csv:3", "column 'label'", "label 'huge' was not seen in training", "big, small"]),
+    ("data_legacy_standardize", ["check", f"{C}/data_legacy_standardize.yaml"], 2,
+     ["data_legacy_standardize.yaml:1: data.standardize", "preprocess: {numeric: standardize}"]),
+    ("data_preprocess_typo", ["check", f"{C}/tabular_valid.yaml", "--set", "data.preprocess.numeric=zscore"], 2,
+     ["data.preprocess.numeric", "'zscore'", "standardize"]),
     # -- command lines ----------------------------------------------------------------------
     ("set_no_equals", ["check", f"{C}/valid.yaml", "--set", "train.epochs"], 2, ["--set", "expected KEY=VALUE"]),
     ("set_unknown_key", ["check", f"{C}/valid.yaml", "--set", "trian.epochs=3"], 2, ["--set trian.epochs=3: trian", "did you mean train?"]),
@@ -125,6 +136,37 @@ CASES = [
 def test_corpus_case(case, argv, code, fragments):
     r = run_cli(*argv)
     assert r.code == code, (r.code, r.err)
+    for f in fragments:
+        assert f in r.err, f"{f!r} not in stderr:\n{r.err}"
+    assert "Traceback" not in r.err + r.out
+
+
+# raw inputs a tabular model refuses at predict and evaluate time: (case, command, input, fragments)
+TABULAR_INPUTS = [
+    ("unseen_category", "predict", "tabular_unseen_category.csv", ["tabular_unseen_category.csv:3", "column 'colour'",
+                                                                   "category 'purple' was not seen in training"]),
+    ("missing_column", "predict", "tabular_missing_column.csv", ["tabular_missing_column.csv:1", "no column 'colour'",
+                                                                 "size, colour, weight"]),
+    ("wrong_type", "predict", "tabular_wrong_type.csv", ["tabular_wrong_type.csv:3", "column 3", "got 'heavy'", "column 'weight'"]),
+    ("unseen_label", "evaluate", "tabular_unseen_label.csv", ["tabular_unseen_label.csv:3", "column 'label'",
+                                                              "label 'huge' was not seen in training"]),
+    ("numbers_for_categories", "predict", "good.csv", ["good.csv:1", "header row naming the columns size, colour, weight"]),
+]
+
+
+@pytest.fixture(scope="module")
+def tabular_run(tmp_path_factory):
+    r = run_cli("train", f"{C}/tabular_valid.yaml", "--runs-dir", tmp_path_factory.mktemp("tabular"))
+    assert r.code == 0, r.err
+    return r.out.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("case,command,name,fragments", TABULAR_INPUTS, ids=[c[0] for c in TABULAR_INPUTS])
+def test_tabular_input_case(tabular_run, case, command, name, fragments):
+    flag = "--input" if command == "predict" else "--data"
+    r = run_cli(command, tabular_run, flag, f"{D}/{name}")
+    assert r.code == 2, (r.code, r.err)
+    assert len(r.err.strip().splitlines()) == 1, r.err
     for f in fragments:
         assert f in r.err, f"{f!r} not in stderr:\n{r.err}"
     assert "Traceback" not in r.err + r.out
