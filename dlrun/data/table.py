@@ -139,8 +139,18 @@ def parse(path, rows: list[list[str]], lines: list[int], *, header: bool | None 
     stray = [names[j] for j in cat if j not in cols]
     if stray:
         raise DataError(f"{path}: data.categorical names {stray[0]!r}, which is not a feature column")
-    cells = np.char.strip(np.array([r for r in rows[start:]], dtype=str))
     line_of = np.asarray(lines[start:], dtype=np.int64)
+    if not cat:  # a file of numbers: converted at once, without a text copy of every cell
+        try:
+            values = np.array(rows[start:], dtype=np.float64)
+        except ValueError:  # a missing cell, a class name, or a cell that is no number: by columns, below
+            values = None
+        if values is not None:
+            y = None if lc is None else _labels(path, values[:, lc], "", line_of, task)
+            return Parsed(values[:, cols] if len(cols) < width else values, y, line_of,
+                          [names[j] for j in cols] if header else None,
+                          names[lc] if (header and lc is not None) else None)
+    cells = np.char.strip(np.array(rows[start:], dtype=str))
     if cells.ndim == 1:  # (a file of one column and no label)
         cells = cells[:, None]
     numeric = [j for j in cols if j not in cat]
@@ -194,6 +204,8 @@ def _labels(path, cells: np.ndarray, name: str, lines: np.ndarray, task: str) ->
     """The target column (``name``: its quoted name, or its number): float64 numbers, or the cells
     as str when any is not a number (class names, classification only). A missing label is
     refused (a "nan" is a number, which the loader refuses as a label)."""
+    if cells.dtype.kind == "f":  # (already numbers)
+        return cells
     missing = np.isin(cells, [m for m in MISSING if m.lower() != "nan"])
     if missing.any():
         i = int(np.flatnonzero(missing)[0])

@@ -25,7 +25,6 @@ from ..training.preflight import (balance_class_weights,
                                   check_class_weights,
                                   check_labels,
                                   check_model_indices,
-                                  chance_warning,
                                   scale_warning)
 from ..training.trainer import Trainer
 
@@ -93,10 +92,3 @@ def assemble(config: Config, fitted: Preprocessing | None = None) -> Assembly:
     warned = scale_warning(ds)
     return Assembly(config, ds, trainer, trainer.controls, watched, [warned] if warned else [])
 
-
-def first_loss_warning(run: Assembly) -> str | None:
-    """:func:`chance_warning` for the loss of the model as it stands (initial or --init-from weights)
-    on the first batch of training data, in evaluation mode (no random draw, no state changed)."""
-    ds, trainer = run.data, run.trainer
-    n = min(len(ds.x), trainer.batch_size or len(ds.x))
-    return chance_warning(trainer.evaluate(ds.x[:n], ds.y[:n])["loss"], trainer.model, trainer.loss)

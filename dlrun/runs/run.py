@@ -19,14 +19,14 @@ from ..training import controls, position
 from . import checkpoint, rundir, snapshot
 from ..config import Config, config_from_dict
 from ..config.source import parse_yaml
-from .assembly import Assembly, assemble, first_loss_warning
+from .assembly import Assembly, assemble
 from .. import seeding
-from ..data import load_data
-from ..data import Dataset
+from ..data import Dataset, load_data
 from ..errors import CheckpointError, DlrunError, Interrupted, NonFiniteError, TrainingError, UsageError
 from ..training.faults import StopOnSignal, catch_signals
 from ..registry.plugins import blame, named_for
-from ..training.hooks import History
+from ..training.hooks import Callback, History
+from ..training.preflight import chance_warning
 from ..training.trainer import Trainer
 
 
@@ -175,10 +175,11 @@ def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from
         snapshot.load_weights(run.model, ckpt)
         extra["init_from"] = os.path.abspath(ckpt.path)
         notes.append(init_from_warning(config, run.data, ckpt))
-    notes.append(first_loss_warning(run))
     for note in filter(None, notes):
         if warn is not None:
             warn(note)
+    if warn is not None:
+        callbacks = [FirstLossCheck(warn), *callbacks]
     run_dir = rundir.new_run_dir(runs_dir, config.name)
     try:
         with rundir.RunLock(run_dir):
@@ -187,6 +188,26 @@ def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from
     except BaseException:  # a run that saved nothing leaves nothing behind (an interrupted one saves)
         rundir.discard_if_empty(run_dir)
         raise
+
+
+class FirstLossCheck(Callback):
+    """Calls ``warn`` once the first training step is done when its loss was far above chance
+    level (:func:`~dlrun.training.preflight.chance_warning`); the value is read from the device
+    after the step, once."""
+
+    def __init__(self, warn):
+        self.warn, self.first = warn, None
+
+    def on_train_begin(self, trainer):
+        self.trainer, self.first = trainer, trainer.training_step.first_check
+
+    def on_batch_end(self, epoch, batch):
+        if self.first is None or self.first.value is None:
+            return
+        value, self.first = float(self.first.value), None
+        note = chance_warning(value, self.trainer.model, self.trainer.loss)
+        if note:
+            self.warn(note)
 
 
 def init_from_warning(config: Config, ds: Dataset, ckpt: checkpoint.Checkpoint) -> str | None:

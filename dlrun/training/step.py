@@ -232,8 +232,10 @@ class FirstStep(StepObserver):
     def __init__(self, model, loss):
         self.model, self.loss_fn = model, loss
         self._before = None
+        self.value = None  # the first step's loss, as the loss returned it (on the device: read only after the step)
 
     def loss(self, value, out, y):
+        self.value = value
         if getattr(value, "shape", ()) != () or not hasattr(value, "__float__"):
             shape = getattr(value, "shape", None)
             got = f"shape {tuple(shape)} {value.dtype}" if shape is not None else repr(value)
