@@ -22,7 +22,8 @@ from ..config.source import parse_yaml
 from .assembly import Assembly, assemble
 from .. import seeding
 from ..data import Dataset, load_data
-from ..errors import CheckpointError, DlrunError, Interrupted, NonFiniteError, TrainingError, UsageError
+from ..data.preprocess import Settings
+from ..errors import CheckpointError, ConfigError, DlrunError, Interrupted, NonFiniteError, TrainingError, UsageError
 from ..training.faults import StopOnSignal, catch_signals
 from ..registry.plugins import blame, named_for
 from ..training.hooks import Callback, History
@@ -318,7 +319,13 @@ def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, cal
 def _resume(run_dir: Path, config: Config, ckpt: checkpoint.Checkpoint, callbacks) -> RunResult:
     position.check_split(ckpt.meta.get("config"), config)
     config.split_shares = ckpt.meta.get("split_shares", "per_class")  # the run's own split (data.split)
-    run = assemble(config, snapshot.recorded_preprocessing(ckpt))
+    fitted = snapshot.recorded_preprocessing(ckpt)
+    if fitted is not None and (config.preprocess or Settings()) != fitted.settings:
+        raise ConfigError(f"the run preprocessed its data with {_settings(fitted.settings)}, this resume asks for "
+                          f"{_settings(config.preprocess or Settings())}: the model was trained on the first. A "
+                          f"resumed run keeps its preprocessing; to change it, start a new run",
+                          config.locate("data.preprocess"))
+    run = assemble(config, fitted)
     ds, trainer = run.data, run.trainer
     snapshot.restore(trainer, ckpt, config.seed, config.frozen)
     if trainer.epoch >= config.train.epochs and (trainer.position is not None or _finished(run_dir, trainer.epoch)):
@@ -340,6 +347,10 @@ def _resume(run_dir: Path, config: Config, ckpt: checkpoint.Checkpoint, callback
         if not isinstance(e, Interrupted) and trainer.step == ckpt.meta.get("step"):  # is kept, so is config.yaml
             rundir.put_back(run_dir / "config.yaml", kept)
         raise
+
+
+def _settings(s: Settings) -> str:
+    return "{" + ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in vars(s).items()) + "}"
 
 
 def _finished(run_dir: Path, epochs: int) -> bool:

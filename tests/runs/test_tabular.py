@@ -131,3 +131,36 @@ def test_init_from_with_another_split_warns_when_validation_samples_were_trained
     assert "of this run's 30 validation samples were among its training samples" in r.err
     r = run_cli("train", cfg, "--runs-dir", tmp_path / "runs", "--init-from", base)
     assert r.code == 0 and "warning" not in r.err, r.err
+
+
+def test_a_resume_that_changes_the_preprocessing_is_refused(tmp_path):
+    cfg = write(tmp_path / "i.yaml", (CONFIGS / "iris.yaml").read_text().replace("epochs: 100", "epochs: 1"))
+    run = train(cfg, tmp_path / "runs")
+    r = run_cli("train", "--resume", run, "--set", "train.epochs=2", "--set", "data.preprocess.numeric=minmax")
+    assert r.code == 2, r.err
+    assert "last.npz: data.preprocess: the run preprocessed" in r.err.replace(" (recorded config)", "")
+    assert ("the run preprocessed its data with {numeric: standardize, categorical: one_hot, missing: refuse, "
+            "per_feature: true}, this resume asks for {numeric: minmax,") in r.err
+
+
+def test_a_misspelt_preprocess_key_is_named_with_a_suggestion(tmp_path):
+    r = run_cli("check", CONFIGS / "iris.yaml", "--set", "data.preprocessing={numeric: standardize}")
+    assert r.code == 2 and "unknown option 'preprocessing' for data generator iris (did you mean preprocess?)" in r.err
+    r = run_cli("check", CONFIGS / "iris.yaml", "--set", "data.preprocess.numerics=minmax")
+    assert r.code == 2 and "data.preprocess.numerics: unknown key 'numerics' (did you mean numeric?)" in r.err
+
+
+@pytest.mark.slow
+def test_init_from_a_run_on_other_data_compares_the_rows_themselves(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((60, 2))
+    y = (x[:, 0] > 0).astype(int)
+    rows = [f"{a:.6f},{b:.6f},{c}\n" for (a, b), c in zip(x, y)]
+    write(tmp_path / "a.csv", "".join(rows))
+    write(tmp_path / "b.csv", "".join(rows[::-1]))  # the same samples in another order: another data file
+    text = ("seed: 0\ndata: {type: file, path: %s}\nmodel:\n  - {type: Linear, units: 2}\nloss: SoftmaxCrossEntropy\n"
+            "optimizer: {type: SGD, learning_rate: 0.1}\ntrain: {epochs: 1, batch_size: 8, validation_split: 0.25}\n")
+    base = train(write(tmp_path / "a.yaml", text % "a.csv"), tmp_path / "runs")
+    r = run_cli("train", write(tmp_path / "b.yaml", text % "b.csv"), "--runs-dir", tmp_path / "runs", "--init-from", base)
+    assert r.code == 0, r.err
+    assert "its run had other data, and" in r.err and "of this run's 15 validation samples were among its training" in r.err
