@@ -201,12 +201,13 @@ def check_indices(ds: Dataset, layer: str, high: int | None = None) -> None:
                             f"input_dim or check the data")
 
 
-def load_data(config, fitted: Preprocessing | None = None) -> Dataset:
+def load_data(config, fitted: Preprocessing | None = None, holdout: bool = True) -> Dataset:
     """Generate or read a config's data (a :class:`~dlrun.config.Config`), split off the
     validation data (seeded, stratified) and preprocess both parts (``data.preprocess``, fitted on
     the training part only, or ``fitted``: a run's own, from its checkpoint), with errors placed
-    at the config key that caused them."""
-    split_seed = seeding.split_seed(config.seed, config.train.split_seed)
+    at the config key that caused them. ``holdout=False``: no split (every sample as training
+    data, as the model sees it: gradcheck's)."""
+    split_seed = seeding.split_seed(config.seed, config.train.split_seed) if holdout else None
     settings = getattr(config, "preprocess", None)
     try:
         ds = config.build("data")
@@ -221,7 +222,7 @@ def load_data(config, fitted: Preprocessing | None = None) -> Dataset:
         name_labels(ds, fitted.classes if fitted is not None else None)
         if fitted is None:  # a missing value is named by its row in the file, before any split
             refuse_missing(ds, settings)
-        if ds.x_val is None and config.train.validation_split > 0:  # split the samples' places, then the data
+        if holdout and ds.x_val is None and config.train.validation_split > 0:  # split the samples' places, then the data
             keep, _, held, _ = split(np.arange(len(ds.x)), ds.y, config.train.validation_split, split_seed,
                                      shares=config.split_shares)
     except DataError as e:  # errors without a file line get the config line that caused them
@@ -232,7 +233,7 @@ def load_data(config, fitted: Preprocessing | None = None) -> Dataset:
         elif e.where is None and "not found" in e.message:
             e.where = config.locate("data")
         raise
-    if ds.x_val is None and config.train.validation_split > 0:
+    if holdout and ds.x_val is None and config.train.validation_split > 0:
         rows, rows_val = (ds.rows[keep], ds.rows[held]) if ds.rows is not None else (None, None)  # CSV lines
         ds = Dataset(ds.x[keep], ds.y[keep], ds.x[held], ds.y[held], name=ds.name, rows=rows, rows_val=rows_val,
                      samples=keep, samples_val=held, columns=ds.columns, target=ds.target, classes=ds.classes)

@@ -15,6 +15,7 @@ import numpy as np
 from .. import registry
 from ..backend import to_host
 from ..config import load_config
+from ..data import load_data
 from ..errors import DlrunError
 from ..runs.assembly import build_model
 from ..model import Sequential
@@ -73,7 +74,7 @@ def check_config(path, overrides=(), settings: Settings | None = None, batch: in
     t0 = time.perf_counter()
     rng = np.random.default_rng(settings.seed)
     dev = devices.open_device(settings.device)  # --device, not the config's device key
-    ds = cfg.build("data")
+    ds = load_data(cfg, holdout=False)  # the inputs the model takes (data.preprocess applied)
     model = build_model(cfg, ds.input_shape, dev.backend, settings.np_dtype, settings.seed, frozen=False)
     loss = cfg.build("loss")
     balance_class_weights(loss, model, ds.y, cfg)  # class_weights: balanced, from the data's labels

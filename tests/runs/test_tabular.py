@@ -164,3 +164,9 @@ def test_init_from_a_run_on_other_data_compares_the_rows_themselves(tmp_path):
     r = run_cli("train", write(tmp_path / "b.yaml", text % "b.csv"), "--runs-dir", tmp_path / "runs", "--init-from", base)
     assert r.code == 0, r.err
     assert "its run had other data, and" in r.err and "of this run's 15 validation samples were among its training" in r.err
+
+
+def test_gradcheck_of_a_tabular_config_checks_the_model_on_its_preprocessed_inputs():
+    r = run_cli("gradcheck", CONFIGS / "loans.yaml", "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["result"] == "PASS"
