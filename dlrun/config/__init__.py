@@ -11,16 +11,16 @@ import os
 import typing
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from .. import registry
 from ..metrics.base import split_entry
 from .source import Source, _join, apply_override, key_paths, parse_yaml, read_config_text
 from ..errors import ConfigError, DlrunError, Location, PluginError, collect
-from ..registry.options import FilePath, NonNegativeInt, OptionError, _got, check_value, did_you_mean, recorded
+from ..registry.options import OptionError, _got, check_value, did_you_mean, recorded
 from ..metrics import monitor
 from ..registry.plugins import load_plugins, loaded
-from .settings import TrainSettings
+from .settings import TOP_LEVEL, TrainSettings
 from ..data.preprocess import Settings
 
 
@@ -81,19 +81,6 @@ def build_layer(spec, i: int, locate) -> tuple:
     return layer, not trainable
 
 
-TOP_LEVEL = {
-    "name": "run name used for the run directory (default: the config file's name)",
-    "seed": "integer seed for weights, shuffling and layer randomness (default: drawn and recorded)",
-    "device": "cpu or gpu",
-    "dtype": "float32 (default) or float64",
-    "plugins": "Python files with user layers, relative to this file",
-    "data": "data generator or file",
-    "model": "list of layers",
-    "loss": "loss function",
-    "optimizer": "optimizer",
-    "regularizer": "run-wide default regularizer for weights",
-    "train": "training settings",
-}
 
 
 def _safe_name(name: str) -> bool:
@@ -154,11 +141,11 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None, run_plugins
     for k in raw:
         if k not in TOP_LEVEL:
             errors.append(ConfigError(f"unknown key {k!r}{did_you_mean(k, TOP_LEVEL)}; valid keys: {', '.join(TOP_LEVEL)}", locate(str(k))))
-    for k in ("data", "model", "loss", "optimizer"):
+    for k in (k for k, key in TOP_LEVEL.items() if key.required):
         if k not in raw:
-            errors.append(ConfigError(f"missing required key {k!r} ({TOP_LEVEL[k]})", locate("")))
+            errors.append(ConfigError(f"missing required key {k!r} ({TOP_LEVEL[k].doc})", locate("")))
         elif raw[k] is None:
-            errors.append(ConfigError(f"expected a value ({TOP_LEVEL[k]}), got null", locate(k)))
+            errors.append(ConfigError(f"expected a value ({TOP_LEVEL[k].doc}), got null", locate(k)))
 
     def check(key, hint, default):
         if key not in raw:
@@ -177,10 +164,8 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None, run_plugins
         errors.append(ConfigError(f"expected a run name of at most {MAX_NAME} bytes without path separators or "
                                   f"surrounding spaces (it names a directory inside the runs directory), got "
                                   f"{shown!r}", locate("name")))
-    seed = check("seed", NonNegativeInt | None, None)
-    device = check("device", Literal["cpu", "gpu"], "cpu")
-    dtype = check("dtype", Literal["float32", "float64"], "float32")
-    plugins = check("plugins", list[FilePath], [])
+    seed, device, dtype = (check(k, TOP_LEVEL[k].hint, TOP_LEVEL[k].default) for k in ("seed", "device", "dtype"))
+    plugins = check("plugins", TOP_LEVEL["plugins"].hint, [])
     if base_dir is not None:
         plugins = [str((base_dir / p).resolve()) if not Path(p).is_absolute() else str(p) for p in plugins]
         raw["plugins"] = plugins

@@ -1,11 +1,34 @@
-"""The ``train:`` section's schema: typed fields with defaults, checked by :mod:`dlrun.config`
-(which owns reading and validating configs) and documented by their docstrings."""
+"""What a config may say: the top-level keys and the ``train:`` section, as typed fields with
+defaults and docs. :mod:`dlrun.config` checks configs against them, :mod:`dlrun.config.resolved`
+fills in their defaults and :mod:`dlrun.config.schema` turns them into a JSON Schema."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from ..registry.options import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from ..registry.options import FilePath, Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+
+
+@dataclass(frozen=True)
+class Components:
+    """Marks a value that names components of one registry kind (``kind``: a key of
+    ``dlrun.registry.REGISTRIES``), one spec or, with ``many``, a list of them; dlrun.config
+    checks it against that registry."""
+
+    kind: str
+    many: bool = False
+
+
+@dataclass(frozen=True)
+class Key:
+    """A top-level key of a config: its type, its default and what it is for."""
+
+    hint: Any
+    default: Any
+    doc: str
+    required: bool = False
+
+
 
 
 @dataclass
@@ -70,9 +93,26 @@ class TrainSettings:
     split_seed: NonNegativeInt | None = None
     clip_norm: PositiveFloat | None = None
     clip_value: PositiveFloat | None = None
-    schedule: Any = None  # a schedule spec, checked against registry.schedules in validate()
+    schedule: Annotated[Any, Components("schedules")] = None  # checked against registry.schedules in validate()
     schedule_interval: Literal["epoch", "step"] = "epoch"
     early_stopping: EarlyStoppingSettings | None = None
     checkpoint_every: PositiveInt = 1
-    metrics: Any = None  # a list of metric specs, checked against registry.metrics in validate()
+    metrics: Annotated[Any, Components("metrics", many=True)] = None  # checked in validate()
     monitor: str | None = None
+
+
+# the top-level keys, in the order a resolved config lists them
+TOP_LEVEL = {
+    "name": Key(str, None, "run name used for the run directory (default: the config file's name)"),
+    "seed": Key(NonNegativeInt | None, None, "integer seed for weights, shuffling and layer randomness "
+                                            "(default: drawn and recorded)"),
+    "device": Key(Literal["cpu", "gpu"], "cpu", "cpu or gpu"),
+    "dtype": Key(Literal["float32", "float64"], "float32", "float32 (default) or float64"),
+    "plugins": Key(list[FilePath], [], "Python files with user layers, relative to this file"),
+    "data": Key(Annotated[Any, Components("data")], None, "data generator or file", True),
+    "model": Key(Annotated[Any, Components("layers", many=True)], None, "list of layers", True),
+    "loss": Key(Annotated[Any, Components("losses")], None, "loss function", True),
+    "optimizer": Key(Annotated[Any, Components("optimizers")], None, "optimizer", True),
+    "regularizer": Key(Annotated[Any, Components("regularizers")], None, "run-wide default regularizer for weights"),
+    "train": Key(TrainSettings | None, None, "training settings"),
+}

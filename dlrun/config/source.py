@@ -340,9 +340,15 @@ def apply_override(raw: dict, item: str, source: Source) -> None:
     source.lines = {p: n for p, n in source.lines.items() if not (p == path or p.startswith(path + ".") or p.startswith(path + "["))}
 
 
-def dump_yaml(data: Any) -> str:
-    """YAML text for a resolved config (written into run directories)."""
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
+def dump_yaml(data: Any, block: tuple[str, ...] = ()) -> str:
+    """YAML text for a config (written into run directories): a mapping or list of plain values
+    on one line (``{type: Linear, units: 64}``), the top-level keys named in ``block`` one
+    setting a line."""
+    if not block or not isinstance(data, dict):
+        return yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
+    return "".join(yaml.safe_dump({k: v}, sort_keys=False,
+                                  default_flow_style=None if k not in block and isinstance(v, (dict, list)) else False)
+                   for k, v in data.items())
 
 
 def parse_value(text: str, where: str) -> Any:

@@ -95,6 +95,19 @@ def load(path: str | Path) -> tuple[dict, dict, dict]:
     return model, optim, meta
 
 
+def read_meta(path: str | Path) -> dict:
+    """A checkpoint's metadata record alone, without reading its arrays (``dlrun runs`` reads
+    many); a CheckpointError when the file is no readable checkpoint."""
+    try:
+        with zipfile.ZipFile(path) as z, z.open("meta.npy") as f:
+            meta = json.loads(bytes(np.lib.format.read_array(f, allow_pickle=False)).decode())
+    except (OSError, zipfile.BadZipFile, EOFError, KeyError, ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: corrupt checkpoint (the 'meta' record is not a JSON object)")
+    return meta
+
+
 def _count(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 

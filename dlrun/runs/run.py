@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,6 +186,7 @@ def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from
     try:
         with rundir.RunLock(run_dir):
             rundir.write_config(run_dir, config)
+            rundir.write_run_info(run_dir, config)
             return _fit(run, run_dir, callbacks, extra)
     except BaseException:  # a run that saved nothing leaves nothing behind (an interrupted one saves)
         rundir.discard_if_empty(run_dir)
@@ -292,8 +294,11 @@ def resume_config(run_dir: str | Path, overrides=(), device: str | None = None,
     recorded, found = named_for(ckpt.meta["config"], ckpt.meta.get("plugins"), path)  # (files given with --plugin)
     if warnings is not None:
         warnings.extend(found)
-    return config_from_dict(recorded, overrides=list(overrides), device=device, origin=str(path),
-                            run_plugins=False, from_checkpoint=True), ckpt
+    # a config without name: is named as its run directory (for config.resolved.yaml), when that is a plain name
+    name = rundir.run_name(run_dir)[0]
+    return config_from_dict(recorded, name=name if re.fullmatch(r"[\w.+-]{1,200}", name) else "run",
+                            overrides=list(overrides), device=device, origin=str(path), run_plugins=False,
+                            from_checkpoint=True), ckpt
 
 
 def config_edited(run_dir: str | Path, ckpt: checkpoint.Checkpoint) -> bool:
@@ -344,8 +349,8 @@ def _resume(run_dir: Path, config: Config, ckpt: checkpoint.Checkpoint, callback
     try:
         return _fit(run, run_dir, callbacks, extra, ckpt.meta.get("best"), before)
     except DlrunError as e:  # failed before a good step (an interrupt saves its state and config): last.npz
-        if not isinstance(e, Interrupted) and trainer.step == ckpt.meta.get("step"):  # is kept, so is config.yaml
-            rundir.put_back(run_dir / "config.yaml", kept)
+        if not isinstance(e, Interrupted) and trainer.step == ckpt.meta.get("step"):  # is kept, so are the config files
+            rundir.put_back(kept)
         raise
 
 

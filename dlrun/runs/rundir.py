@@ -2,9 +2,11 @@
 
 Layout of ``RUNS_DIR/<name>-<YYYYmmdd-HHMMSS>/`` (checkpoints are :mod:`dlrun.runs.snapshot`'s):
 
-* ``config.yaml``  — the resolved config, including the seed actually used;
+* ``config.yaml``  — the config as written (file and ``--set``), with the seed actually used;
+* ``config.resolved.yaml`` — the same with every default applied (:mod:`dlrun.config.resolved`);
 * ``metrics.csv``  — one row per epoch, appended as training goes;
 * ``summary.json`` — final metrics, epochs, seconds, the best epoch;
+* ``run.json``     — how the run was started: the config file and its ``--set`` items;
 * ``.lock``        — held by the process training in it (:class:`RunLock`).
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..config import Config
+from ..config.resolved import BLOCK, resolved
 from ..config.source import dump_yaml
 from ..errors import TrainingError, UsageError
 from ..training.hooks import Callback
@@ -62,6 +65,16 @@ def new_run_dir(runs_dir: str | Path, name: str) -> Path:
     raise TrainingError(f"too many runs named {name}-{stamp} in {runs_dir}")
 
 
+STAMP = re.compile(r"^(.+)-(\d{8}-\d{6})(?:-\d+)?$")  # what new_run_dir names: NAME-YYYYmmdd-HHMMSS[-N]
+
+
+def run_name(run_dir: Path) -> tuple[str, str | None]:
+    """(the run's name, its start YYYYmmdd-HHMMSS) from its directory's name: ``spiral-20260101-120000``
+    is ``("spiral", "20260101-120000")``; a folder named otherwise is its name with no time."""
+    m = STAMP.match(Path(run_dir).name)
+    return (m.group(1), m.group(2)) if m else (Path(run_dir).name, None)
+
+
 def discard_if_empty(run_dir: Path) -> None:
     """Remove a new run's directory when it failed before finishing an epoch: it would hold only
     config.yaml and a metrics header, nothing to resume, evaluate, predict from or read. Called
@@ -75,7 +88,7 @@ def discard_if_empty(run_dir: Path) -> None:
             with open(metrics) as f:
                 if sum(1 for _ in f) > 1:  # an epoch's metrics were recorded: keep them
                     return
-        for name in ("config.yaml", "metrics.csv", LOCK):
+        for name in (*CONFIG_FILES, RUN_INFO, "metrics.csv", LOCK):
             (run_dir / name).unlink(missing_ok=True)
         if ckpts.is_dir():
             ckpts.rmdir()
@@ -85,6 +98,23 @@ def discard_if_empty(run_dir: Path) -> None:
 
 
 LOCK = ".lock"
+
+
+def in_use(run_dir: Path) -> int | None:
+    """The process id training in ``run_dir`` (holding its :class:`RunLock`), or None. (Testing
+    the lock takes it for an instant when it is free.)"""
+    try:
+        fd = os.open(Path(run_dir) / LOCK, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        _lock(fd)
+        return None
+    except OSError:
+        owner = os.read(fd, 32).decode(errors="replace").strip()
+        return int(owner) if owner.isdigit() else -1
+    finally:
+        os.close(fd)
 
 
 class RunLock:
@@ -180,29 +210,47 @@ class MetricsWriter(Callback):
             w.writerow(["" if metrics.get(c) is None else metrics[c] for c in self.columns])
 
 
-def write_config(run_dir: Path, config: Config) -> bytes | None:
-    """Write the run's config.yaml; return the bytes it replaced (None: there was none, or they
-    could not be read)."""
-    path = run_dir / "config.yaml"
+CONFIG_FILES = ("config.yaml", "config.resolved.yaml")  # as written, and every default applied
+RUN_INFO = "run.json"
+
+
+def write_run_info(run_dir: Path, config: Config) -> None:
+    """Write run.json: the config file a new run was started from and its --set items."""
+    file = config.source.file
+    overrides = [f.removeprefix("--set ") for f in dict.fromkeys(config.source.flags.values()) if f.startswith("--set ")]
     try:
-        old = path.read_bytes()
-    except OSError:
-        old = None
-    try:
-        path.write_text(dump_yaml(config.raw))
+        write_json(run_dir / RUN_INFO, {"config": os.path.abspath(file) if file else None, "set": overrides})
     except OSError as e:
-        raise TrainingError(f"cannot write {path}: {e.strerror or e}") from None
+        raise TrainingError(f"cannot write {run_dir / RUN_INFO}: {e.strerror or e}") from None
+
+
+def write_config(run_dir: Path, config: Config) -> dict[Path, bytes | None]:
+    """Write the run's config.yaml and config.resolved.yaml; return the bytes each replaced (None:
+    there was none, or it could not be read), for :func:`put_back`."""
+    texts = dict(zip(CONFIG_FILES, (dump_yaml(config.raw), dump_yaml(resolved(config), BLOCK))))
+    old = {}
+    for name, text in texts.items():
+        path = run_dir / name
+        try:
+            old[path] = path.read_bytes()
+        except OSError:
+            old[path] = None
+        try:
+            path.write_text(text)
+        except OSError as e:
+            raise TrainingError(f"cannot write {path}: {e.strerror or e}") from None
     return old
 
 
-def put_back(path: Path, data: bytes | None) -> None:
-    """Restore a file's earlier bytes (what write_config returned), as far as the disk allows: it
+def put_back(files: dict[Path, bytes | None]) -> None:
+    """Restore files' earlier bytes (what write_config returned), as far as the disk allows: it
     runs while another error is being reported, which must not be replaced by this one."""
-    if data is not None:
-        try:
-            path.write_bytes(data)
-        except OSError:
-            pass
+    for path, data in files.items():
+        if data is not None:
+            try:
+                path.write_bytes(data)
+            except OSError:
+                pass
 
 
 def write_json(path: Path, data: dict) -> None:

@@ -1,0 +1,172 @@
+"""A JSON Schema of dlrun configs, generated from what dlrun itself checks.
+
+:func:`json_schema` turns the config's keys (:mod:`dlrun.config.settings`) and every registered
+component's typed options (:mod:`dlrun.registry.options`: types, ranges, choices, defaults and
+the docs of ``dlrun show``) into a JSON Schema (draft 2020-12) for editors' YAML language
+servers: completion, hover docs and errors while typing. Plugins count when they were loaded
+first (``dlrun schema --plugin FILE.py``).
+
+A schema checks each value on its own. What needs the data, the model's shapes or several keys
+together is checked by ``dlrun check`` alone: see :data:`NOT_IN_SCHEMA`.
+"""
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import MISSING, fields, is_dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+from urllib.parse import quote
+
+from .. import registry
+from ..registry import docstrings
+from ..registry.options import FilePath, Range, component_registry
+from .settings import TOP_LEVEL, Components
+
+DRAFT = "https://json-schema.org/draft/2020-12/schema"
+
+# a run name: one directory level, no surrounding spaces (dlrun.config._safe_name)
+NAME_PATTERN = r"^(?!\s)(?!.*\s$)(?!\.\.?$)[^/\\\x00]+$"
+
+# what dlrun checks that a JSON Schema cannot say (docs/config.md lists them for users)
+NOT_IN_SCHEMA = {
+    "finite numbers": "a schema's number type admits .nan and .inf, which dlrun refuses",
+    "YAML itself": "syntax errors, tabs, duplicate keys, tags such as !!python, non-UTF-8 bytes, "
+                   "values nested too deeply: the YAML reader refuses them before any schema applies",
+    "data": "files that exist and hold numbers, labels in range, a validation split that is not empty",
+    "shapes": "each layer's input shape, the loss against the model's outputs",
+    "monitors": "train.monitor and early_stopping.monitor naming a column the run records",
+    "plugins": "plugin files that exist and load; their components only when named with --plugin",
+    "options checked together": "constraints a component checks across its options (a layer's "
+                                "stride against its padding, say)",
+}
+
+
+def json_schema() -> dict:
+    """The JSON Schema of a config, for every component registered now (built-ins, installed
+    packages' entry points and plugin files loaded before the call)."""
+    registry.load_builtins()
+    defs: dict[str, Any] = {}
+    for kind, reg in registry.REGISTRIES.items():
+        defs[kind] = _kind(kind, reg, defs)
+    properties = {}
+    for key, k in TOP_LEVEL.items():
+        properties[key] = {**_type(k.hint, defs), "description": k.doc}
+        if k.default not in (None, [], MISSING):
+            properties[key]["default"] = k.default
+    properties["name"] = {"type": "string", "pattern": NAME_PATTERN, "description": TOP_LEVEL["name"].doc}
+    return {"$schema": DRAFT, "title": "dlrun config",
+            "description": "A dlrun training run: data, model, loss, optimizer and training settings.",
+            "type": "object", "properties": properties, "additionalProperties": False,
+            "required": [k for k, key in TOP_LEVEL.items() if key.required], "$defs": defs}
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": "#/$defs/" + quote(name, safe="._-")}
+
+
+def _kind(kind: str, reg, defs: dict) -> dict:
+    """One kind's schema: a name (when the component needs no option) or ``{type: NAME, ...}``
+    with that component's options; each component's own schema goes into ``defs``."""
+    names = reg.names()
+    bare = []
+    branches = []
+    for name in names:
+        options = reg.options(name)
+        if not any(o.required for o in options):
+            bare.append(name)
+        defs[f"{kind}.{name}"] = _component(reg, name, options, defs)
+        branches.append({"if": {"properties": {"type": {"const": name}}, "required": ["type"]},
+                         "then": _ref(f"{kind}.{name}")})
+    mapping = {"type": "object", "properties": {"type": {"enum": names, "description": f"the {reg.kind}"}},
+               "required": ["type"], "allOf": branches}
+    return {"description": f"{reg.article} {reg.kind}: a name, or a mapping with its type and options "
+                           f"(`dlrun list {kind}`)", "if": {"type": "string"}, "then": {"enum": bare}, "else": mapping}
+
+
+def _component(reg, name: str, options, defs: dict) -> dict:
+    """A component's mapping: ``type`` and its options, each with type, default and docs."""
+    props: dict[str, Any] = {"type": {"const": name}}
+    for o in options:
+        props[o.name] = {**_type(o.hint, defs), **({"description": o.doc} if o.doc else {})}
+        if not o.required:
+            default = _json(o.default)
+            if default is not MISSING:
+                props[o.name]["default"] = default
+    for key in reg.entry_keys:  # what every entry of the kind may carry: a layer's trainable, a metric's name
+        props[key] = ({"type": "boolean", "default": True, "description": "false: keep this layer's parameters "
+                       "as they are (not trained)"} if key == "trainable" else
+                      {"type": "string", "description": "the name of its columns, train_NAME and val_NAME"})
+    origin = reg.origin(name)
+    summary = docstrings.summary(reg.get(name)) + ("" if origin == "builtin" else f" (from {origin})")
+    return {"type": "object", "description": summary, "properties": props,
+            "required": [o.name for o in options if o.required], "additionalProperties": False}
+
+
+def _type(hint, defs: dict) -> dict:
+    """The JSON Schema of a type hint as :func:`dlrun.registry.options.check_value` reads it."""
+    origin = typing.get_origin(hint)
+    if origin is Annotated:
+        base, *meta = typing.get_args(hint)
+        marker = next((m for m in meta if isinstance(m, Components)), None)
+        if marker is not None:
+            one = _ref(marker.kind)
+            return {"type": "array", "items": one, "minItems": 1} if marker.many and marker.kind == "layers" else \
+                {"anyOf": [{"type": "array", "items": one}, {"type": "null"}]} if marker.many else one
+        out = _type(base, defs)
+        for m in meta:
+            if isinstance(m, Range):
+                if m.min is not None:
+                    out["minimum" if m.min_inclusive else "exclusiveMinimum"] = m.min
+                if m.max is not None:
+                    out["maximum" if m.max_inclusive else "exclusiveMaximum"] = m.max
+        return out
+    if origin is Literal:
+        return {"enum": list(typing.get_args(hint))}
+    if origin in (Union, types.UnionType):
+        return {"anyOf": [_type(a, defs) for a in typing.get_args(hint)]}
+    if origin in (list, tuple):
+        args = typing.get_args(hint)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return {"type": "array", "prefixItems": [_type(a, defs) for a in args], "items": False,
+                    "minItems": len(args), "maxItems": len(args)}
+        return {"type": "array", "items": _type(args[0], defs)} if args else {"type": "array"}
+    if hint is type(None) or hint is None:
+        return {"type": "null"}
+    if isinstance(hint, type) and is_dataclass(hint):
+        return _settings(hint, defs)
+    simple = {bool: "boolean", int: "integer", float: "number", str: "string", FilePath: "string", Path: "string"}
+    if hint in simple:
+        return {"type": simple[hint]}
+    reg = component_registry(hint)
+    if reg is not None:
+        kind = next(k for k, r in registry.REGISTRIES.items() if r is reg)
+        return _ref(kind)
+    return {}  # Any, or a type a config cannot write: anything
+
+
+def _settings(cls, defs: dict) -> dict:
+    """A settings section (``train:``, ``train.early_stopping:``): its typed fields, documented
+    by the class's ``Args:``."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    docs = docstrings.doc_args(cls)
+    props = {}
+    for f in fields(cls):
+        props[f.name] = {**_type(hints[f.name], defs), **({"description": docs[f.name]} if f.name in docs else {})}
+        default = _json(f.default)
+        if default is not MISSING:
+            props[f.name]["default"] = default
+    return {"type": "object", "description": docstrings.summary(cls), "properties": props,
+            "additionalProperties": False}
+
+
+def _json(value):
+    """A default as JSON writes it (tuples as lists), or MISSING when JSON has no such value."""
+    if value is MISSING or value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, float)):
+        return value if value == value and value not in (float("inf"), float("-inf")) else MISSING
+    if isinstance(value, (list, tuple)):
+        items = [_json(v) for v in value]
+        return MISSING if MISSING in items else items
+    return MISSING
