@@ -51,7 +51,8 @@ def json_schema() -> dict:
         defs[kind] = _kind(kind, reg, defs)
     properties = {}
     for key, k in TOP_LEVEL.items():
-        properties[key] = {**_type(k.hint, defs), "description": k.doc}
+        schema = _type(k.hint, defs)
+        properties[key] = {**(_nullable(schema) if k.default is None and not k.required else schema), "description": k.doc}
         if k.default not in (None, [], MISSING):
             properties[key]["default"] = k.default
     properties["name"] = {"type": "string", "pattern": NAME_PATTERN, "description": TOP_LEVEL["name"].doc}
@@ -152,12 +153,21 @@ def _settings(cls, defs: dict) -> dict:
     docs = docstrings.doc_args(cls)
     props = {}
     for f in fields(cls):
-        props[f.name] = {**_type(hints[f.name], defs), **({"description": docs[f.name]} if f.name in docs else {})}
+        schema = _type(hints[f.name], defs)
+        schema = _nullable(schema) if f.default is None else schema  # null: the setting's default (unset)
+        props[f.name] = {**schema, **({"description": docs[f.name]} if f.name in docs else {})}
         default = _json(f.default)
         if default is not MISSING:
             props[f.name]["default"] = default
     return {"type": "object", "description": docstrings.summary(cls), "properties": props,
             "additionalProperties": False}
+
+
+def _nullable(schema: dict) -> dict:
+    """``schema`` or null."""
+    if schema.get("type") == "null" or {"type": "null"} in schema.get("anyOf", []) or not schema:
+        return schema
+    return {"anyOf": [schema, {"type": "null"}]}
 
 
 def _json(value):

@@ -183,7 +183,8 @@ def _metrics(path: Path, rec: RunRecord) -> list[dict]:
     """metrics.csv's complete rows (a row being written, or damaged, is left out)."""
     try:
         with open(path, newline="") as f:
-            return [r for r in csv.DictReader(f) if (r.get("epoch") or "").isdigit()]
+            return [r for r in csv.DictReader(f)
+                    if (r.get("epoch") or "").isdigit() and None not in r and None not in r.values()]
     except FileNotFoundError:
         return []
     except (OSError, UnicodeDecodeError, csv.Error):
