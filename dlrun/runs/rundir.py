@@ -219,7 +219,8 @@ def write_run_info(run_dir: Path, config: Config) -> None:
     file = config.source.file
     overrides = [f.removeprefix("--set ") for f in dict.fromkeys(config.source.flags.values()) if f.startswith("--set ")]
     try:
-        write_json(run_dir / RUN_INFO, {"config": os.path.abspath(file) if file else None, "set": overrides})
+        (run_dir / RUN_INFO).write_text(json.dumps({"config": os.path.abspath(file) if file else None,
+                                                    "set": overrides}, indent=2) + "\n")
     except OSError as e:
         raise TrainingError(f"cannot write {run_dir / RUN_INFO}: {e.strerror or e}") from None
 
