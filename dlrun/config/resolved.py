@@ -39,16 +39,22 @@ def resolved(config) -> dict:
     return out
 
 
-def component(reg, spec) -> dict:
+def component(reg, spec, sections: tuple[tuple[str, type], ...] = ()) -> dict:
     """``{type: NAME, option: value, ...}`` for a spec of registry ``reg``: every option of the
     component, given or default, nested components resolved too; the keys every entry of its
     kind may carry (a layer's ``trainable``, a metric's ``name``) as given, ``trainable`` true
-    when not given."""
+    when not given; the settings ``sections`` the spec may carry (data's ``preprocess``) with
+    their defaults, when given (a data source without ``preprocess`` is used as it is)."""
     name, given = reg.parse_spec(spec)
     out = {"type": name}
     for o in reg.options(name):
         out[o.name] = _value(given[o.name] if o.name in given else o.default, o.hint)
+    for key, cls in sections:
+        if key in given:
+            out[key] = _settings(cls, given[key] or {})
     for key in reg.entry_keys:
+        if key in out:
+            continue
         if key in given:
             out[key] = given[key]
         elif key == "trainable":
@@ -71,8 +77,8 @@ def _value(value, hint):
     if marker is not None:
         reg = registry.REGISTRIES[marker.kind]
         if marker.many:
-            return [component(reg, v) for v in value] if isinstance(value, list) else value
-        return component(reg, value)
+            return [component(reg, v, marker.sections) for v in value] if isinstance(value, list) else value
+        return component(reg, value, marker.sections)
     for arg in _alternatives(hint):
         if isinstance(arg, type) and is_dataclass(arg) and isinstance(value, dict):
             return _settings(arg, value)

@@ -21,6 +21,7 @@ from urllib.parse import quote
 from .. import registry
 from ..registry import docstrings
 from ..registry.options import FilePath, Range, component_registry
+from . import LEGACY_DATA_OPTIONS
 from .settings import TOP_LEVEL, Components
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -47,8 +48,9 @@ def json_schema() -> dict:
     packages' entry points and plugin files loaded before the call)."""
     registry.load_builtins()
     defs: dict[str, Any] = {}
+    sections = {m.kind: m.sections for m in map(_marker, [k.hint for k in TOP_LEVEL.values()]) if m is not None}
     for kind, reg in registry.REGISTRIES.items():
-        defs[kind] = _kind(kind, reg, defs)
+        defs[kind] = _kind(kind, reg, defs, sections.get(kind, ()))
     properties = {}
     for key, k in TOP_LEVEL.items():
         schema = _type(k.hint, defs)
@@ -66,7 +68,14 @@ def _ref(name: str) -> dict:
     return {"$ref": "#/$defs/" + quote(name, safe="._-")}
 
 
-def _kind(kind: str, reg, defs: dict) -> dict:
+def _marker(hint) -> Components | None:
+    """The :class:`Components` of an ``Annotated[..., Components(kind)]`` hint, or None."""
+    if typing.get_origin(hint) is Annotated:
+        return next((m for m in typing.get_args(hint)[1:] if isinstance(m, Components)), None)
+    return None
+
+
+def _kind(kind: str, reg, defs: dict, sections=()) -> dict:
     """One kind's schema: a name (when the component needs no option) or ``{type: NAME, ...}``
     with that component's options; each component's own schema goes into ``defs``."""
     names = reg.names()
@@ -76,7 +85,7 @@ def _kind(kind: str, reg, defs: dict) -> dict:
         options = reg.options(name)
         if not any(o.required for o in options):
             bare.append(name)
-        defs[f"{kind}.{name}"] = _component(reg, name, options, defs)
+        defs[f"{kind}.{name}"] = _component(reg, name, options, defs, sections)
         branches.append({"if": {"properties": {"type": {"const": name}}, "required": ["type"]},
                          "then": _ref(f"{kind}.{name}")})
     mapping = {"type": "object", "properties": {"type": {"enum": names, "description": f"the {reg.kind}"}},
@@ -85,8 +94,9 @@ def _kind(kind: str, reg, defs: dict) -> dict:
                            f"(`dlrun list {kind}`)", "if": {"type": "string"}, "then": {"enum": bare}, "else": mapping}
 
 
-def _component(reg, name: str, options, defs: dict) -> dict:
-    """A component's mapping: ``type`` and its options, each with type, default and docs."""
+def _component(reg, name: str, options, defs: dict, sections=()) -> dict:
+    """A component's mapping: ``type`` and its options, each with type, default and docs (and
+    the settings ``sections`` a spec of its kind may carry: data's ``preprocess``)."""
     props: dict[str, Any] = {"type": {"const": name}}
     for o in options:
         props[o.name] = {**_type(o.hint, defs), **({"description": o.doc} if o.doc else {})}
@@ -94,10 +104,15 @@ def _component(reg, name: str, options, defs: dict) -> dict:
             default = _json(o.default)
             if default is not MISSING:
                 props[o.name]["default"] = default
-    for key in reg.entry_keys:  # what every entry of the kind may carry: a layer's trainable, a metric's name
+    for key in (k for k in reg.entry_keys if k not in dict(sections)):  # a layer's trainable, a metric's name
         props[key] = ({"type": "boolean", "default": True, "description": "false: keep this layer's parameters "
                        "as they are (not trained)"} if key == "trainable" else
                       {"type": "string", "description": "the name of its columns, train_NAME and val_NAME"})
+    for key, cls in sections:
+        props[key] = _nullable(_settings(cls, defs))
+    for kind, key in LEGACY_DATA_OPTIONS:  # replaced: a config may not set it (its doc says by what)
+        if reg is registry.data and name == kind and key in props:
+            props[key].update({"not": {"const": True}, "deprecated": True})
     origin = reg.origin(name)
     summary = docstrings.summary(reg.get(name)) + ("" if origin == "builtin" else f" (from {origin})")
     return {"type": "object", "description": summary, "properties": props,
@@ -109,7 +124,7 @@ def _type(hint, defs: dict) -> dict:
     origin = typing.get_origin(hint)
     if origin is Annotated:
         base, *meta = typing.get_args(hint)
-        marker = next((m for m in meta if isinstance(m, Components)), None)
+        marker = _marker(hint)
         if marker is not None:
             one = _ref(marker.kind)
             return {"type": "array", "items": one, "minItems": 1} if marker.many and marker.kind == "layers" else \

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+from ..data.preprocess import Settings as Preprocess
 from ..registry.options import FilePath, Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 
@@ -17,6 +18,8 @@ class Components:
 
     kind: str
     many: bool = False
+    # keys a spec may carry besides its component's options, each a settings section (data's preprocess)
+    sections: tuple[tuple[str, type], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,8 @@ TOP_LEVEL = {
     "device": Key(Literal["cpu", "gpu"], "cpu", "cpu or gpu"),
     "dtype": Key(Literal["float32", "float64"], "float32", "float32 (default) or float64"),
     "plugins": Key(list[FilePath], [], "Python files with user layers, relative to this file"),
-    "data": Key(Annotated[Any, Components("data")], None, "data generator or file", True),
+    "data": Key(Annotated[Any, Components("data", sections=(("preprocess", Preprocess),))], None,
+                "data generator or file", True),
     "model": Key(Annotated[Any, Components("layers", many=True)], None, "list of layers", True),
     "loss": Key(Annotated[Any, Components("losses")], None, "loss function", True),
     "optimizer": Key(Annotated[Any, Components("optimizers")], None, "optimizer", True),

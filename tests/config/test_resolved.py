@@ -14,6 +14,7 @@ from dlrun.config import config_from_dict, load_config
 from dlrun.config.resolved import component, resolved
 from dlrun.config.settings import TOP_LEVEL, EarlyStoppingSettings, TrainSettings
 from dlrun.config.source import parse_yaml
+from dlrun.data.preprocess import Settings as Preprocess
 from dlrun.registry.plugins import load_plugins
 from dlrun.runs import checkpoint
 
@@ -43,7 +44,13 @@ def test_a_shipped_config_resolves_to_every_default_and_back(path):
                 init = layer[name]
                 assert list(init) == ["type", *(o.name for o in registry.initializers.options(init["type"]))]
     for kind, reg in (("data", registry.data), ("loss", registry.losses), ("optimizer", registry.optimizers)):
-        assert list(full[kind]) == ["type", *(o.name for o in reg.options(full[kind]["type"]))], kind
+        assert list(full[kind])[:len(reg.options(full[kind]["type"])) + 1] == \
+            ["type", *(o.name for o in reg.options(full[kind]["type"]))], kind
+    given = config.raw["data"]
+    if isinstance(given, dict) and "preprocess" in given:  # with its defaults; absent stays absent (no preprocessing)
+        assert list(full["data"]["preprocess"]) == list(Preprocess.__dataclass_fields__)
+    else:
+        assert "preprocess" not in full["data"]
     # dlrun train accepts it, and resolving it again changes nothing
     again = config_from_dict(full, origin="resolved")
     assert resolved(again) == full
@@ -81,10 +88,12 @@ def test_dlrun_config_reports_a_bad_set_item_in_one_line():
 
 
 @pytest.mark.slow
-def test_the_resolved_config_trains_exactly_as_the_config(tmp_path):
-    """moons_dropout (dropout, AdamW, warm-up then cosine, clipping, early stopping) for a few
-    epochs, then its run's config.resolved.yaml, and `dlrun config`'s output: same metrics, weights."""
-    source = ROOT / "configs" / "moons_dropout.yaml"
+@pytest.mark.parametrize("name", ["moons_dropout", "iris"])
+def test_the_resolved_config_trains_exactly_as_the_config(tmp_path, name):
+    """moons_dropout (dropout, AdamW, warm-up then cosine, clipping, early stopping) and iris
+    (preprocessing) for a few epochs, then the run's config.resolved.yaml, and `dlrun config`'s
+    output: same metrics, same weights."""
+    source = ROOT / "configs" / f"{name}.yaml"
     first = train(source, tmp_path / "a", "--set", "train.epochs=6")
     kept = first / "config.resolved.yaml"
     printed = write(tmp_path / "printed.yaml", run_cli("config", source, "--set", "train.epochs=6").out)

@@ -22,7 +22,7 @@ PLUGINS = [ROOT / "examples" / "my_layer.py", ROOT / "tests" / "corpus" / "plugi
 SHIPPED = sorted([*(ROOT / "configs").glob("*.yaml"), *(ROOT / "examples").glob("*.yaml")])
 
 # corpus configs the schema rejects: names, types, ranges, choices, options, required keys
-REJECTED = ["bad_device", "bad_dtype", "bad_seed", "data_name_key", "empty", "k_above_one", "k_zero", "layer_as_key",
+REJECTED = ["bad_device", "bad_dtype", "bad_seed", "data_legacy_standardize", "data_name_key", "empty", "k_above_one", "k_zero", "layer_as_key",
             "layer_no_type", "missing_option", "model_empty", "model_not_list", "name_escapes", "negative_lr",
             "not_mapping", "plugin_float64_forward", "plugin_short_backward", "plugin_unknown_name", "rate_one",
             "several_errors", "split_one", "train_not_mapping", "type_epochs", "type_shuffle", "type_units",
@@ -37,11 +37,13 @@ NOT_EXPRESSIBLE = {
                      "data_garbage_npz", "data_header_only_csv", "data_inf_csv", "data_label_fraction_csv",
                      "data_label_huge", "data_label_negative_csv", "data_label_range_csv", "data_missing_csv",
                      "data_missing_key_npz", "data_nan_csv", "data_non_numeric_csv", "data_one_column",
-                     "data_pickled_npy", "data_ragged_csv", "data_regression_nan_target", "data_split_empty"], "data"),
+                     "data_pickled_npy", "data_ragged_csv", "data_regression_nan_target", "data_split_empty",
+                     "data_missing_cell_csv", "data_semicolon_csv", "data_target_typo", "data_text_in_numeric",
+                     "data_unseen_label_validation"], "data"),
     **dict.fromkeys(["mse_width", "shape_linear_images", "shape_softmax_rank"], "shapes"),
     "plugin_missing": "plugins",
 }
-VALID = ["valid"]
+VALID = ["valid", "tabular_valid"]
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +92,9 @@ def test_what_a_schema_cannot_express_passes_it_and_dlrun_check_refuses(validato
     assert run_cli("check", CORPUS / f"{name}.yaml").code == 2
 
 
-def test_the_valid_corpus_config_passes(validator):
-    assert validator.is_valid(_raw(CORPUS / "valid.yaml"))
+@pytest.mark.parametrize("name", VALID)
+def test_the_valid_corpus_configs_pass(validator, name):
+    assert validator.is_valid(_raw(CORPUS / f"{name}.yaml"))
 
 
 def test_every_component_and_option_is_in_the_schema(validator):
@@ -127,6 +130,8 @@ def test_the_schema_checks_values_as_dlrun_does(validator):
     assert not ok(model=[{"type": "Linear", "units": 2, "trainable": "no"}])
     assert ok(model=[{"type": "Linear", "units": 2, "trainable": False, "weight_regularizer": {"type": "L1", "strength": 0.1}}])
     assert not ok(model=["Linear"])  # its units are required: the name alone is not enough
+    assert ok(data={"type": "spiral", "preprocess": {"numeric": "standardize"}})
+    assert not ok(data={"type": "spiral", "preprocess": {"numeric": "zscore"}})
 
 
 def test_dlrun_schema_names_plugins_only_when_given(tmp_path):
