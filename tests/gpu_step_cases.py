@@ -75,6 +75,11 @@ STEP_CASES = {
     "Embedding (indices), GELU, SGD": StepCase(
         [{"type": "Embedding", "input_dim": 10, "output_dim": 4}, "Flatten", "GELU", {"type": "Linear", "units": 3}],
         (5,)),
+    "transformer pieces (attention: causal, dropout; positions, position-wise Linear, pooling), Adam": StepCase(
+        [{"type": "Embedding", "input_dim": 10, "output_dim": 8}, "PositionalEmbedding", "LayerNorm",
+         {"type": "MultiHeadAttention", "heads": 2, "causal": True, "dropout": 0.1},
+         {"type": "Linear", "units": 8, "position_wise": True}, "ReLU", {"type": "SequencePool", "mode": "last"},
+         {"type": "Linear", "units": 3}], (5,), {"type": "Adam", "learning_rate": 0.01}),
     # every loss
     "BinaryCrossEntropy, precision/recall/f1": StepCase(_out(1), loss="BinaryCrossEntropy", classes=1,
                                                        metrics=("precision", "recall", "f1")),
