@@ -38,7 +38,8 @@ class MultiHeadAttention(Layer):
     Backward, per head, with dO the gradient of A' v (A' the weights after dropout, mask its
     multiplier): dv = A'ᵀ dO; dA = (dO vᵀ) ⊙ mask; dS = A ⊙ (dA − rowsum(dA ⊙ A));
     dq = dS k/√d; dk = dSᵀ q/√d; then the projections' gradients as for Linear. All heads and
-    samples are batched matrix products over (N, h).
+    samples are batched matrix products over (N, h). The key bias gets gradient 0: it adds the
+    same q·b_k to every score of a row, which the softmax ignores.
 
     Args:
         heads: number of heads h.
@@ -157,6 +158,10 @@ class MultiHeadAttention(Layer):
         xp.matmul(dqkv2.T, x2, out=self.in_weight.grad)
         if self.in_bias is not None:
             xp.matmul(self.buffers.ones(xp, n * t, dy.dtype), dqkv2, out=self.in_bias.grad)
+            # the key bias adds q·b_k to every score of a row, which the softmax ignores: its
+            # gradient is exactly 0, and the sum above only rounding noise (which Adam, dividing
+            # by its running size, would turn into full steps)
+            self.in_bias.grad[h * d:2 * h * d] = 0
         if not self.needs_input_grad:
             return None
         return (dqkv2 @ self.in_weight.data).reshape(n, t, x2.shape[1])
