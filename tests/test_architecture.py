@@ -32,7 +32,10 @@ LEVEL = {wing: i for i, wings in enumerate(LAYERS) for wing in wings}
 # and the console script's guard (Ctrl-C while the CLI imports ends with one line)
 DEFERRED = {("backend/__init__.py", "cupy"), ("backend/__init__.py", "cupyx"), ("runs/rundir.py", "fcntl"),
             ("runs/rundir.py", "msvcrt"), ("backend/__init__.py", "resource"), ("console.py", "dlrun.cli"), ("cli/__init__.py", "typer._click.exceptions"),
-            ("cli/__init__.py", "click.exceptions")}
+            ("cli/__init__.py", "click.exceptions"),
+            # optional extras, imported when a run asks for them: train.loggers: [tensorboard]
+            # (pip install 'dlrun[tensorboard]'), dlrun plot --output (pip install 'dlrun[plot]')
+            ("runs/tensorboard.py", "tensorboardX"), ("runs/tensorboard.py", "tensorboardX.proto")}
 
 
 def _rel(p: Path) -> str:

@@ -239,6 +239,12 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None, run_plugins
         except DlrunError as e:
             errors.append(e)
     errors.extend(monitor.config_errors(train, locate))
+    given = raw.get("train") if isinstance(raw.get("train"), dict) else {}
+    if train.log_every_n_steps is not None and "tensorboard" not in train.loggers \
+            and given.get("loggers", train.loggers) == train.loggers:  # (loggers valid: not reported above)
+        errors.append(ConfigError(f"log_every_n_steps writes the step loss to TensorBoard, but train.loggers is "
+                                  f"[{', '.join(train.loggers)}]; add tensorboard to it (loggers: [csv, tensorboard]) or drop "
+                                  f"log_every_n_steps", locate("train.log_every_n_steps")))
     if plugin_failed is not None:  # names it would have defined are unknown: one error, not ten
         unknown = [e for e in errors if getattr(e, "unknown_name", None)]
         if unknown:

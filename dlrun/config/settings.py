@@ -85,6 +85,12 @@ class TrainSettings:
         monitor: metric that picks checkpoints/best.npz (lowest loss, highest accuracy); null means
             early_stopping's monitor when it is set, else val_loss with a validation split, else
             train_loss.
+        loggers: where each epoch's metrics are written: csv (the run's metrics.csv, always
+            written: --resume, dlrun plot and dlrun runs read it) and tensorboard (TensorBoard
+            event files in the run directory, with the hyper-parameters; needs the tensorboard
+            extra), e.g. [csv, tensorboard].
+        log_every_n_steps: also write the training loss of every Nth optimizer step to TensorBoard
+            (step_loss; Lightning's log_every_n_steps); null writes per epoch only.
     """
 
     epochs: PositiveInt = 10
@@ -102,6 +108,8 @@ class TrainSettings:
     checkpoint_every: PositiveInt = 1
     metrics: Annotated[Any, Components("metrics", many=True)] = None  # checked in validate()
     monitor: str | None = None
+    loggers: list[Literal["csv", "tensorboard"]] = ("csv",)  # (a tuple: a default is never shared)
+    log_every_n_steps: PositiveInt | None = None
 
 
 # the top-level keys, in the order a resolved config lists them

@@ -141,6 +141,8 @@ def describe(hint) -> str:
 
 def _plural(hint) -> str:
     """describe(hint) for several values: 'integers >= 0', not 'integer >= 0s'."""
+    if typing.get_origin(hint) is Literal:
+        return "values among " + ", ".join(repr(a) for a in typing.get_args(hint))
     if typing.get_origin(hint) is Annotated:
         base, *meta = typing.get_args(hint)
         rng = next((m for m in meta if isinstance(m, Range)), None)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..training import controls, position
-from . import checkpoint, rundir, snapshot
+from . import checkpoint, rundir, snapshot, tensorboard
 from ..config import Config, config_from_dict
 from ..config.source import parse_yaml
 from .assembly import Assembly, assemble
@@ -45,10 +45,16 @@ class RunResult:
     signal: int | None = None
 
 
+def loggers(config: Config) -> list:
+    """The ``train.loggers`` beside metrics.csv (which every run writes), built before anything is
+    written: one whose package is missing is an error here."""
+    return [tensorboard.TensorBoardLogger(config)] if "tensorboard" in config.train.loggers else []
+
+
 def _fit(run: Assembly, run_dir: Path, callbacks, extra: dict, best: dict | None = None,
-         seconds_before: float = 0.0) -> RunResult:
-    """Fit to ``train.epochs`` with the ``train:`` controls and the metrics and checkpoint
-    writers; write summary.json."""
+         seconds_before: float = 0.0, logs=()) -> RunResult:
+    """Fit to ``train.epochs`` with the ``train:`` controls, the metrics and checkpoint writers
+    and the ``logs`` (:func:`loggers`); write summary.json."""
     config, ds, trainer, train_controls = run.config, run.data, run.trainer, run.controls
     monitor, mode = run.monitor.name, run.monitor.mode
     # last.npz keeps the last epoch's weights: early stopping's best weights come back after it
@@ -70,9 +76,12 @@ def _fit(run: Assembly, run_dir: Path, callbacks, extra: dict, best: dict | None
             t0 = time.perf_counter()
             try:
                 metrics_csv = rundir.MetricsWriter(run_dir, trainer.tracker.names)
+                for log in logs:
+                    log.run_dir = run_dir
                 history = trainer.fit(ds.x, ds.y, ds.x_val, ds.y_val, epochs=config.train.epochs,
-                                      # the controls observe an epoch before the writer records it
-                                      callbacks=[metrics_csv, *train_controls, writer, *callbacks, stop])
+                                      # the controls observe an epoch before the writer records it;
+                                      # the loggers record it once its checkpoint is written
+                                      callbacks=[metrics_csv, *train_controls, writer, *logs, *callbacks, stop])
                 stop.finishing = True
                 for c in deferred:
                     c.restore_best()
@@ -103,6 +112,9 @@ def _fit(run: Assembly, run_dir: Path, callbacks, extra: dict, best: dict | None
                 if ckpt.is_file():
                     named.message += f"\nthe last good checkpoint ({_at(trainer)}) is {ckpt}"
                 raise named from None
+            finally:
+                for log in logs:  # (flushed on every ending: a stop, an error, the end)
+                    log.close()
             seconds = time.perf_counter() - t0 + seconds_before
             summary = _summary(config, ds, trainer, run_dir, history, writer, extra, seconds)
     except OSError as e:
@@ -170,6 +182,7 @@ def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from
     trained on).
     """
     run = assemble(config)
+    logs = loggers(config)
     extra = {}
     notes = list(run.warnings)
     if init_from is not None:
@@ -187,7 +200,7 @@ def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from
         with rundir.RunLock(run_dir):
             rundir.write_config(run_dir, config)
             rundir.write_run_info(run_dir, config)
-            return _fit(run, run_dir, callbacks, extra)
+            return _fit(run, run_dir, callbacks, extra, logs=logs)
     except BaseException:  # a run that saved nothing leaves nothing behind (an interrupted one saves)
         rundir.discard_if_empty(run_dir)
         raise
@@ -331,6 +344,7 @@ def _resume(run_dir: Path, config: Config, ckpt: checkpoint.Checkpoint, callback
                           f"resumed run keeps its preprocessing; to change it, start a new run",
                           config.locate("data.preprocess"))
     run = assemble(config, fitted)
+    logs = loggers(config)
     ds, trainer = run.data, run.trainer
     snapshot.restore(trainer, ckpt, config.seed, config.frozen)
     if trainer.epoch >= config.train.epochs and (trainer.position is not None or _finished(run_dir, trainer.epoch)):
@@ -347,7 +361,7 @@ def _resume(run_dir: Path, config: Config, ckpt: checkpoint.Checkpoint, callback
         extra["resumed_from_batch"] = trainer.position.batches_done  # of epoch resumed_from_epoch + 1
     _offer_best_weights(run_dir, run.controls)
     try:
-        return _fit(run, run_dir, callbacks, extra, ckpt.meta.get("best"), before)
+        return _fit(run, run_dir, callbacks, extra, ckpt.meta.get("best"), before, logs)
     except DlrunError as e:  # failed before a good step (an interrupt saves its state and config): last.npz
         if not isinstance(e, Interrupted) and trainer.step == ckpt.meta.get("step"):  # is kept, so are the config files
             rundir.put_back(kept)

@@ -90,6 +90,8 @@ def discard_if_empty(run_dir: Path) -> None:
                     return
         for name in (*CONFIG_FILES, RUN_INFO, "metrics.csv", LOCK):
             (run_dir / name).unlink(missing_ok=True)
+        for p in run_dir.glob("events.out.tfevents.*"):  # (the tensorboard logger's: no epoch in them)
+            p.unlink()
         if ckpts.is_dir():
             ckpts.rmdir()
         run_dir.rmdir()  # only if nothing else is there

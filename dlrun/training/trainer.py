@@ -67,6 +67,9 @@ class Trainer:
         self.classification = self.training_step.classification
         self.controls: list = []  # the train: controls (clipping, schedule, early stopping): their state is the trainer's
         self._sums = None  # the epoch's metric sums on the device, which train_step adds to
+        # the last batch's (loss × batch size as a device scalar, batch size), for callbacks that
+        # log a step's loss (reading it waits for the device: they read it every few steps)
+        self.batch_score = None
 
     @property
     def step(self) -> int:
@@ -196,6 +199,7 @@ class Trainer:
                         idx = order_d[b * bs:(b + 1) * bs]
                         xb, yb = xd[idx], yd[idx]
                     batch_loss, batch_correct = step(xb, yb, callbacks, plan[b - first] if plan else None, self._sums)
+                    self.batch_score = batch_loss, len(yb)
                     loss_sum += batch_loss
                     if classify:  # regression scores 0: adding it would still be a launch on GPU
                         correct += batch_correct
