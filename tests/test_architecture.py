@@ -35,7 +35,9 @@ DEFERRED = {("backend/__init__.py", "cupy"), ("backend/__init__.py", "cupyx"), (
             ("cli/__init__.py", "click.exceptions"),
             # optional extras, imported when a run asks for them: train.loggers: [tensorboard]
             # (pip install 'dlrun[tensorboard]'), dlrun plot --output (pip install 'dlrun[plot]')
-            ("runs/tensorboard.py", "tensorboardX"), ("runs/tensorboard.py", "tensorboardX.proto")}
+            ("runs/tensorboard.py", "tensorboardX"), ("runs/tensorboard.py", "tensorboardX.proto"),
+            ("runs/figures.py", "matplotlib.figure"), ("runs/figures.py", "matplotlib.colors"),
+            ("runs/figures.py", "matplotlib")}
 
 
 def _rel(p: Path) -> str:

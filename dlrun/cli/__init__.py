@@ -92,7 +92,7 @@ def fail(e: DlrunError) -> int:
     return e.exit_code
 
 
-from . import catalog, check, configs, evaluate, gradcheck, predict, runs, time, train  # noqa: E402,F401  (commands register on import)
+from . import catalog, check, configs, evaluate, gradcheck, plot, predict, runs, time, train  # noqa: E402,F401  (commands register on import)
 
 
 def main(argv: list[str] | None = None) -> None:

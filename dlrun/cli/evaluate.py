@@ -59,10 +59,17 @@ def evaluate_cmd(
         t.add_row(f"{kind} avg", f"{avg['precision']:.4f}", f"{avg['recall']:.4f}", f"{avg['f1']:.4f}",
                   str(sum(result.support)))
     out.print(t)
+    out.print(confusion_table(result.confusion, names))
+
+
+def confusion_table(confusion: list, names: list[str] | None = None) -> Table:
+    """The confusion matrix as a table: rows the true class, columns the predicted one (named by
+    ``names``, else numbered)."""
     cm = Table(title="confusion matrix (rows true, columns predicted)", title_justify="left")
     cm.add_column("true \\ pred", justify="right")
-    for k in range(len(result.confusion)):
+    names = names or [str(k) for k in range(len(confusion))]
+    for k in range(len(confusion)):
         cm.add_column(escape(names[k]), justify="right")
-    for k, row in enumerate(result.confusion):
+    for k, row in enumerate(confusion):
         cm.add_row(escape(names[k]), *map(str, row))
-    out.print(cm)
+    return cm

@@ -274,14 +274,21 @@ def _is_file(spec: str) -> bool:
 FILE_OPTIONS = ("label_column", "header", "target", "features", "categorical", "delimiter")
 
 
+def run_data(restored: Restored) -> Dataset:
+    """The run's data as its recorded config makes it (its training data and validation split,
+    preprocessed as the run's was), checked against the model."""
+    ds = load_data(restored.config, restored.preprocess)
+    check_model_indices(ds, restored.model)
+    return ds
+
+
 def evaluation_data(restored: Restored, spec: str | None = None) -> tuple[np.ndarray, np.ndarray, str]:
     """(x, y, description): the run's validation data, or a data file / generator spec, raw data
     preprocessed as the run's training data was."""
     cfg = restored.config
     prep = restored.preprocess
     if spec is None:
-        ds = load_data(cfg, prep)
-        check_model_indices(ds, restored.model)
+        ds = run_data(restored)
         if ds.x_val is not None and len(ds.x_val) and ds.name_val:
             return ds.x_val, ds.y_val, f"validation data {ds.name_val} (data.validation_path of the recorded config)"
         if ds.x_val is not None and len(ds.x_val):
