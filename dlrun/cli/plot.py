@@ -39,7 +39,7 @@ def _size(text: str | None) -> tuple[int, int] | None:
 
 @app.command("plot")
 def plot_cmd(
-    runs: list[Path] = typer.Argument(..., metavar="RUN_DIR...",
+    runs: list[Path] = typer.Argument(..., metavar="RUN_DIR",
                                       help="Run directories (several: overlaid curves, or one panel each)."),
     kind: Kind = typer.Option(Kind.curves, "--kind", "-k",
                               help="curves: training and validation of each metric and the learning rate, by "
