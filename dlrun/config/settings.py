@@ -85,10 +85,10 @@ class TrainSettings:
         monitor: metric that picks checkpoints/best.npz (lowest loss, highest accuracy); null means
             early_stopping's monitor when it is set, else val_loss with a validation split, else
             train_loss.
-        loggers: where each epoch's metrics are written: csv (the run's metrics.csv, always
-            written: --resume, dlrun plot and dlrun runs read it) and tensorboard (TensorBoard
-            event files in the run directory, with the hyper-parameters; needs the tensorboard
-            extra), e.g. [csv, tensorboard].
+        loggers: where each epoch's metrics are written: csv (the run's metrics.csv, which
+            every run writes, since --resume, dlrun plot and dlrun runs read it) and tensorboard
+            (TensorBoard event files in the run directory, with the hyper-parameters; needs the
+            tensorboard extra), e.g. [csv, tensorboard].
         log_every_n_steps: also write the training loss of every Nth optimizer step to TensorBoard
             (step_loss; Lightning's log_every_n_steps); null writes per epoch only.
     """
