@@ -37,7 +37,9 @@ DEFERRED = {("backend/__init__.py", "cupy"), ("backend/__init__.py", "cupyx"), (
             # (pip install 'dlrun[tensorboard]'), dlrun plot --output (pip install 'dlrun[plot]')
             ("runs/tensorboard.py", "tensorboardX"), ("runs/tensorboard.py", "tensorboardX.proto"),
             ("runs/figures.py", "matplotlib.figure"), ("runs/figures.py", "matplotlib.colors"),
-            ("runs/figures.py", "matplotlib")}
+            ("runs/figures.py", "matplotlib"),
+            # pyarrow's CSV reader: optional (the arrow extra), imported when a CSV is first read
+            ("data/fastcsv.py", "pyarrow"), ("data/fastcsv.py", "pyarrow.csv")}
 
 
 def _rel(p: Path) -> str:

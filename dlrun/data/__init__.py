@@ -18,6 +18,8 @@ from .preprocess import Preprocessing, Settings, fit
 from .table import Table, encode_labels
 from ..registry.options import NonNegativeFloat, NonNegativeInt, PositiveInt
 from ..registry import data
+from .mapped import Rows
+from .pieces import first_row, row_blocks
 
 
 @dataclass
@@ -166,12 +168,13 @@ def spiral(classes: PositiveInt = 3, points_per_class: PositiveInt = 100,
 def check_range(ds: Dataset, dtype) -> None:
     """Features finite in float64 but beyond ``dtype``'s range would become inf in the first batch."""
     limit = float(np.finfo(dtype).max)
+    if limit >= np.finfo(np.float64).max:
+        return
     for x, val in ((ds.x, False), (ds.x_val, True)):
         if x is None or not len(x) or x.dtype.kind != "f":
             continue
-        big = (np.abs(x) > limit).reshape(len(x), -1).any(axis=1)
-        if big.any():
-            i = int(np.flatnonzero(big)[0])
+        i = first_row(x, lambda b: (np.abs(b) > limit).any(axis=1))
+        if i is not None:
             row = np.asarray(x[i]).ravel()
             v = float(row[np.argmax(np.abs(row))])
             raise DataError(f"{ds.where(i, val)}: feature value {v:g} is beyond the range of {np.dtype(dtype)} "
@@ -185,18 +188,16 @@ def check_indices(ds: Dataset, layer: str, high: int | None = None) -> None:
     for x, val in ((ds.x, False), (ds.x_val, True)):
         if x is None or not len(x) or x.dtype.kind not in "fiu":
             continue
-        flat = x.reshape(len(x), -1)
-        bad = (flat != np.round(flat)).any(axis=1) if x.dtype.kind == "f" else np.zeros(len(x), bool)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            v = flat[i]
+        i = first_row(x, lambda b: (b != np.round(b)).any(axis=1)) if x.dtype.kind == "f" else None
+        if i is not None:
+            v = np.asarray(x[i]).ravel()
             raise DataError(f"{ds.where(i, val)}: {layer} takes integer indices, got {v[v != np.round(v)][0]:g}")
         if high is None:
             continue
-        out = ((flat < 0) | (flat >= high)).any(axis=1)
-        if out.any():
-            i = int(np.flatnonzero(out)[0])
-            v = flat[i][(flat[i] < 0) | (flat[i] >= high)][0]
+        i = first_row(x, lambda b: ((b < 0) | (b >= high)).any(axis=1))
+        if i is not None:
+            v = np.asarray(x[i]).ravel()
+            v = v[(v < 0) | (v >= high)][0]
             raise DataError(f"{ds.where(i, val)}: {layer} takes indices in [0, {high}), got {v:g}; raise "
                             f"input_dim or check the data")
 
@@ -220,6 +221,10 @@ def load_data(config, fitted: Preprocessing | None = None, holdout: bool = True)
                               f"validation samples; set train.validation_split to 0 (or leave it out)",
                               config.locate("train.validation_split"))
         name_labels(ds, fitted.classes if fitted is not None else None)
+        if isinstance(ds.x, Rows) and (settings is not None or fitted is not None):
+            raise DataError(f"{ds.name}: data.preprocess transforms samples in memory, but memory_map reads them from "
+                            f"the file a batch at a time; scale the array before saving it, or set memory_map: false",
+                            config.locate("data.preprocess") if settings is not None else config.locate("data"))
         if fitted is None:  # a missing value is named by its row in the file, before any split
             refuse_missing(ds, settings)
         if holdout and ds.x_val is None and config.train.validation_split > 0:  # split the samples' places, then the data
@@ -235,7 +240,8 @@ def load_data(config, fitted: Preprocessing | None = None, holdout: bool = True)
         raise
     if holdout and ds.x_val is None and config.train.validation_split > 0:
         rows, rows_val = (ds.rows[keep], ds.rows[held]) if ds.rows is not None else (None, None)  # CSV lines
-        ds = Dataset(ds.x[keep], ds.y[keep], ds.x[held], ds.y[held], name=ds.name, rows=rows, rows_val=rows_val,
+        take = ds.x.subset if isinstance(ds.x, Rows) else ds.x.__getitem__  # (mapped rows stay in their file)
+        ds = Dataset(take(keep), ds.y[keep], take(held), ds.y[held], name=ds.name, rows=rows, rows_val=rows_val,
                      samples=keep, samples_val=held, columns=ds.columns, target=ds.target, classes=ds.classes)
     if len(ds.x) == 0:
         raise DataError(f"data {ds.name!r} has no training samples")
@@ -262,7 +268,7 @@ def refuse_missing(ds: Dataset, settings: Settings | None) -> None:
         return
     for x, val in ((ds.x, False), (ds.x_val, True)):
         numbers = x.numbers if isinstance(x, Table) else x
-        if x is not None and (np.isnan(np.asarray(numbers, dtype=np.float64)).any()
+        if x is not None and (first_row(numbers, lambda b: np.isnan(b).any(axis=1)) is not None  # (a piece at a time)
                               or (isinstance(x, Table) and (x.text == "").any())):
             fit(Settings(), x, lambda i: ds.where(i, val), ds.columns)
 

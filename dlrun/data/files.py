@@ -2,13 +2,18 @@
 name the file and line (a row of a CSV, the array of an archive)."""
 from __future__ import annotations
 
+import codecs
 import csv
 import zipfile
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
-from . import Dataset, table
+from . import Dataset, fastcsv, table
+from .mapped import MappedFile, Rows
+from .pieces import first_row, row_blocks
+from ..backend import host_memory_available
 from ..errors import DataError
 from ..registry.options import FilePath, OptionError, did_you_mean
 from ..registry import data
@@ -39,16 +44,65 @@ def read_rows(path: Path, delimiter: str = ",") -> tuple[list[list[str]], list[i
     return rows, lines
 
 
-def read_table(path: Path, delimiter: str = ",", **options) -> table.Parsed:
-    """A CSV's feature columns, labels and lines (:func:`dlrun.data.table.parse` takes the options)."""
+def read_table(path: Path, delimiter: str = ",", csv_parser: str = "auto", **options) -> table.Parsed:
+    """A CSV's feature columns, labels and lines (:func:`dlrun.data.table.parse` takes the options).
+
+    A file of numbers alone is parsed in blocks by :mod:`dlrun.data.fastcsv` (``csv_parser``:
+    "pyarrow", "numpy", or "auto" for pyarrow when it is installed); any other file, and any file
+    the block parser refuses (a missing cell, a name, quotes, a ragged row), is read row by row
+    with Python's csv module (``csv_parser="python"`` asks for it alone), which gives the same
+    numbers and names the line and column of each problem."""
+    if csv_parser != "python" and not options.get("categorical"):
+        refuse_binary(path)
+        fast = _read_fast(path, delimiter, options.get("header"),
+                          "pyarrow" if csv_parser == "auto" and fastcsv.have_pyarrow() else
+                          "numpy" if csv_parser == "auto" else csv_parser)
+        if fast is not None:
+            head, head_lines, values, lines = fast
+            try:
+                return table.parse(path, head, head_lines, delimiter=delimiter, values=values, value_lines=lines,
+                                   **options)
+            except DataError:  # (named below as the row-by-row scan names it)
+                del values
     rows, lines = read_rows(path, delimiter)
     return table.parse(path, rows, lines, delimiter=delimiter, **options)
 
 
-def read_csv(path: Path, label_column: int | None, header: bool | None, delimiter: str = ","):
+def _read_fast(path: Path, delimiter: str, header: bool | None, parser: str):
+    """(the header row's and first data row's cells, their lines, every data row's numbers, their
+    lines) from the block parsers, or None for the row-by-row scan to read the file."""
+    if delimiter not in fastcsv.DELIMITERS:
+        return None
+    longest = fastcsv.longest_line()
+    with open(path, "rb") as f:
+        first, second = f.readline(longest + 1), f.readline(longest + 1)
+    bom = len(codecs.BOM_UTF8) if first.startswith(codecs.BOM_UTF8) else 0
+    head = [first[bom:]] + ([second] if second else [])
+    if any(not line.strip() or b'"' in line or b"\0" in line or len(line) > longest for line in head):
+        return None
+    try:
+        head = [line.decode("utf-8").rstrip("\r\n").split(delimiter) for line in head]
+    except UnicodeDecodeError:
+        return None
+    if header is None:  # sniff, as table.parse does
+        header = table.first_is_header(head[0])
+    if len(head) < 1 + header:  # (a header without data rows)
+        return None
+    plain = fastcsv.survey(path, header, delimiter, bom, longest)
+    if plain is None:
+        return None
+    values = fastcsv.read(path, plain, delimiter, parser)
+    if values is None:
+        return None
+    lines = np.arange(plain.first_line, plain.first_line + plain.rows, dtype=np.int64)
+    return head[:1 + header], [1, 2][:1 + header], values, lines
+
+
+def read_csv(path: Path, label_column: int | None, header: bool | None, delimiter: str = ",",
+             csv_parser: str = "auto"):
     """(features, labels or None, file line of each row) of a CSV of numbers; errors name the
     file and line."""
-    parsed = read_table(path, delimiter, header=header, label_column=label_column)
+    parsed = read_table(path, delimiter, csv_parser, header=header, label_column=label_column)
     return parsed.x, parsed.y, parsed.lines
 
 
@@ -124,6 +178,31 @@ def _labels(y: np.ndarray, task: str, where) -> np.ndarray:
     return y.astype(np.int64)
 
 
+def split_columns(arr: np.ndarray, label_column: int):
+    """(features as float64, labels) of a 2-D array whose column ``label_column`` holds the
+    labels: a view, not a copy, when that column is the first or the last of float64 numbers."""
+    lc = label_column % arr.shape[1]
+    if lc in (0, arr.shape[1] - 1):
+        x = arr[:, 1:] if lc == 0 else arr[:, :-1]
+    else:
+        x = np.delete(arr, lc, axis=1)
+    return x.astype(np.float64, copy=False), arr[:, lc]
+
+
+def _maps(p: Path, memory_map: bool | None) -> bool:
+    """Whether to map the .npy file ``p`` rather than read it: as asked, or (None) when it is larger
+    than half the memory the OS can still give."""
+    if memory_map is not None:
+        return memory_map
+    free = host_memory_available()
+    return free is not None and p.stat().st_size > free // 2
+
+
+def _is_zip(p: Path) -> bool:
+    with open(p, "rb") as f:
+        return f.read(2) == b"PK"
+
+
 def expect_npy(p: Path) -> None:
     """An .npy file starts with the magic b'\\x93NUMPY' (an .npz is a zip); anything else would
     reach numpy's pickle fallback and be misreported as pickled objects."""
@@ -144,7 +223,8 @@ def load_file(path: FilePath, label_column: int = -1, header: bool | None = None
               task: str = "classification", features_key: str = "x", labels_key: str = "y",
               validation_path: FilePath | None = None, target: str | None = None,
               features: list[str] | None = None, categorical: list[str] | None = None,
-              delimiter: str = ",") -> Dataset:
+              delimiter: str = ",", csv_parser: Literal["auto", "pyarrow", "numpy", "python"] = "auto",
+              memory_map: bool | None = None) -> Dataset:
     """Features and labels from a CSV, .npy or .npz file.
 
     CSV: one sample per row; the label is column ``label_column`` (default the last), or the
@@ -168,13 +248,25 @@ def load_file(path: FilePath, label_column: int = -1, header: bool | None = None
         categorical: feature columns that hold categories (text such as north/south), encoded as
             data.preprocess.categorical says; every other feature column holds numbers.
         delimiter: the character between a CSV's columns (one character, e.g. ";" or "\\t").
+        csv_parser: what parses a CSV of numbers: "pyarrow" (its multi-threaded C++ reader; pip
+            install 'dlrun[arrow]'), "numpy" (numpy.loadtxt), "auto" (pyarrow when installed, else
+            numpy) or "python" (Python's csv module, row by row: slow). Every one gives the same
+            numbers; a file the first two cannot read (a missing cell, a category, quoted cells)
+            is read by the python one, which names the line and column of each problem.
+        memory_map: read an .npy file's samples from the file a batch at a time (numpy's
+            mmap_mode), for data larger than memory; the default maps a file larger than half the
+            memory available. Training gives the same results either way.
     """
     if task not in ("classification", "regression"):
         raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
     if len(delimiter) != 1 or delimiter in "\"\r\n":
         raise OptionError(f"expected one character that is not a quote or line break, such as ',' or ';', "
                           f"got {delimiter!r}", option="delimiter")
-    columns = {"target": target, "features": features, "categorical": categorical, "delimiter": delimiter}
+    if csv_parser == "pyarrow" and not fastcsv.have_pyarrow():
+        raise OptionError("pyarrow needs the pyarrow package (pip install 'dlrun[arrow]'); csv_parser: numpy "
+                          "reads the same numbers without it", option="csv_parser")
+    columns = {"target": target, "features": features, "categorical": categorical, "delimiter": delimiter,
+               "csv_parser": csv_parser, "memory_map": memory_map}
     ds = _read(Path(path), label_column, header, task, features_key, labels_key, columns)
     if validation_path is None:
         return ds
@@ -219,10 +311,21 @@ def _read(p: Path, label_column: int, header: bool | None, task: str, features_k
                 x, y = _real(z[features_key], p, features_key), _real(z[labels_key], p, labels_key)
                 if x.ndim == 0:
                     raise DataError(f"{p}: array {features_key!r} is a single number; expected one sample per row")
-                x = (x[:, None] if x.ndim == 1 else x).astype(np.float64)  # 1-D: one feature per sample
+                x = (x[:, None] if x.ndim == 1 else x).astype(np.float64, copy=False)  # 1-D: one feature per sample
                 if 0 in x.shape[1:]:
                     raise DataError(f"{p}: array {features_key!r} has shape {x.shape}: samples without features; "
                                     f"expected at least one feature per sample")
+        elif suffix == ".npy" and _maps(p, columns["memory_map"]):
+            expect_npy(p)
+            if _is_zip(p):
+                raise DataError(f"{p}: holds an .npz archive, not one array; rename it to .npz and name its "
+                                f"arrays with features_key and labels_key")
+            source = MappedFile(p)
+            arr = _real(source.array, p, "the array")
+            if arr.ndim != 2 or arr.shape[1] < 2:
+                raise DataError(f"{p}: expected a 2-D array (samples x columns, at least 2), got shape {arr.shape}")
+            x = Rows(source, label_column)
+            y = x.labels()
         elif suffix == ".npy":
             expect_npy(p)
             arr = np.load(p, allow_pickle=False)
@@ -233,15 +336,21 @@ def _read(p: Path, label_column: int, header: bool | None, task: str, features_k
             arr = _real(arr, p, "the array")
             if arr.ndim != 2 or arr.shape[1] < 2:
                 raise DataError(f"{p}: expected a 2-D array (samples x columns, at least 2), got shape {arr.shape}")
-            lc = label_column % arr.shape[1]
-            x, y = np.delete(arr, lc, axis=1).astype(np.float64), arr[:, lc]
+            x, y = split_columns(arr, label_column)
+        elif columns["memory_map"]:
+            raise DataError(f"{p}: memory_map reads .npy files only (save the array with numpy.save); "
+                            f"a {suffix or 'file without a suffix'} is read into memory")
         else:
-            parsed = read_table(p, columns["delimiter"], header=header, label_column=label_column,
+            parsed = read_table(p, columns["delimiter"], columns["csv_parser"], header=header, label_column=label_column,
                                 target=columns["target"], features=columns["features"],
                                 categorical=columns["categorical"], task=task)
             x, y, lines, names, target = parsed.x, parsed.y, parsed.lines, parsed.names, parsed.target
     except DataError:
         raise
+    except MemoryError:
+        hint = ("memory_map: true reads it a batch at a time" if suffix == ".npy" else
+                "saved as an .npy file (numpy.save), memory_map: true reads it a batch at a time")
+        raise DataError(f"{p}: not enough memory to read the file ({p.stat().st_size:,} bytes); {hint}") from None
     except (ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile) as e:
         hint = " (it holds pickled objects, which dlrun never loads)" if "pickle" in str(e) else ""
         raise DataError(f"{p}: cannot read the file{hint}: {e}") from None
@@ -252,11 +361,10 @@ def _read(p: Path, label_column: int, header: bool | None, task: str, features_k
         raise DataError(f"{p}: the file holds no samples")
     ds = Dataset(x, np.zeros(len(x), dtype=np.int64), name=str(p), rows=lines, columns=names, target=target)
     numbers = x.numbers if isinstance(x, table.Table) else x
-    bad = np.isinf(numbers).reshape(len(x), -1).any(axis=1)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise DataError(f"{ds.where(i)}: features contain inf ({int(bad.sum())} sample"
-                        f"{'s' if bad.sum() > 1 else ''} in all)")
+    i = first_row(numbers, lambda b: np.isinf(b).any(axis=1))  # (a piece at a time)
+    if i is not None:
+        bad = sum(int(np.isinf(b).reshape(len(b), -1).any(axis=1).sum()) for _, b in row_blocks(numbers))
+        raise DataError(f"{ds.where(i)}: features contain inf ({bad} sample{'s' if bad > 1 else ''} in all)")
     if y.dtype.kind == "U":  # class names (a CSV's): mapped to indices by data.load_data
         ds.y = y
         return ds

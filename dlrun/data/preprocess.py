@@ -15,6 +15,7 @@ from typing import Literal
 import numpy as np
 
 from ..errors import DataError
+from .pieces import magnitudes
 from .table import Table
 
 VERSION = 1
@@ -243,10 +244,9 @@ def fit(settings: Settings, x, where, columns: list[str] | None = None, classes:
 def scale_spread(x: np.ndarray) -> tuple[float, int, int] | None:
     """(ratio, j_large, j_small) of the largest to the smallest typical magnitude (largest absolute
     value) among the features of ``x`` (N, ...) that are not all zero, or None with fewer than two."""
-    flat = np.abs(np.asarray(x)).reshape(len(x), -1)
-    if not len(flat):
+    if not len(x):
         return None
-    top = flat.max(axis=0)
+    top = magnitudes(x)  # (a piece at a time: no copy of the features)
     live = np.flatnonzero(top > 0)
     if len(live) < 2:
         return None

@@ -78,25 +78,34 @@ def delimiter_hint(path, rows: list, delimiter: str) -> str:
     return ""
 
 
+def first_is_header(cells: list[str]) -> bool:
+    """Whether a first row is a header: some cell is neither a number nor a missing value."""
+    return not all(is_number(c) or c.strip() in MISSING for c in cells)
+
+
 def parse(path, rows: list[list[str]], lines: list[int], *, header: bool | None = None,
           label_column: int | None = -1, target: str | None = None, features: list[str] | None = None,
-          categorical: list[str] | None = None, task: str = "classification", delimiter: str = ",") -> Parsed:
+          categorical: list[str] | None = None, task: str = "classification", delimiter: str = ",",
+          values: np.ndarray | None = None, value_lines: np.ndarray | None = None) -> Parsed:
     """Interpret a CSV's rows (each a list of cells, with its file line): find the header, the
     target and the feature columns, convert numeric columns to float64 (missing cells NaN) and
     keep categorical columns as text. ``label_column``/``target`` None: no labels (prediction
-    inputs). A feature column not listed in ``categorical`` holds numbers."""
+    inputs). A feature column not listed in ``categorical`` holds numbers.
+
+    ``values`` (N, columns) and ``value_lines``: every data row already read as numbers, all of
+    one width (:mod:`dlrun.data.fastcsv`); ``rows`` then holds the header row, if any, and the
+    first data row."""
     if not rows:
         raise DataError(f"{path}: the file has no rows")
     named = target is not None or features is not None or categorical is not None
-    first_is_header = not all(is_number(c) or c.strip() in MISSING for c in rows[0])
     if header is None:  # sniff: a first row that is not all numbers is a header
-        header = first_is_header
+        header = first_is_header(rows[0])
     if named and not header:
         what = "target" if target is not None else "features" if features is not None else "categorical"
         raise DataError(f"{path}:{lines[0]}: data.{what} names columns, but the file has no header row "
                         f"(its first row holds numbers); name columns by their place with label_column, or add a header")
     start = 1 if header else 0
-    if len(rows) <= start:
+    if (len(rows) <= start) if values is None else not len(values):
         raise DataError(f"{path}: the file has a header row but no data rows")
     width = len(rows[start])
     names = [c.strip() for c in rows[0]] if header else [f"column {j + 1}" for j in range(width)]
@@ -115,7 +124,7 @@ def parse(path, rows: list[list[str]], lines: list[int], *, header: bool | None 
         raise DataError(f"{path}:{lines[start]}: expected at least {wanted} columns (features and a label), got "
                         f"{width}{delimiter_hint(path, rows, delimiter)}")
     widths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-    bad = np.flatnonzero(widths[start:] != width)
+    bad = np.flatnonzero(widths[start:] != width) if values is None else np.flatnonzero(widths[start:start + 1] != width)
     if bad.size:
         k = int(bad[0]) + start
         raise DataError(f"{path}:{lines[k]}: expected {width} columns (as in line {lines[start]}), got "
@@ -139,15 +148,16 @@ def parse(path, rows: list[list[str]], lines: list[int], *, header: bool | None 
     stray = [names[j] for j in cat if j not in cols]
     if stray:
         raise DataError(f"{path}: data.categorical names {stray[0]!r}, which is not a feature column")
-    line_of = np.asarray(lines[start:], dtype=np.int64)
+    line_of = np.asarray(lines[start:], dtype=np.int64) if values is None else value_lines
     if not cat:  # a file of numbers: converted at once, without a text copy of every cell
-        try:
-            values = np.array(rows[start:], dtype=np.float64)
-        except ValueError:  # a missing cell, a class name, or a cell that is no number: by columns, below
-            values = None
+        if values is None:
+            try:
+                values = np.array(rows[start:], dtype=np.float64)
+            except ValueError:  # a missing cell, a class name, or a cell that is no number: by columns, below
+                values = None
         if values is not None:
             y = None if lc is None else _labels(path, values[:, lc], "", line_of, task)
-            return Parsed(values[:, cols] if len(cols) < width else values, y, line_of,
+            return Parsed(_columns(values, cols), y, line_of,
                           [names[j] for j in cols] if header else None,
                           names[lc] if (header and lc is not None) else None)
     cells = np.char.strip(np.array(rows[start:], dtype=str))
@@ -164,6 +174,14 @@ def parse(path, rows: list[list[str]], lines: list[int], *, header: bool | None 
         x = numbers
     y = None if lc is None else _labels(path, cells[:, lc], repr(names[lc]) if header else str(lc + 1), line_of, task)
     return Parsed(x, y, line_of, [names[j] for j in cols] if header else None, names[lc] if (header and lc is not None) else None)
+
+
+def _columns(values: np.ndarray, cols: list[int]) -> np.ndarray:
+    """``values[:, cols]``: a view, not a copy, when the columns are consecutive (every column but
+    a first or last label column)."""
+    if cols == list(range(cols[0], cols[-1] + 1)) if cols else False:
+        return values[:, cols[0]:cols[-1] + 1]
+    return values[:, cols]
 
 
 def _column_finder(path, header_line: int, names: list[str]):

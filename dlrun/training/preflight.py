@@ -11,6 +11,7 @@ import numpy as np
 
 from ..backend import format_bytes, to_host
 from ..data import Dataset, check_indices
+from ..data.pieces import magnitudes
 from ..data.preprocess import scale_spread
 from ..errors import ConfigError, DataError
 from ..losses import Loss
@@ -134,12 +135,12 @@ def scale_warning(ds: Dataset) -> str | None:
         return None
     ratio, big, small = found
     names = (ds.preprocess.output_names if ds.preprocess is not None else None) or ds.columns
-    flat = np.abs(np.asarray(ds.x)).reshape(len(ds.x), -1)
+    top = magnitudes(ds.x)
 
     def named(j):
-        return repr(names[j]) if names is not None and len(names) == flat.shape[1] else f"feature {j + 1}"
+        return repr(names[j]) if names is not None and len(names) == len(top) else f"feature {j + 1}"
     return (f"data {ds.name!r}: features differ in scale by {math.log10(ratio):.0f} orders of magnitude ({named(big)} "
-            f"up to {flat[:, big].max():.4g}, {named(small)} up to {flat[:, small].max():.4g}) and nothing scales them; "
+            f"up to {top[big]:.4g}, {named(small)} up to {top[small]:.4g}) and nothing scales them; "
             f"add data.preprocess: {{numeric: standardize}} (fitted on the training split and saved with the model)")
 
 

@@ -1,7 +1,8 @@
 """Trainer: fit, evaluate and predict for a model, a loss and an optimizer.
 
 Library code: it returns data and reports progress only through callbacks. Data is moved to
-the device once; per-epoch metrics are accumulated on the device and read once per epoch.
+the device once (features memory-mapped from a file stay there and are read a batch at a time);
+per-epoch metrics are accumulated on the device and read once per epoch.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from .. import seeding
 from ..backend import array_module
+from ..data.mapped import Rows
 from ..errors import Interrupted, NonFiniteError
 from ..model import Sequential
 from .accumulate import windows
@@ -121,13 +123,15 @@ class Trainer:
         yd = self._move(y, ydt) if y is not None else None
         if yd is not None and self.classification and len(yd):
             check_label_range(self.loss, self.model, int(yd.min()), int(yd.max()))
+        if isinstance(x, Rows):  # larger than memory, maybe: each batch is read and moved when it is used
+            return MappedBatches(x, lambda rows: self._move(rows, self.model.dtype), self.backend.to_host), yd
         return self._move(x, self.model.dtype), yd
 
     def _move(self, a, dtype):
         xp = self.backend.xp
         if array_module(a) is xp:
             return xp.ascontiguousarray(a, dtype=dtype)
-        return self.backend.asarray(np.ascontiguousarray(a), dtype=dtype)
+        return self.backend.asarray(np.ascontiguousarray(a, dtype=dtype))  # one pass: cast while copying
 
     def fast_mode(self, on: bool) -> bool:
         """Switch the model (``train(fast=on)``) and the loss's buffers; returns ``on``.
@@ -155,7 +159,8 @@ class Trainer:
         history = history or History()
         for cb in callbacks:
             cb.on_train_begin(self)
-        in_order = [(xd[s:s + bs], yd[s:s + bs]) for s in range(0, used, bs)] if not self.shuffle else None
+        in_order = ([(xd[s:s + bs], yd[s:s + bs]) for s in range(0, used, bs)]  # (mapped rows: read when used)
+                    if not self.shuffle and not isinstance(xd, MappedBatches) else None)
         classify = self.classification
         self._guard = guard = NonFiniteGuard(self)
         start, self.position = self.position, None  # a mid-epoch resume continues its epoch
@@ -193,10 +198,10 @@ class Trainer:
                 done = first
                 plan = windows(batches, bs, used, self.accumulate, first) if self.accumulate > 1 else None
                 for b in range(first, batches):
-                    if order_d is None:
+                    if in_order is not None:
                         xb, yb = in_order[b]
                     else:
-                        idx = order_d[b * bs:(b + 1) * bs]
+                        idx = order_d[b * bs:(b + 1) * bs] if order_d is not None else slice(b * bs, (b + 1) * bs)
                         xb, yb = xd[idx], yd[idx]
                     batch_loss, batch_correct = step(xb, yb, callbacks, plan[b - first] if plan else None, self._sums)
                     self.batch_score = batch_loss, len(yb)
@@ -306,6 +311,21 @@ class Trainer:
 def predict(model: Sequential, x, batch_size: int | None = None) -> np.ndarray:
     """Raw outputs of ``model`` for host array ``x`` (see :meth:`Sequential.predict`)."""
     return model.predict(x, batch_size)
+
+
+class MappedBatches:
+    """Features memory-mapped from a file (:class:`~dlrun.data.mapped.Rows`) where the trainer
+    would hold them on the device: ``xd[idx]`` reads rows ``idx`` from the file and moves them,
+    so that one batch at a time is in memory."""
+
+    def __init__(self, rows: Rows, move, to_host):
+        self.rows, self.move, self.to_host = rows, move, to_host
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, idx):
+        return self.move(self.rows[idx if isinstance(idx, slice) else self.to_host(idx)])
 
 
 # what Trainer.state_dict gives, by key
