@@ -52,7 +52,9 @@ def check_cmd(
     t.caption = (f"input (N, {', '.join(map(str, r.input_shape))}) · batch N={r.batch_size} · {r.device} · {r.dtype} · "
                  f"memory {format_bytes(r.total_bytes)} (parameters + gradients + activations)")
     out.print(t)
-    out.print(f"data {r.data!r}: {r.train_samples} training and {r.val_samples} validation samples")
+    out.print(f"data {r.data!r}: {r.train_samples} training and {r.val_samples} validation samples", highlight=False)
+    if r.preprocess:
+        out.print(f"preprocess (fitted on the training samples): {escape(r.preprocess)}", highlight=False)
     if r.checkpoint:
         out.print(f"checkpoint {r.checkpoint} fits the model")
     out.print(f"one batch forward, loss {r.loss:.4f}, backward, one optimizer step: OK (nothing saved, nothing written)")

@@ -58,6 +58,7 @@ class CheckReport:
     device: str
     dtype: str
     checkpoint: str | None = None
+    preprocess: str | None = None  # what data.preprocess learned from the training split, in one line
     warnings: tuple[str, ...] = ()  # data that trains badly (features of very different scales, a loss far above chance)
 
     @property
@@ -172,4 +173,5 @@ def check_config(config: Config, checkpoint_path: str | Path | None = None) -> C
                                 sum(p.size for p in ps if not p.trainable)))
     notes = [*run.warnings, chance_warning(float(first.value), model, loss)]
     return CheckReport(ds.name, n, 0 if ds.x_val is None else len(ds.x_val), model.input_shape, bs, rows,
-                       float(first.value), b.name, str(model.dtype), ckpt, tuple(filter(None, notes)))
+                       float(first.value), b.name, str(model.dtype), ckpt,
+                       ds.preprocess.describe() if ds.preprocess is not None else None, tuple(filter(None, notes)))

@@ -76,6 +76,22 @@ class Preprocessing:
             k += cat
         return out
 
+    def describe(self) -> str:
+        """One line: what is scaled and encoded, and the class names (``dlrun check`` prints it)."""
+        s = self.settings
+        numeric = int(np.prod(self.shape)) if self.shape else 0
+        parts = [f"{numeric} numeric feature{'s' if numeric != 1 else ''} "
+                 + (s.numeric if s.numeric != "none" else "unscaled")
+                 + ("" if s.per_feature or s.numeric == "none" else " (one scale over all values)")]
+        if self.tabular:
+            cats = [c for c, k in zip(self.columns, self.categorical) if k]
+            parts.append(f"{s.categorical} " + ", ".join(f"{c} ({len(v)})" for c, v in zip(cats, self.categories)))
+        parts.append(f"missing values: {s.missing}")
+        if self.classes is not None:
+            shown = ", ".join(self.classes[:8]) + (f", ... ({len(self.classes)})" if len(self.classes) > 8 else "")
+            parts.append(f"classes {shown}")
+        return "; ".join(parts)
+
     def transform(self, x, where, name: str = "data") -> np.ndarray:
         """Raw samples (an array, or a :class:`Table`) -> the model's float64 inputs. ``where(i)``
         names sample i (file:line) in errors: a missing value under ``missing: refuse``, a category

@@ -95,6 +95,8 @@ def test_unscaled_loans_are_warned_of_and_preprocessing_fixes_them(tmp_path):
     fixed = _loans_config(tmp_path, preprocess=True)
     r = run_cli("check", fixed)
     assert r.code == 0 and "warning" not in r.err, r.err
+    assert ("preprocess (fitted on the training samples): 3 numeric features standardize; one_hot employment (3), "
+            "region (4); missing values: mean; classes no, yes") in r.out
     run = train(fixed, tmp_path / "runs")
     scaled = json.loads((run / "summary.json").read_text())
     assert scaled["val_accuracy"] > 0.78  # the generating rule itself scores 0.82 on the file
