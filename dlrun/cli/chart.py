@@ -1,5 +1,5 @@
-"""Line charts in the terminal, drawn with braille characters (2 × 4 dots a character): the
-learning curves of ``dlrun plot`` where no image is asked for or matplotlib is missing."""
+"""Charts in the terminal for ``dlrun plot`` where no image is asked for or matplotlib is missing:
+line charts drawn with braille characters (2 × 4 dots a character), and maps of decision regions."""
 from __future__ import annotations
 
 import math
@@ -78,3 +78,42 @@ def fits(columns: int) -> tuple[int, int]:
     """A chart's width and height in characters for a terminal of ``columns``."""
     width = max(20, min(columns, 120) - 14)
     return width, max(8, min(16, math.ceil(width / 5)))
+
+
+def region_map(regions: np.ndarray, x: np.ndarray, y: np.ndarray, predicted: np.ndarray, gx: np.ndarray,
+               gy: np.ndarray, title: str, names: list[str]) -> Text:
+    """The classes predicted over the plane, one character a grid point (``regions[i, j]`` at
+    (gx[j], gy[i]), the top row the largest y): the class's digit, dim, in its colour; a cell
+    holding samples shows ● in their true class's colour, or x where one is misclassified
+    (``predicted``), so the map reads without colour too."""
+    rows, cols = regions.shape
+    cx = np.clip(np.rint((x[:, 0] - gx[0]) / (gx[-1] - gx[0]) * (cols - 1)).astype(int), 0, cols - 1)
+    cy = np.clip(np.rint((x[:, 1] - gy[0]) / (gy[-1] - gy[0]) * (rows - 1)).astype(int), 0, rows - 1)
+    cell_class = np.full(regions.shape, -1)
+    wrong = np.zeros(regions.shape, bool)
+    cell_class[cy, cx] = y
+    np.logical_or.at(wrong, (cy, cx), predicted != y)
+    out = Text(f"{title}\n", style="bold")
+    labels = {0: _ticks(gy[-1]), rows - 1: _ticks(gy[0])}
+    pad = max(map(len, labels.values()))
+    for r in range(rows):
+        i = rows - 1 - r  # (the top row is the largest y)
+        out.append(f"{labels.get(r, ''):>{pad}} {'┤' if r in labels else '│'}")
+        for j in range(cols):
+            k = cell_class[i, j]
+            if k >= 0:
+                out.append("x" if wrong[i, j] else "●", style=f"bold {COLOURS[k % len(COLOURS)]}")
+            else:
+                c = int(regions[i, j])
+                out.append(str(c % 10), style=f"dim {COLOURS[c % len(COLOURS)]}")
+        out.append("\n")
+    left, right = _ticks(gx[0]), _ticks(gx[-1])
+    out.append(f"{'':>{pad}} └" + "─" * cols + "\n")
+    out.append(f"{'':>{pad}}  {left}{'feature 0 →':^{max(cols - len(left) - len(right), 11)}}{right}\n")
+    for k, name in enumerate(names):
+        out.append(f"{'':>{pad}}  ")
+        out.append(f"{k % 10} ●", style=COLOURS[k % len(COLOURS)])
+        out.append(f" {name}\n")
+    out.append(f"{'':>{pad}}  digits: the class predicted there; ●: samples; x: a sample predicted wrong "
+               f"(feature 1 up)\n")
+    return out

@@ -7,14 +7,15 @@ import re
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import typer
 
 from ..errors import TrainingError, UsageError
-from ..runs import figures, plots
+from ..runs import figures, inference, plots
 from ..runs.rundir import FAULTS
 from . import app, err, out
 from .catalog import PLUGIN
-from .chart import COLOURS, fits, line_chart
+from .chart import COLOURS, fits, line_chart, region_map
 from .evaluate import confusion_table
 from .restored import BATCH_SIZE, DEVICE, open_trained
 
@@ -51,8 +52,7 @@ def plot_cmd(
                                           "column such as val_loss; repeatable). Default: every metric recorded."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE.png|FILE.svg",
                                           help="Write the picture as PNG or SVG (by the suffix; needs matplotlib). "
-                                               "Without it, curves and confusion matrices are drawn in the "
-                                               "terminal."),
+                                               "Without it, the picture is drawn in the terminal."),
     size: Optional[str] = typer.Option(None, "--size", metavar="WIDTHxHEIGHT",
                                        help="The image's size in pixels (default: by the number of panels)."),
     data: Optional[str] = typer.Option(None, "--data", metavar="FILE|SPEC",
@@ -82,10 +82,15 @@ def plot_cmd(
             return
         fig = figures.curves_figure(curves, panels, pixels or figures.default_size("curves", len(panels)))
     elif kind is Kind.boundary:
+        restored = [(open_trained(r, device, plugin), r.name or str(r)) for r in runs]
         if output is None:
-            raise UsageError("--kind boundary draws an image: add --output FILE.png (or .svg)")
-        found = [plots.boundary(open_trained(r, device, plugin), r.name or str(r), data, batch_size=batch_size)
-                 for r in runs]
+            width = fits(out.width)[0]
+            grid = (width, max(10, min(32, width * 2 // 5)))  # (a character is about twice as tall as wide)
+            for model, name in restored:
+                _terminal_boundary(model, plots.boundary(model, name, data, grid, batch_size))
+            _note()
+            return
+        found = [plots.boundary(model, name, data, batch_size=batch_size) for model, name in restored]
         fig = figures.boundary_figure(found, pixels or figures.default_size("boundary", len(found)))
     else:
         found = [plots.confusion(open_trained(r, device, plugin), r.name or str(r), data, batch_size)
@@ -118,6 +123,17 @@ def _terminal_curves(curves: list[plots.Curves], panels: list[plots.Panel]) -> N
                     series.append((col if len(curves) == 1 else f"{c.run} {col}", c.epochs, c.columns[col], colour,
                                    val))
         out.print(line_chart(series, width, height, panel.ylabel))
+    _note()
+
+
+def _terminal_boundary(model, b: plots.Boundary) -> None:
+    predicted = inference.predictions(model, b.x).values[:, 0].astype(np.int64)
+    names = [b.name(k) for k in range(b.classes)]
+    out.print(region_map(b.regions, b.x, b.y, predicted, b.gx, b.gy,
+                         f"{b.run}: accuracy {b.accuracy:.4f} on {len(b.y)} samples", names))
+
+
+def _note() -> None:
     if not figures.matplotlib_available():
         err.print(f"note: for PNG or SVG images, install matplotlib ({figures.INSTALL}) and add --output FILE.png",
                   highlight=False, markup=False)

@@ -60,7 +60,7 @@ def curves_figure(curves: list[Curves], panels: list[Panel], size: tuple[int, in
     fig = _figure(*size)
     rows, cols = _grid(len(panels), 2)
     axes = fig.subplots(rows, cols, squeeze=False)
-    colours = [f"C{i % 10}" for i in range(len(curves))]
+    colours = [f"C{i % 10}" for i in range(len(curves))]  # one colour a run (one run: training and validation apart)
     for k, panel in enumerate(panels):
         ax = axes.flat[k]
         for c, colour in zip(curves, colours):
@@ -71,7 +71,8 @@ def curves_figure(curves: list[Curves], panels: list[Panel], size: tuple[int, in
                 label = c.run if len(curves) > 1 else col
                 if len(curves) > 1 and len(panel.columns) > 1 and part:
                     label = f"{c.run} ({part})"
-                ax.plot(c.epochs, c.columns[col], color=colour, linestyle="--" if part == "validation" else "-",
+                ax.plot(c.epochs, c.columns[col], color=colour if len(curves) > 1 else f"C{int(part == 'validation')}",
+                        linestyle="--" if part == "validation" else "-",
                         linewidth=1.5, label=label, marker="o" if len(c.epochs) == 1 else None)
         ax.set_xlabel("epoch")
         ax.set_ylabel(panel.ylabel)

@@ -134,11 +134,11 @@ class Boundary:
         return self.names[k] if self.names is not None and k < len(self.names) else f"class {k}"
 
 
-def boundary(restored: inference.Restored, run: str, spec: str | None = None, resolution: int = 300,
+def boundary(restored: inference.Restored, run: str, spec: str | None = None, resolution: int | tuple = 300,
              batch_size: int | None = None) -> Boundary:
     """The decision regions of ``restored`` over its run's data (training and validation), or over
     ``spec`` (a data file or generator, as ``dlrun evaluate --data``), on a ``resolution`` ×
-    ``resolution`` grid spanning the samples with a margin."""
+    ``resolution`` grid (or ``(columns, rows)``) spanning the samples with a margin."""
     if not restored.classification:
         raise UsageError(f"{run}: a decision boundary needs a classification model; this one is trained with "
                          f"{type(restored.loss).__name__}, a {restored.loss.task} loss (plot its curves instead)")
@@ -159,11 +159,12 @@ def boundary(restored: inference.Restored, run: str, spec: str | None = None, re
         validation = np.zeros(len(x), bool)
     lo, hi = x.min(axis=0), x.max(axis=0)
     pad = np.maximum((hi - lo) * 0.08, 1e-3)
-    gx = np.linspace(lo[0] - pad[0], hi[0] + pad[0], resolution)
-    gy = np.linspace(lo[1] - pad[1], hi[1] + pad[1], resolution)
+    nx, ny = resolution if isinstance(resolution, tuple) else (resolution, resolution)
+    gx = np.linspace(lo[0] - pad[0], hi[0] + pad[0], nx)
+    gy = np.linspace(lo[1] - pad[1], hi[1] + pad[1], ny)
     grid = np.stack(np.meshgrid(gx, gy), axis=-1).reshape(-1, 2)
     table = inference.predictions(restored, grid, batch_size=batch_size or 4096)
-    regions = table.values[:, 0].astype(np.int64).reshape(resolution, resolution)
+    regions = table.values[:, 0].astype(np.int64).reshape(ny, nx)
     predicted = inference.predictions(restored, x, batch_size=batch_size or 4096).values[:, 0].astype(np.int64)
     outputs = restored.model.output_shape[-1] if restored.model.output_shape else 1
     loss = restored.loss

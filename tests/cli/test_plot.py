@@ -151,6 +151,27 @@ def test_without_matplotlib_the_curves_are_drawn_in_the_terminal(two_runs, tmp_p
     assert not (tmp_path / "x.png").exists()
 
 
+def test_without_output_the_decision_regions_are_drawn_as_a_map_in_the_terminal(two_runs, monkeypatch):
+    a, _ = two_runs
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    r = run_cli("plot", a, "--kind", "boundary", process=False)
+    assert r.code == 0, r.err
+    lines = r.out.splitlines()
+    assert lines[0].startswith(f"{a.name}: accuracy ")
+    rows = [line.split("┤" if "┤" in line else "│", 1)[1] for line in lines[1:] if "┤" in line or "│" in line]
+    assert len({len(row) for row in rows}) == 1 and len(rows) >= 10  # a rectangle of cells
+    cells = "".join(rows)
+    assert set(cells) <= set("012●x") and {"0", "1", "2"} <= set(cells)  # every class has a region
+    samples = cells.count("●") + cells.count("x")
+    assert 40 < samples <= 120  # the 120 samples (several may share a cell)
+    from dlrun.runs import inference
+    b = plots.boundary(inference.open_model(a), a.name, resolution=(len(rows[0]), len(rows)))
+    top = rows[0]  # the regions, top row first: where no sample covers a cell, its class's digit
+    assert all(ch == str(b.regions[-1, j]) for j, ch in enumerate(top) if ch.isdigit())
+    assert "note: for PNG or SVG images" in r.err
+
+
 def test_terminal_chart_draws_the_line_where_it_goes():
     x = np.arange(1.0, 11.0)
     lines = line_chart([("up", x, x, "blue", False)], width=10, height=5, title="t").plain.splitlines()
@@ -183,7 +204,7 @@ def _iris_run(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["no-metrics", "not-a-dir", "metric", "iris-boundary", "sine-boundary",
-                                  "sine-confusion", "unwritable", "suffix", "size", "boundary-in-terminal"])
+                                  "sine-confusion", "unwritable", "suffix", "size"])
 def test_bad_input_is_one_line_and_exit_2(two_runs, tmp_path, case):
     a, _ = two_runs
     out = tmp_path / "x.png"
@@ -200,7 +221,6 @@ def test_bad_input_is_one_line_and_exit_2(two_runs, tmp_path, case):
                                                                   "nothing was written"),
         "suffix": ((a, "-o", tmp_path / "x.jpg"), "expected a file name ending in .png or .svg, got '.jpg'"),
         "size": ((a, "-o", out, "--size", "12x9000000"), "--size 12x9000000: expected WIDTHxHEIGHT in pixels"),
-        "boundary-in-terminal": ((a, "--kind", "boundary"), "--kind boundary draws an image: add --output FILE.png"),
     }[case]
     if case == "iris-boundary":
         args = (_iris_run(tmp_path), "--kind", "boundary", "-o", out)
