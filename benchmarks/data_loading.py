@@ -5,7 +5,8 @@
 
 Every measurement is a fresh process (`python -c` reading the file with the `file` loader, or
 the `dlrun` command), timed from outside, its peak resident memory (ru_maxrss) from os.wait4.
-Each is run ``--rounds`` times; the table shows the minimum of each (the machine may be shared).
+Each is run ``--rounds`` times; the table shows the minimum of each (the machine may be shared:
+CPU seconds, user + system, suffer less from other processes than wall seconds).
 "read" is the loader alone (load_file: parse, checks, labels); "check" and "train" are the
 commands on the configs tabular_data.py wrote (one epoch of softmax regression, batch 512, 10 %
 held out). "start" is a process that imports dlrun and reads a 3-line CSV: subtract it from a
@@ -34,8 +35,8 @@ KINDS = [("csv pyarrow", ".csv", {"csv_parser": "pyarrow"}, None),
          ("npy memory_map", ".npy", {"memory_map": True}, "mmap")]
 
 
-def measure(argv: list[str], cwd: Path) -> tuple[float, float]:
-    """(wall seconds, peak RSS in MB) of one process."""
+def measure(argv: list[str], cwd: Path) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds (user + system), peak RSS in MB) of one process."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.perf_counter()
     p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -45,7 +46,7 @@ def measure(argv: list[str], cwd: Path) -> tuple[float, float]:
     p.stderr.close()
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{' '.join(argv)} failed:\n{err}")
-    return wall, usage.ru_maxrss / 1024
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
 def main() -> None:
@@ -75,11 +76,13 @@ def main() -> None:
     for r in range(a.rounds):  # rounds interleave the kinds: a busy spell of the machine hits all alike
         for name, what, rows, argv in jobs:
             results.setdefault((name, what, rows), []).append(measure(argv, d))
-            print(f"round {r + 1}: {name:15s} {what:5s} {rows:>9,} rows  {results[(name, what, rows)][-1][0]:7.2f} s "
-                  f"{results[(name, what, rows)][-1][1]:7.0f} MB", file=sys.stderr, flush=True)
-    print("| data | rows | command | seconds (min) | peak RSS MB (min) |\n|---|---:|---|---:|---:|")
+            wall, cpu, rss = results[(name, what, rows)][-1]
+            print(f"round {r + 1}: {name:15s} {what:5s} {rows:>9,} rows  {wall:7.2f} s {cpu:7.2f} s CPU {rss:7.0f} MB",
+                  file=sys.stderr, flush=True)
+    print("| data | rows | command | wall s (min) | CPU s (min) | peak RSS MB (min) |\n|---|---:|---|---:|---:|---:|")
     for (name, what, rows), runs in results.items():
-        print(f"| {name} | {rows:,} | {what} | {min(t for t, _ in runs):.2f} | {min(m for _, m in runs):.0f} |")
+        print(f"| {name} | {rows:,} | {what} | {min(r[0] for r in runs):.2f} | {min(r[1] for r in runs):.2f} | "
+              f"{min(r[2] for r in runs):.0f} |")
     if a.json:
         a.json.write_text(json.dumps([{"data": n, "command": w, "rows": r, "runs": v} for (n, w, r), v in results.items()],
                                      indent=1))

@@ -19,7 +19,7 @@ from .table import Table, encode_labels
 from ..registry.options import NonNegativeFloat, NonNegativeInt, PositiveInt
 from ..registry import data
 from .mapped import Rows
-from .pieces import first_row, row_blocks
+from .pieces import SCAN_BYTES, first_row, row_blocks
 
 
 @dataclass
@@ -40,6 +40,7 @@ class Dataset:
     target: str | None = None  # the label column's name
     classes: list[str] | None = None  # class names: label k is classes[k]
     preprocess: Preprocessing | None = None  # fitted on the training split by load_data, applied to x and x_val
+    owned: bool = False  # x is the loader's own array (read from a file): the split may reorder it in place
 
     def __post_init__(self):  # a (plugin's) data generator that pairs samples and labels wrongly
         for x, y, part in ((self.x, self.y, ""), (self.x_val, self.y_val, "validation ")):
@@ -240,12 +241,29 @@ def load_data(config, fitted: Preprocessing | None = None, holdout: bool = True)
         raise
     if holdout and ds.x_val is None and config.train.validation_split > 0:
         rows, rows_val = (ds.rows[keep], ds.rows[held]) if ds.rows is not None else (None, None)  # CSV lines
-        take = ds.x.subset if isinstance(ds.x, Rows) else ds.x.__getitem__  # (mapped rows stay in their file)
-        ds = Dataset(take(keep), ds.y[keep], take(held), ds.y[held], name=ds.name, rows=rows, rows_val=rows_val,
+        if isinstance(ds.x, Rows):  # (mapped rows stay in their file)
+            x, x_val = ds.x.subset(keep), ds.x.subset(held)
+        elif ds.owned and isinstance(ds.x, np.ndarray) and ds.x.flags.writeable:
+            x_val = ds.x[held]
+            x = take_in_place(ds.x, keep)
+        else:
+            x, x_val = ds.x[keep], ds.x[held]
+        ds = Dataset(x, ds.y[keep], x_val, ds.y[held], name=ds.name, rows=rows, rows_val=rows_val,
                      samples=keep, samples_val=held, columns=ds.columns, target=ds.target, classes=ds.classes)
     if len(ds.x) == 0:
         raise DataError(f"data {ds.name!r} has no training samples")
     return apply_preprocessing(ds, fitted or fit_preprocessing(ds, settings))
+
+
+def take_in_place(x: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """``x[keep]`` for ascending ``keep``, written over the first rows of ``x`` a piece at a time
+    (row keep[i] >= i moves to row i), so that a split holds no second copy of the training data;
+    for arrays no one else holds."""
+    step = max(1, SCAN_BYTES // max(1, x.dtype.itemsize * int(np.prod(x.shape[1:], dtype=np.int64))))
+    for s in range(0, len(keep), step):
+        piece = keep[s:s + step]
+        x[s:s + len(piece)] = x[piece]
+    return x[:len(keep)]
 
 
 def name_labels(ds: Dataset, classes: list[str] | None = None) -> None:

@@ -359,7 +359,8 @@ def _read(p: Path, label_column: int, header: bool | None, task: str, features_k
         raise DataError(f"{p}: {len(x)} feature rows but labels of shape {y.shape}; expected {expected}")
     if len(x) == 0:
         raise DataError(f"{p}: the file holds no samples")
-    ds = Dataset(x, np.zeros(len(x), dtype=np.int64), name=str(p), rows=lines, columns=names, target=target)
+    ds = Dataset(x, np.zeros(len(x), dtype=np.int64), name=str(p), rows=lines, columns=names, target=target,
+                 owned=True)
     numbers = x.numbers if isinstance(x, table.Table) else x
     i = first_row(numbers, lambda b: np.isinf(b).any(axis=1))  # (a piece at a time)
     if i is not None:

@@ -160,3 +160,18 @@ def test_a_file_larger_than_the_memory_limit_trains_from_the_map(tmp_path):
     assert "memory_map: true reads it a batch at a time" in read.stderr
     mapped_run = train("true")
     assert mapped_run.returncode == 0, mapped_run.stderr
+
+
+def test_the_split_of_a_file_s_own_array_moves_rows_in_place(tmp_path, monkeypatch):
+    from dlrun.data import take_in_place
+
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((1000, 3))
+    keep = np.sort(rng.choice(1000, 700, replace=False))
+    monkeypatch.setattr("dlrun.data.SCAN_BYTES", 24 * 10)  # pieces of 10 rows of 3 float64
+    want = a[keep]
+    got = take_in_place(a, keep)
+    assert np.array_equal(got, want) and np.shares_memory(got, a)
+    np.save(tmp_path / "d.npy", _array()[0])
+    ds = load_data(load_config(write(tmp_path / "c.yaml", CONFIG % (-1, "false", "true"))))
+    assert ds.x.base is not None  # the training rows are the file's array, moved to its front
