@@ -8,8 +8,9 @@ import numpy as np
 from workloads import Workload, gemm_flops, resolve_layers
 
 
-def build(w: Workload, device: str = "cpu"):
-    """(trainer, x, y, epochs, cfg): a shipped config through dlrun.runs.assembly.assemble, else from the specs."""
+def build(w: Workload, device: str = "cpu", world=None):
+    """(trainer, x, y, epochs, cfg): a shipped config through dlrun.runs.assembly.assemble, else from the specs
+    (``world``: a data-parallel run's ranks, dlrun.parallel.join(); assemble takes the joined one itself)."""
     from dlrun import registry
     from dlrun.backend import get_backend
     from dlrun.model import Sequential
@@ -26,7 +27,7 @@ def build(w: Workload, device: str = "cpu"):
         return trainer, ds.x.astype(np.float32), ds.y, cfg.train.epochs, cfg
     x, y = w.data()
     layers = [registry.layers.build(s) for s in resolve_layers(w.layers)]
-    model = Sequential(layers, w.input_shape, get_backend(device), np.float32, seed=w.seed)
+    model = Sequential(layers, w.input_shape, get_backend(device), np.float32, seed=w.seed, world=world)
     opt = registry.optimizers.build({"type": "SGD", "learning_rate": w.learning_rate, "momentum": w.momentum})
     loss = registry.losses.build("SoftmaxCrossEntropy")
     trainer = Trainer(model, loss, opt, None, w.batch_size, shuffle=False, seed=w.seed)

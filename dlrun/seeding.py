@@ -14,6 +14,10 @@ it). From them (numpy ``SeedSequence`` children, so the streams are independent 
     SeedSequence([run seed, step])  a resumed run's layer generators on a device whose generator
                  has no state to save (CuPy): child i for model[i], from the step it resumes at
 
+A data-parallel run (``mpiexec -n K``) draws the same initial weights and shuffling on every rank;
+rank r > 0 draws its layers' runtime numbers from child r of each layer's stream (rank 0 from
+the stream itself, as one process), and resumes them from SeedSequence([run seed, step, r]).
+
 Every stream above is made here, and only here.
 """
 from __future__ import annotations
@@ -37,9 +41,13 @@ def initial_weights(seed: int) -> np.random.Generator:
     return np.random.default_rng(_children(seed)[_INITIAL])
 
 
-def layer_streams(seed: int, layers: int) -> list[np.random.SeedSequence]:
-    """The seed of each layer's runtime generator (``layer.rng``), for ``model[0] ... model[n-1]``."""
-    return _children(seed)[_LAYERS].spawn(layers)
+def layer_streams(seed: int, layers: int, rank: int = 0) -> list[np.random.SeedSequence]:
+    """The seed of each layer's runtime generator (``layer.rng``), for ``model[0] ... model[n-1]``.
+    Rank ``rank`` > 0 of a data-parallel run draws its own streams: child ``rank`` of each layer's."""
+    streams = _children(seed)[_LAYERS].spawn(layers)
+    if rank == 0:
+        return streams
+    return [np.random.SeedSequence(s.entropy, spawn_key=(*s.spawn_key, rank)) for s in streams]
 
 
 def shuffling(seed: int) -> np.random.Generator:
@@ -62,8 +70,9 @@ def data_stream(seed: int | None) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
-def resumed_layer_streams(seed: int, step: int, layers: int) -> list[np.random.SeedSequence]:
+def resumed_layer_streams(seed: int, step: int, layers: int, rank: int = 0) -> list[np.random.SeedSequence]:
     """Fresh, deterministic layer generators for a run resumed at ``step`` on a device whose
-    generators have no state to save (CuPy): reproducible, though not the stream an
-    uninterrupted run would have drawn."""
-    return np.random.SeedSequence([seed, step]).spawn(layers)
+    generators have no state to save (CuPy), and for ranks other than 0 of a data-parallel run
+    (checkpoints hold rank 0's): reproducible, though not the stream an uninterrupted run would
+    have drawn."""
+    return np.random.SeedSequence([seed, step] + ([rank] if rank else [])).spawn(layers)

@@ -13,6 +13,7 @@ FILES = sorted(PKG.rglob("*.py"))
 LAYERS = [
     {"errors", "seeding", "signals"},
     {"backend"},
+    {"parallel"},  # the ranks of a data-parallel run (mpi4py, NCCL through the backend)
     {"registry"},
     {"layers", "losses", "optimizers", "schedules", "metrics"},
     {"data"},
@@ -39,7 +40,11 @@ DEFERRED = {("backend/__init__.py", "cupy"), ("backend/__init__.py", "cupyx"), (
             ("runs/figures.py", "matplotlib.figure"), ("runs/figures.py", "matplotlib.colors"),
             ("runs/figures.py", "matplotlib"),
             # pyarrow's CSV reader: optional (the arrow extra), imported when a CSV is first read
-            ("data/fastcsv.py", "pyarrow"), ("data/fastcsv.py", "pyarrow.csv")}
+            ("data/fastcsv.py", "pyarrow"), ("data/fastcsv.py", "pyarrow.csv"),
+            # optional: the mpi extra, imported only by a process that mpiexec started as one of several ranks
+            ("parallel.py", "mpi4py"),
+            # optional: NCCL, for a data-parallel run on GPUs
+            ("backend/__init__.py", "cupy.cuda")}
 
 
 def _rel(p: Path) -> str:

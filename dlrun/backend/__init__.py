@@ -70,6 +70,23 @@ class Backend:
         if self.xp is not np:
             self.xp.cuda.Device().synchronize()
 
+    def select_device(self, index: int) -> None:
+        """Make GPU ``index`` the current device of this process (a data-parallel rank takes the
+        GPU of its local rank, before it allocates anything)."""
+        if self.xp is not np:
+            self.xp.cuda.Device(index % self.xp.cuda.runtime.getDeviceCount()).use()
+
+    def nccl(self):
+        """CuPy's NCCL module (``cupy.cuda.nccl``) for summing gradients across GPU ranks, or None
+        on the CPU or where NCCL is not installed."""
+        if self.xp is np:
+            return None
+        try:
+            from cupy.cuda import nccl
+        except ImportError:
+            return None
+        return nccl if getattr(nccl, "available", True) else None
+
     def scatter_add(self, a, indices, values) -> None:
         """``a[indices] += values`` that keeps repeated indices (np.add.at / cupyx.scatter_add)."""
         at = getattr(self.xp.add, "at", None)  # CuPy >= 13 has ufunc.at like numpy

@@ -29,9 +29,11 @@ class ParamArena:
             ``data``/``grad`` attributes are replaced by views of the flat arrays.
         xp: numpy or cupy.
         dtype: the model's dtype (every parameter has it).
+        spare: elements after the gradients in ``reduced`` (the flags a data-parallel step sums
+            with them).
     """
 
-    def __init__(self, params, xp, dtype):
+    def __init__(self, params, xp, dtype, spare: int = 0):
         self.params = list(params)
         self.xp = xp
         align = max(1, _ALIGN_BYTES // np.dtype(dtype).itemsize)
@@ -41,7 +43,10 @@ class ParamArena:
             end += -(-p.size // align) * align
         self.size = end
         self.data = xp.zeros(end, dtype)
-        self.grad = xp.zeros(end, dtype)
+        # the gradients and ``spare`` elements after them, one buffer: a data-parallel run sums it
+        # over its ranks in one collective, with the ranks' stop flags in the spare elements
+        self.reduced = xp.zeros(end + spare, dtype)
+        self.grad = self.reduced[:end] if spare else self.reduced
         for p, off in zip(self.params, self.offsets):
             data, grad = self.view(self.data, p, off), self.view(self.grad, p, off)
             data[...] = p.data

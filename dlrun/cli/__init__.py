@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 the run failed, 2 bad usage, config or input.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import sys
 import traceback
@@ -19,8 +20,9 @@ except ImportError:  # pragma: no cover
 from rich.console import Console
 from rich.markup import escape
 
+from .. import parallel
 from ..signals import Stopped, stop_on_signals
-from ..errors import ConfigErrors, DlrunError, Interrupted
+from ..errors import ConfigErrors, DlrunError, Interrupted, UsageError
 from ..registry.plugins import blame
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -78,8 +80,14 @@ def debug_enabled() -> bool:
 
 
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
+def _root(ctx: typer.Context, debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
     """dlrun: declarative deep-learning runs on numpy (CPU) and CuPy (GPU)."""
+    _, size, var = parallel.launched()
+    if size > 1 and ctx.invoked_subcommand != "train":  # started by mpiexec -n K: only training runs on K ranks
+        e = UsageError(f"dlrun {ctx.invoked_subcommand} runs in one process, but this is one of {size} processes "
+                       f"started by mpiexec ({var}={size}); run it without mpiexec (dlrun train alone runs on several)")
+        e.everywhere = True
+        raise e
 
 
 def fail(e: DlrunError) -> int:
@@ -101,6 +109,47 @@ def main(argv: list[str] | None = None) -> None:
     if "--debug" in args:  # accepted anywhere (`dlrun train x.yaml --debug`), as the root option
         args = ["--debug"] + [a for a in args if a != "--debug"]
     _argv[:] = args
+    rank, size, _ = parallel.launched()
+    if size == 1:
+        _main(args)
+        return
+    # one of several ranks (mpiexec): what it reports is decided when it ends (see _rank_ends)
+    kept, shown = io.StringIO(), err.file
+    err.file = kept
+    try:
+        _main(args)
+    except SystemExit as e:
+        err.file = shown
+        _rank_ends(e, kept.getvalue(), rank)
+        raise
+    finally:
+        err.file = shown
+
+
+def _rank_ends(e: SystemExit, said: str, rank: int) -> None:
+    """How a rank of a data-parallel run ends. Errors every rank met together (preparing the
+    run, a stop on a signal or a non-finite value they agreed on), and anything said by a rank
+    that ends well, are reported by rank 0 alone. An error of this rank's own, which the others
+    cannot know of (they wait for it inside a collective), is reported in one line naming the
+    rank, and stops every rank of the run (MPI_Abort)."""
+    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    cause = e.__context__
+    world = parallel.current()
+    if code == 0 or world.size == 1 or getattr(cause, "everywhere", False) or isinstance(cause, typer.Exit):
+        if rank == 0:
+            sys.stderr.write(said)
+            sys.stderr.flush()
+        return
+    lines = said.splitlines() or [f"error: exit code {code}"]
+    label, colon, rest = lines[0].partition(": ")
+    first = f"{label}: rank {rank}: {rest}" if colon else f"{lines[0]} (rank {rank})"
+    sys.stderr.write("\n".join([first] + (lines[1:] if rank == 0 else [])) + "\n")
+    sys.stderr.flush()
+    world.abort(code)
+
+
+def _main(args: list[str]) -> None:
+    """Run the app on ``args``; every outcome ends in sys.exit with its exit code."""
     try:
         with stop_on_signals():  # SIGINT/SIGTERM raise Stopped (training catches its own while it fits)
             code = app(args=args, standalone_mode=False, prog_name="dlrun")  # typer.Exit(n) returns n here

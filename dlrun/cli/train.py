@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import signal
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.markup import escape
 
+from .. import parallel
 from ..runs import run
 from ..config import load_config
 from ..errors import UsageError
@@ -38,28 +40,38 @@ def train_cmd(
                                              help="Start a new run from a checkpoint's (or run directory's) weights, "
                                                   "with a fresh optimizer."),
 ) -> None:
-    """Train the model a config describes; write a new run directory and print its path."""
-    load_plugins(plugin)
-    if resume is not None:
-        if config is not None or init_from is not None or seed is not None:
-            raise UsageError("--resume RUN_DIR takes its config, weights and seed from the run; "
-                             "drop the CONFIG argument, --init-from and --seed (use --set to change settings)")
-        notes: list[str] = []
-        cfg, ckpt = run.resume_config(resume, set_, device, notes)
-        for note in notes:  # a plugin moved (given with --plugin) or changed since the checkpoint
-            err.print(f"[yellow]warning:[/] {escape(note)}", soft_wrap=True)
-        if run.config_edited(resume, ckpt):
-            err.print(f"[yellow]warning:[/] {escape(str(resume))}/config.yaml differs from the config recorded in the "
-                      f"checkpoint (edited by hand?); --resume continues with the recorded one and rewrites the file. "
-                      f"Change settings with --set", soft_wrap=True)
-        with RichProgress(out, cfg.train.epochs) as progress:
-            result = run.resume(resume, cfg, ckpt, callbacks=[progress])
-    else:
-        if config is None:
+    """Train the model a config describes; write a new run directory and print its path.
+
+    Under ``mpiexec -n K`` the K processes train one model data-parallel (docs/training.md);
+    rank 0 writes the run directory and prints."""
+    world = parallel.join()  # one process, or a rank of several (mpiexec)
+    with world.preparing():  # an error here reaches every rank: they stop together
+        load_plugins(plugin)
+        if resume is not None:
+            if config is not None or init_from is not None or seed is not None:
+                raise UsageError("--resume RUN_DIR takes its config, weights and seed from the run; "
+                                 "drop the CONFIG argument, --init-from and --seed (use --set to change settings)")
+            notes: list[str] = []
+            cfg, ckpt = run.resume_config(resume, set_, device, notes)
+            for note in notes:  # a plugin moved (given with --plugin) or changed since the checkpoint
+                err.print(f"[yellow]warning:[/] {escape(note)}", soft_wrap=True)
+            if run.config_edited(resume, ckpt):
+                err.print(f"[yellow]warning:[/] {escape(str(resume))}/config.yaml differs from the config recorded in "
+                          f"the checkpoint (edited by hand?); --resume continues with the recorded one and rewrites "
+                          f"the file. Change settings with --set", soft_wrap=True)
+        elif config is None:
             raise UsageError("give a CONFIG file to train, or --resume RUN_DIR to continue a run")
-        cfg = load_config(config, set_, seed=seed, device=device)
-        with RichProgress(out, cfg.train.epochs) as progress:
-            result = run.train(cfg, runs_dir, callbacks=[progress], init_from=init_from, warn=_warn)
+        else:
+            cfg = load_config(config, set_, seed=seed, device=device)
+    # several ranks: rank 0 shows the progress
+    with RichProgress(out, cfg.train.epochs) if world.writes else nullcontext() as progress:
+        shown = [progress] if world.writes else []
+        if resume is not None:
+            result = run.resume(resume, cfg, ckpt, callbacks=shown)
+        else:
+            result = run.train(cfg, runs_dir, callbacks=shown, init_from=init_from, warn=_warn)
+    if not world.writes:
+        return
     s = result.summary
     acc = "" if s["train_accuracy"] is None else f" train_accuracy={s['train_accuracy']:.4f}"
     val = "" if s["val_loss"] is None else f" val_loss={s['val_loss']:.4f}" + (

@@ -82,8 +82,12 @@ class Layer:
         buffers: a :class:`~dlrun.backend.buffers.BufferPool`; ``self.buffer(name, shape, dtype)`` gives
             a per-shape scratch array to pass as ``out=`` while the trainer owns the outputs,
             and None (allocate) otherwise.
+        world: in a data-parallel run of several ranks, the :class:`~dlrun.parallel.World`
+            whose ``sum_device`` a layer calls to compute statistics over the global batch
+            (BatchNorm's ``sync``); None in one process.
     """
 
+    world = None
     needs_labels: ClassVar[bool] = False
     has_phase: ClassVar[bool] = False
     stochastic: ClassVar[bool] = False

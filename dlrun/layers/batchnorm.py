@@ -46,6 +46,10 @@ class BatchNorm(Layer):
         eps: added to the variance before the square root.
         center: learn the shift β (else β = 0).
         scale: learn the scale γ (else γ = 1).
+        sync: in a data-parallel run (``mpiexec -n K``), compute μ and σ² (and the means of
+            backward) over the global batch, summed across the ranks, so that K ranks train
+            as one process (PyTorch's SyncBatchNorm); false keeps per-rank statistics over each
+            rank's part of the batch (PyTorch DDP's default). One process: no effect.
 
     Shape:
         input (N, D) or (N, C, ...) -> output of the same shape. γ, β and the running statistics
@@ -61,7 +65,8 @@ class BatchNorm(Layer):
     input_spec = InputSpec(shape=("C", "H", "W"))
 
     def __init__(self, momentum: Annotated[float, Range(0, 1, max_inclusive=False)] = 0.9,
-                 eps: PositiveFloat = 1e-5, center: bool = True, scale: bool = True):
+                 eps: PositiveFloat = 1e-5, center: bool = True, scale: bool = True, sync: bool = False):
+        self.sync = sync
         self.momentum = momentum
         self.eps = eps
         self.center = center
@@ -82,16 +87,20 @@ class BatchNorm(Layer):
         xp = self.xp
         shp, axes = self._bshape, self._axes
         if self.training:
-            mu = x.mean(axis=axes, keepdims=True)
-            xc = x - mu
-            var = (xc * xc).mean(axis=axes, keepdims=True)
-            m = x.size // x.shape[1]
-            if m > 1:  # one value has no unbiased variance: it would pull running_var towards 0
+            if self.sync and self.world is not None:
+                mu, xc, var, m = self._global_moments(x)
+            else:
+                mu = x.mean(axis=axes, keepdims=True)
+                xc = x - mu
+                var = (xc * xc).mean(axis=axes, keepdims=True)
+                m = x.size // x.shape[1]
+            if m is None or m > 1:  # one value has no unbiased variance: it would pull running_var towards 0
                 a = self.momentum
                 self.running_mean *= a
                 self.running_mean += (1.0 - a) * mu.reshape(-1)
                 self.running_var *= a
-                self.running_var += ((1.0 - a) * m / (m - 1)) * var.reshape(-1)
+                unbias = (1.0 - a) * m / (m - 1) if m is not None else (1.0 - a) * self._count / (self._count - 1)
+                self.running_var += unbias * var.reshape(-1)
         else:
             xc = x - self.running_mean.reshape(shp)
             var = self.running_var.reshape(shp)
@@ -101,6 +110,20 @@ class BatchNorm(Layer):
         out = xhat * self.gamma.data.reshape(shp)
         out += self.beta.data.reshape(shp)
         return out
+
+    def _global_moments(self, x):
+        """μ, x − μ and σ² over the global batch of a data-parallel run, from sums over every
+        rank's part (two collectives); m is None: the global count stays on the device (the
+        ranks hold at least one sample each, so it is above 1)."""
+        axes, shp, xp = self._axes, self._bshape, self.xp
+        c = x.shape[1]
+        local = xp.concatenate([x.sum(axis=axes).reshape(-1), xp.asarray([x.size // c], dtype=x.dtype)])
+        total = self.world.sum_device(local)
+        self._count = total[c:]
+        mu = (total[:c] / self._count).reshape(shp)
+        xc = x - mu
+        var = (self.world.sum_device((xc * xc).sum(axis=axes)) / self._count).reshape(shp)
+        return mu, xc, var, None
 
     def backward(self, dy):
         shp, axes = self._bshape, self._axes
@@ -112,8 +135,16 @@ class BatchNorm(Layer):
         g = dy * self.gamma.data.reshape(shp)
         if not self._phase:  # evaluation: a fixed affine map
             return g * self._inv
+        if self.sync and self.world is not None:  # the means of g and g·x̂ over the global batch
+            both = self.world.sum_device(self.xp.concatenate([g.sum(axis=axes).reshape(-1),
+                                                              (g * xhat).sum(axis=axes).reshape(-1)]))
+            m, c = self._count, g.shape[1]
+            g -= both[:c].reshape(shp) / m
+            g -= xhat * (both[c:].reshape(shp) / m)
+            g *= self._inv
+            return g
         return standardize_backward(g, xhat, self._inv, axes)
 
     def __repr__(self) -> str:
-        return f"BatchNorm(momentum={self.momentum}, eps={self.eps})"
+        return f"BatchNorm(momentum={self.momentum}, eps={self.eps}{', sync=True' if self.sync else ''})"
 

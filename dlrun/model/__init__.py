@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import contract
-from .. import seeding
+from .. import parallel, seeding
 from ..backend.arena import ParamArena
 from ..backend import CPU, Backend
 from ..errors import CheckpointError, ConfigError, DlrunError, LayerContractError, Location, ShapeError
@@ -36,20 +36,25 @@ class Sequential:
         reorder: run a ReLU that directly precedes a MaxPool2D after it (see
             :func:`execution_order`); False runs the layers strictly in list order.
         frozen: indexes of layers whose parameters are not trained (``trainable: false``).
+        world: the ranks of a data-parallel run (:mod:`dlrun.parallel`), or None for one
+            process: each rank draws its own runtime streams, and layers that synchronise
+            statistics across the ranks get it as ``layer.world``.
     """
 
     def __init__(self, layers: list[Layer], input_shape, backend: Backend = CPU, dtype=np.float32,
-                 seed: int = 0, locate=None, reorder: bool = True, frozen=()):
+                 seed: int = 0, locate=None, reorder: bool = True, frozen=(), world=None):
         self.layers = list(layers)
         self.input_shape = tuple(int(s) for s in input_shape)
         self.backend = backend
         self.dtype = np.dtype(dtype)
         init_rng = seeding.initial_weights(seed)
-        run_seqs = seeding.layer_streams(seed, len(self.layers))
+        run_seqs = seeding.layer_streams(seed, len(self.layers), world.rank if world is not None else 0)
         self.shapes: list[tuple[int, ...]] = []
         shape = self.input_shape
         for i, layer in enumerate(self.layers):
             layer.setup(backend, self.dtype, init_rng, run_seqs[i])
+            if world is not None and world.size > 1:
+                layer.world = world
             drawn = contract.GlobalDraws()
             try:
                 shape = contract.output_shape(layer, layer.build(shape), shape)
@@ -108,7 +113,9 @@ class Sequential:
         # parameter of another dtype or shape than its gradient is left on its own
         packable = [p for _, p in self.named_parameters() if p.trainable and p.data.dtype == self.dtype
                     and (p.grad is None or p.grad.shape == p.data.shape)]
-        self.arena = ParamArena(packable, backend.xp, self.dtype) if packable else None
+        spare = parallel.CONTROL if world is not None and world.size > 1 else 0
+        self.arena = ParamArena(packable, backend.xp, self.dtype, spare) if packable else None
+        self.world = world if world is not None else parallel.current()
 
     def train(self, mode: bool = True, fast: bool = False) -> "Sequential":
         """Set training (or evaluation) mode.

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 from ..metrics import monitor
 from ..training import controls
-from .. import metrics, seeding
+from .. import metrics, parallel, seeding
 from ..backend import get_backend
 from ..config import Config
+from ..errors import ConfigError
 from ..data import Dataset, check_range, load_data
 from ..data.preprocess import Preprocessing
 from ..model import Sequential
@@ -51,20 +52,37 @@ class Assembly:
 
 def resolve_seed(config: Config) -> int:
     """The config's seed, or a fresh one (:func:`seeding.fresh_seed`) recorded into ``config.raw``."""
-    if config.seed is None:
-        config.seed = seeding.fresh_seed()
+    if config.seed is None:  # (the ranks of a data-parallel run take rank 0's)
+        config.seed = parallel.current().same(seeding.fresh_seed())
     config.raw["seed"] = config.seed
     return config.seed
 
 
 def build_model(config: Config, input_shape, backend=None, dtype=None, seed: int | None = None,
-                frozen: bool = True) -> Sequential:
+                frozen: bool = True, world=None) -> Sequential:
     """The config's layers, built for ``input_shape`` on the config's device (or ``backend``), in
     the config's dtype (or ``dtype``), with its initial weights drawn from the run seed (or
-    ``seed``); ``frozen=False`` leaves every parameter trainable (``trainable: false`` ignored)."""
+    ``seed``); ``frozen=False`` leaves every parameter trainable (``trainable: false`` ignored).
+    ``world``: the ranks of a data-parallel run (:mod:`dlrun.parallel`) that will train it."""
     return Sequential(config.build_layers(), input_shape, backend or get_backend(config.device),
                       dtype or config.dtype, config.seed if seed is None else seed, config.locate,
-                      frozen=config.frozen if frozen else ())
+                      frozen=config.frozen if frozen else (), world=world)
+
+
+def check_parts(trainer: Trainer, n: int, world, config: Config) -> None:
+    """A ConfigError when a batch of the epoch holds fewer samples than a data-parallel run has
+    ranks: each rank trains on its own part of every batch, and a part must not be empty."""
+    if world.size == 1:
+        return
+    bs, batches = trainer.epoch_batches(n)
+    smallest = min(n, batches * bs) - (batches - 1) * bs
+    if smallest >= world.size:
+        return
+    what = "each batch" if smallest == bs else f"the last batch of each epoch ({n} samples in batches of {bs})"
+    raise ConfigError(f"{what} holds {smallest} sample{'s' if smallest != 1 else ''}, fewer than the {world.size} "
+                      f"ranks, and every rank trains on its own part of each batch; raise train.batch_size"
+                      + ("" if smallest == bs else " or set train.drop_last: true"),
+                      config.locate("train.batch_size"))
 
 
 def assemble(config: Config, fitted: Preprocessing | None = None) -> Assembly:
@@ -72,9 +90,12 @@ def assemble(config: Config, fitted: Preprocessing | None = None) -> Assembly:
     ``fitted``: the preprocessing a resumed run recorded (else it is fitted on the training split)."""
     resolve_seed(config)
     backend = get_backend(config.device)
+    world = parallel.current()
+    if world.size > 1 and backend.name == "gpu":  # each rank on the GPU of its local rank, before it allocates
+        world.use_gpu(backend)
     ds = load_data(config, fitted)
     check_range(ds, config.dtype)
-    model = build_model(config, ds.input_shape, backend)
+    model = build_model(config, ds.input_shape, backend, world=world)
     check_model_indices(ds, model)
     loss = config.build("loss")
     check_class_weights(loss, model, config.locate("loss.class_weights"))
@@ -86,6 +107,7 @@ def assemble(config: Config, fitted: Preprocessing | None = None) -> Assembly:
                       config.train.accumulate_batches,
                       metrics.build(config.train.metrics, loss, outputs, config.locate))
     check_batch_memory(model, trainer.epoch_batches(len(ds.x))[0], config.locate("train.batch_size"))
+    check_parts(trainer, len(ds.x), world, config)
     has_val = ds.x_val is not None and len(ds.x_val) > 0
     watched = monitor.of_run(config, has_val, trainer.classification, trainer.tracker.modes)
     trainer.controls = controls.from_config(config, has_val, trainer.classification, trainer.tracker.modes)

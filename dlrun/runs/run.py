@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import parallel
 from ..training import controls, position
 from . import checkpoint, rundir, snapshot, tensorboard
 from ..config import Config, config_from_dict
@@ -56,6 +57,11 @@ def _fit(run: Assembly, run_dir: Path, callbacks, extra: dict, best: dict | None
     """Fit to ``train.epochs`` with the ``train:`` controls, the metrics and checkpoint writers
     and the ``logs`` (:func:`loggers`); write summary.json."""
     config, ds, trainer, train_controls = run.config, run.data, run.trainer, run.controls
+    world = trainer.model.world
+    # several ranks: they check that they start alike, and learn rank 0's run directory (it alone writes)
+    run_dir = Path(world.start(_state_digest(trainer, ds) if world.size > 1 else "", run_dir=str(run_dir)
+                               if run_dir is not None else None))
+    writes = world.writes
     monitor, mode = run.monitor.name, run.monitor.mode
     # last.npz keeps the last epoch's weights: early stopping's best weights come back after it
     deferred = [c for c in train_controls if isinstance(c, controls.EarlyStopping)]
@@ -78,10 +84,11 @@ def _fit(run: Assembly, run_dir: Path, callbacks, extra: dict, best: dict | None
                 metrics_csv = rundir.MetricsWriter(run_dir, trainer.tracker.names)
                 for log in logs:
                     log.run_dir = run_dir
-                history = trainer.fit(ds.x, ds.y, ds.x_val, ds.y_val, epochs=config.train.epochs,
-                                      # the controls observe an epoch before the writer records it;
-                                      # the loggers record it once its checkpoint is written
-                                      callbacks=[metrics_csv, *train_controls, writer, *logs, *callbacks, stop])
+                # the controls observe an epoch before the writer records it; the loggers record
+                # it once its checkpoint is written (several ranks: rank 0 alone writes and logs)
+                every = ([metrics_csv, *train_controls, writer, *logs, *callbacks, stop] if writes
+                         else [*train_controls, *callbacks, stop])
+                history = trainer.fit(ds.x, ds.y, ds.x_val, ds.y_val, epochs=config.train.epochs, callbacks=every)
                 stop.finishing = True
                 for c in deferred:
                     c.restore_best()
@@ -90,12 +97,15 @@ def _fit(run: Assembly, run_dir: Path, callbacks, extra: dict, best: dict | None
                     raise
                 # the state after the last finished batch (trainer.position says where in its
                 # epoch), so that --resume continues exactly as an uninterrupted run would
-                writer.flush({"interrupted": stop.record(), **_digest(trainer, ds)})
-                raise Interrupted(f"{e.message}\ncheckpoint {'after' if trainer.position else 'of'} {_at(trainer)} saved: {ckpt}\n"
-                                  f"resume with: dlrun train --resume {run_dir}", e.signum) from None
+                if writes:
+                    writer.flush({"interrupted": stop.record(), **_digest(trainer, ds)})
+                stopped = Interrupted(f"{e.message}\ncheckpoint {'after' if trainer.position else 'of'} {_at(trainer)} "
+                                      f"saved: {ckpt}\nresume with: {_resume_command(world)}{run_dir}", e.signum)
+                stopped.everywhere = getattr(e, "everywhere", False)
+                raise stopped from None
             except NonFiniteError as e:
                 if trainer.epoch > 0 or trainer.position is not None:  # the guard restored the last good state
-                    if trainer.step > start_step:  # (else it is the checkpoint resumed from, config included)
+                    if trainer.step > start_step and writes:  # (else it is the checkpoint resumed from, config included)
                         writer.flush(_digest(trainer, ds))
                     e.message += f"\nthe last good checkpoint ({_at(trainer)}) is {ckpt}"
                 raise
@@ -105,7 +115,7 @@ def _fit(run: Assembly, run_dir: Path, callbacks, extra: dict, best: dict | None
                 # code raised inside a batch (the trainer put the state back to where the epoch started
                 # or resumed): keep that state, as for a non-finite value, and name the code
                 named = plugin_fault(e)
-                if trainer.step > start_step:
+                if trainer.step > start_step and writes:
                     writer.flush(_digest(trainer, ds))
                 if named is None:  # a bug in dlrun itself: reported as an internal error
                     raise
@@ -116,7 +126,7 @@ def _fit(run: Assembly, run_dir: Path, callbacks, extra: dict, best: dict | None
                 for log in logs:  # (flushed on every ending: a stop, an error, the end)
                     log.close()
             seconds = time.perf_counter() - t0 + seconds_before
-            summary = _summary(config, ds, trainer, run_dir, history, writer, extra, seconds)
+            summary = _summary(config, ds, trainer, run_dir, history, writer, extra, seconds) if writes else {}
     except OSError as e:
         kept = (f"the checkpoint {ckpt} is intact: once there is room, resume with: dlrun train --resume {run_dir}"
                 if ckpt.is_file() else "no checkpoint had been written yet, so the run cannot be resumed "
@@ -161,6 +171,20 @@ def plugin_fault(e: BaseException) -> TrainingError | None:
     return named
 
 
+def _state_digest(trainer: Trainer, ds: Dataset) -> str:
+    """A digest of what a rank starts training from: the weights, layer state, optimizer state
+    and the training and validation data."""
+    opt = trainer.optimizer.state_dict() if hasattr(trainer.optimizer, "state_dict") else {}
+    data = [a for a in (ds.x, ds.y, ds.x_val, ds.y_val) if a is not None]
+    return parallel.digest([*trainer.model.state_arrays().values(),
+                            *(np.asarray(trainer.backend.to_host(v)) for _, v in sorted(opt.items())), *data])
+
+
+def _resume_command(world) -> str:
+    """How to resume: under mpiexec with the run's number of ranks (any other works too)."""
+    return f"mpiexec -n {world.size} dlrun train --resume " if world.size > 1 else "dlrun train --resume "
+
+
 def _digest(trainer: Trainer, ds) -> dict:
     """The training data's digest for a checkpoint taken inside an epoch (position.data_digest)."""
     return {} if trainer.position is None else {"data_digest": position.data_digest(ds.x, ds.y)}
@@ -181,25 +205,30 @@ def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from
     with no scaling, a first loss far above chance, validation samples the initial weights
     trained on).
     """
-    run = assemble(config)
-    logs = loggers(config)
-    extra = {}
-    notes = list(run.warnings)
-    if init_from is not None:
-        ckpt = checkpoint.read(checkpoint.resolve(init_from))
-        snapshot.load_weights(run.model, ckpt)
-        extra["init_from"] = os.path.abspath(ckpt.path)
-        notes.append(init_from_warning(config, run.data, ckpt))
-    for note in filter(None, notes):
-        if warn is not None:
-            warn(note)
-    if warn is not None:
-        callbacks = [FirstLossCheck(warn), *callbacks]
-    run_dir = rundir.new_run_dir(runs_dir, config.name)
+    world = parallel.current()
+    with world.preparing():
+        run = assemble(config)
+        logs = loggers(config)
+        extra = {}
+        notes = list(run.warnings)
+        if init_from is not None:
+            ckpt = checkpoint.read(checkpoint.resolve(init_from))
+            snapshot.load_weights(run.model, ckpt)
+            extra["init_from"] = os.path.abspath(ckpt.path)
+            notes.append(init_from_warning(config, run.data, ckpt))
+        for note in filter(None, notes):
+            if warn is not None:
+                warn(note)
+        if warn is not None and world.writes:  # (several ranks: rank 0 reports)
+            callbacks = [FirstLossCheck(warn), *callbacks]
+        run_dir = rundir.new_run_dir(runs_dir, config.name) if world.writes else None
+    if not world.writes:  # another rank of several: rank 0 writes the run directory
+        return _fit(run, None, callbacks, extra)
     try:
         with rundir.RunLock(run_dir):
-            rundir.write_config(run_dir, config)
-            rundir.write_run_info(run_dir, config)
+            with world.preparing():
+                rundir.write_config(run_dir, config)
+                rundir.write_run_info(run_dir, config)
             return _fit(run, run_dir, callbacks, extra, logs=logs)
     except BaseException:  # a run that saved nothing leaves nothing behind (an interrupted one saves)
         rundir.discard_if_empty(run_dir)
@@ -329,42 +358,48 @@ def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, cal
     that trained all its epochs but whose ending was lost (no summary.json) is finished: its
     summary.json and a best.npz that was not written are written, and nothing is trained."""
     run_dir = Path(run_dir)
-    with rundir.RunLock(run_dir):  # one process trains in a run directory at a time
+    world = parallel.current()
+    if not world.writes:  # another rank of several: rank 0 locks and writes the run directory
+        return _resume(run_dir, config, ckpt, callbacks, world)
+    with world.preparing(), rundir.RunLock(run_dir):  # one process trains in a run directory at a time
         rundir.remove_temporary_files(run_dir)  # (left by a write that was killed; none is live now)
-        return _resume(run_dir, config, ckpt, callbacks)
+        return _resume(run_dir, config, ckpt, callbacks, world)
 
 
-def _resume(run_dir: Path, config: Config, ckpt: checkpoint.Checkpoint, callbacks) -> RunResult:
-    position.check_split(ckpt.meta.get("config"), config)
-    config.split_shares = ckpt.meta.get("split_shares", "per_class")  # the run's own split (data.split)
-    fitted = snapshot.recorded_preprocessing(ckpt)
-    if fitted is not None and (config.preprocess or Settings()) != fitted.settings:
-        raise ConfigError(f"the run preprocessed its data with {_settings(fitted.settings)}, this resume asks for "
-                          f"{_settings(config.preprocess or Settings())}: the model was trained on the first. A "
-                          f"resumed run keeps its preprocessing; to change it, start a new run",
-                          config.locate("data.preprocess"))
-    run = assemble(config, fitted)
-    logs = loggers(config)
-    ds, trainer = run.data, run.trainer
-    snapshot.restore(trainer, ckpt, config.seed, config.frozen)
-    if trainer.epoch >= config.train.epochs and (trainer.position is not None or _finished(run_dir, trainer.epoch)):
-        raise UsageError(f"{run_dir} has already trained {trainer.epoch} of {config.train.epochs} epochs; "
-                         f"raise the total to continue, e.g. --set train.epochs={trainer.epoch + 10}")
-    # stopped inside an epoch: it continues only as it started
-    position.check_resume(trainer, ds.x, ds.y, ckpt.meta.get("data_digest"), str(ckpt.path))
-    rundir.truncate_metrics(run_dir / "metrics.csv", trainer.epoch, trainer.tracker.names)
-    kept = rundir.write_config(run_dir, config)
-    before = rundir.previous_seconds(run_dir, trainer.epoch, trainer.position.seconds if trainer.position else 0.0)
-    extra = {k: ckpt.meta[k] for k in ("init_from",) if k in ckpt.meta}
-    extra["resumed_from_epoch"] = trainer.epoch
-    if trainer.position is not None:
-        extra["resumed_from_batch"] = trainer.position.batches_done  # of epoch resumed_from_epoch + 1
-    _offer_best_weights(run_dir, run.controls)
+def _resume(run_dir: Path, config: Config, ckpt: checkpoint.Checkpoint, callbacks, world) -> RunResult:
+    with world.preparing():
+        position.check_split(ckpt.meta.get("config"), config)
+        config.split_shares = ckpt.meta.get("split_shares", "per_class")  # the run's own split (data.split)
+        fitted = snapshot.recorded_preprocessing(ckpt)
+        if fitted is not None and (config.preprocess or Settings()) != fitted.settings:
+            raise ConfigError(f"the run preprocessed its data with {_settings(fitted.settings)}, this resume asks for "
+                              f"{_settings(config.preprocess or Settings())}: the model was trained on the first. A "
+                              f"resumed run keeps its preprocessing; to change it, start a new run",
+                              config.locate("data.preprocess"))
+        run = assemble(config, fitted)
+        logs = loggers(config) if world.writes else []
+        ds, trainer = run.data, run.trainer
+        snapshot.restore(trainer, ckpt, config.seed, config.frozen)
+        if trainer.epoch >= config.train.epochs and (trainer.position is not None or _finished(run_dir, trainer.epoch)):
+            raise UsageError(f"{run_dir} has already trained {trainer.epoch} of {config.train.epochs} epochs; "
+                             f"raise the total to continue, e.g. --set train.epochs={trainer.epoch + 10}")
+        # stopped inside an epoch: it continues only as it started
+        position.check_resume(trainer, ds.x, ds.y, ckpt.meta.get("data_digest"), str(ckpt.path))
+        kept = None
+        if world.writes:
+            rundir.truncate_metrics(run_dir / "metrics.csv", trainer.epoch, trainer.tracker.names)
+            kept = rundir.write_config(run_dir, config)
+        before = rundir.previous_seconds(run_dir, trainer.epoch, trainer.position.seconds if trainer.position else 0.0)
+        extra = {k: ckpt.meta[k] for k in ("init_from",) if k in ckpt.meta}
+        extra["resumed_from_epoch"] = trainer.epoch
+        if trainer.position is not None:
+            extra["resumed_from_batch"] = trainer.position.batches_done  # of epoch resumed_from_epoch + 1
+        _offer_best_weights(run_dir, run.controls)
     try:
         return _fit(run, run_dir, callbacks, extra, ckpt.meta.get("best"), before, logs)
     except DlrunError as e:  # failed before a good step (an interrupt saves its state and config): last.npz
-        if not isinstance(e, Interrupted) and trainer.step == ckpt.meta.get("step"):  # is kept, so are the config files
-            rundir.put_back(kept)
+        if not isinstance(e, Interrupted) and trainer.step == ckpt.meta.get("step") and kept is not None:
+            rundir.put_back(kept)  # is kept, so are the config files
         raise
 
 

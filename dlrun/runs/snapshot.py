@@ -137,10 +137,11 @@ def restore(trainer: Trainer, ckpt: checkpoint.Checkpoint, seed: int, frozen=())
                              "optimizer": ckpt.optimizer, "controls": meta.get("controls")})
     states = rng.get("layers") or {}
     layers = trainer.model.layers
-    reseed = seeding.resumed_layer_streams(seed, trainer.step, len(layers))
+    rank = trainer.model.world.rank  # the checkpoint holds rank 0's generators
+    reseed = seeding.resumed_layer_streams(seed, trainer.step, len(layers), rank)
     for i, layer in enumerate(layers):
         state = states.get(str(i))
-        if b.xp is not np:  # a CuPy generator has no exportable state: a fresh, deterministic stream
+        if b.xp is not np or rank:  # a CuPy generator has no exportable state: a fresh, deterministic stream
             layer.seed_rng(reseed[i])
         elif state is not None and layer.rng is not None:
             layer.rng.bit_generator.state = state

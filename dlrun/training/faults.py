@@ -142,27 +142,42 @@ class NonFiniteGuard:
         ``batches`` start after the epoch's first ``first`` (a resumed epoch's batches done)."""
         self.restore()
         where = None
-        finder = FirstNonFinite(self.trainer.model, self.trainer.loss)
+        world = self.trainer.world
+        # several ranks replay their parts together: each notes its first non-finite value and
+        # finishes the step (the others wait in its collectives), then they agree on the first
+        finder = FirstNonFinite(self.trainer.model, self.trainer.loss, note=world is not None)
         step = self.trainer.training_step
         try:  # a layer may raise instead (an Embedding index out of range): the restore still runs
             with np.errstate(all="ignore"):
-                for b, (xb, yb, window) in enumerate(batches, start=first + 1):
+                for b, (xb, yb, window, part) in enumerate(batches, start=first + 1):
                     try:
-                        step.observed(xb, yb, callbacks, window, observers=[finder])
+                        step.observed(xb, yb, callbacks, window, observers=[finder], part=part)
                     except _Found as found:
                         where = found.where
                         break
+                    if world is not None:
+                        hit = world.first(finder.noted)
+                        if hit is not None:
+                            where = f"{hit[1]} (rank {hit[0]})"
+                            break
         finally:
             self.restore()  # leave the last good state in the model (the end of the previous epoch)
         kept = (f"the model holds the state after batch {first} of epoch {epoch}" if first
                 else f"the model holds the state after epoch {epoch - 1}" if epoch > 1
                 else "no epoch finished, so there is no good state to keep")
         if where is None:
-            return NonFiniteError(f"epoch {epoch}: the training loss or a weight became non-finite, but a replay "
+            return _everywhere(world, NonFiniteError(f"epoch {epoch}: the training loss or a weight became non-finite, but a replay "
                                   f"of the epoch did not reproduce it (a stochastic layer?); {kept}",
-                                  epoch, None, None)
-        return NonFiniteError(f"epoch {epoch}, batch {b}: {where}; {kept}. Lower the learning rate, "
-                              f"clip gradients or check the data and the named layer", epoch, b, where)
+                                  epoch, None, None))
+        return _everywhere(world, NonFiniteError(f"epoch {epoch}, batch {b}: {where}; {kept}. Lower the learning "
+                                                 f"rate, clip gradients or check the data and the named layer",
+                                                 epoch, b, where))
+
+
+def _everywhere(world, error):
+    """``error``, marked as met by every rank of a data-parallel run together (they agreed on it)."""
+    error.everywhere = world is not None
+    return error
 
 
 class _Found(Exception):
@@ -178,13 +193,17 @@ class FirstNonFinite(StepObserver):
     output (forward), the loss, its gradient, a layer's parameter gradient or ``dx`` (backward),
     a regularizer's gradient, or a weight after the optimizer's step."""
 
-    def __init__(self, model, loss):
+    def __init__(self, model, loss, note: bool = False):
         self.model, self.loss_fn = model, loss
+        self.note = note  # keep the first in ``noted`` and let the step finish (a rank of several)
+        self.noted: tuple[int, str] | None = None  # (after the ranks' gradient sum?, where)
 
-    @staticmethod
-    def _stop(a, before: str, after: str = "") -> None:
-        if (kind := nonfinite_kind(a)) is not None:
-            raise _Found(f"{before}{kind}{after}")
+    def _stop(self, a, before: str, after: str = "", summed: bool = False) -> None:
+        if self.noted is None and (kind := nonfinite_kind(a)) is not None:
+            if not self.note:
+                raise _Found(f"{before}{kind}{after}")
+            # (after the gradients' sum over the ranks a value may only carry another rank's)
+            self.noted = (int(summed), f"{before}{kind}{after}")
 
     def begin(self, xb, yb):
         self._stop(xb, "the input batch contains ")
@@ -207,13 +226,13 @@ class FirstNonFinite(StepObserver):
             self._stop(dx, f"model[{i}] {layer!r} produced ", " in backward (dx, the gradient of its input)")
 
     def regularizer(self, p, reg):
-        self._stop(p.grad, f"the regularizer {reg!r} produced ", " in a gradient")
+        self._stop(p.grad, f"the regularizer {reg!r} produced ", " in a gradient", summed=True)
 
     def updated(self, optimizer):
         for i, layer in enumerate(self.model.layers):
             for name, p in layer.params.items():
                 self._stop(p.data, f"the optimizer step made model[{i}].{name} ", " (gradients were finite: the "
-                                                                                  "step overflowed)")
+                                                                                  "step overflowed)", summed=True)
 
 
 class StopOnSignal(Callback):
@@ -229,9 +248,25 @@ class StopOnSignal(Callback):
         self.every = 1
         self.epochs, self.stoppers = epochs, list(stoppers)
         self.finishing = False  # the run's ending: signals are only recorded
+        self.world = None  # several ranks: they stop on the signal they agreed on in a step's collective
 
     def on_train_begin(self, trainer):
         self.every = getattr(trainer, "accumulate", 1)  # steps end windows of this many batches
+        self.world = getattr(trainer, "world", None)
+
+    def received(self, signum: int) -> None:
+        """A SIGINT or SIGTERM arrived (from :func:`catch_signals`)."""
+        self.signum = self.signum or signum
+        if self.world is not None:
+            self.world.pending = self.world.pending or signum
+
+    def _pending(self) -> int | None:
+        if self.world is None:
+            return self.signum
+        if self.world.agreed:
+            self.signum = self.world.agreed
+            return self.signum
+        return None
 
     def on_epoch_begin(self, epoch, batches):
         self.epoch, self.batch, self.batches = epoch, 0, batches
@@ -242,14 +277,14 @@ class StopOnSignal(Callback):
     def on_batch_end(self, epoch, batch):
         self.batch = batch
         # the last batch stops at epoch end; inside a window of accumulated gradients, its last does
-        if self.signum is not None and batch < self.batches and batch % self.every == 0:
+        if batch < self.batches and batch % self.every == 0 and self._pending() is not None:
             self._stop()
 
     def on_epoch_end(self, epoch, metrics):
         if self.epochs is not None and epoch >= self.epochs or any(
                 getattr(c, "stopped_epoch", None) == epoch for c in self.stoppers):
             self.finishing = True  # training is over: the ending runs whatever arrives
-        elif self.signum is not None:
+        elif self._pending() is not None:
             self._stop()
 
     def record(self) -> dict:
@@ -259,8 +294,10 @@ class StopOnSignal(Callback):
 
     def _stop(self):
         done = "at the end of" if self.batch >= self.batches else f"after batch {self.batch} of {self.batches} of"
-        raise Interrupted(f"{signal.Signals(self.signum).name} received: training stopped {done} epoch {self.epoch}",
-                          self.signum)
+        e = Interrupted(f"{signal.Signals(self.signum).name} received: training stopped {done} epoch {self.epoch}",
+                        self.signum)
+        e.everywhere = self.world is not None  # several ranks stop together, on the signal they agreed on
+        raise e
 
 
 @contextmanager
@@ -274,11 +311,12 @@ def catch_signals(stop: StopOnSignal):
     old = {s: signal.getsignal(s) for s in sigs}
 
     def handler(signum, frame):
-        if stop.signum is not None and not stop.finishing:
+        # several ranks: a launcher may pass one signal twice, and stops the ranks itself on a second Ctrl-C
+        if stop.signum is not None and not stop.finishing and stop.world is None:
             err = Interrupted(f"second {signal.Signals(signum).name}: stopped at once without saving", signum)
             err.immediate = True
             raise err
-        stop.signum = stop.signum or signum
+        stop.received(signum)
 
     for s in sigs:
         if old[s] is not signal.SIG_IGN:  # a signal the parent set to be ignored (nohup) stays ignored

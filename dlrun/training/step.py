@@ -2,8 +2,9 @@
 
 :class:`TrainingStep` owns the training step: forward through the model, the loss (and the sums
 of ``train.metrics``), backward down to the first layer that needs it, the gradient
-accumulation window, the regularizers, the clipping hook (callbacks' ``on_after_backward``), the
-optimizer update and the step count. Everything else that runs a step — the first step's
+accumulation window, the sum of the gradients over the ranks of a data-parallel run (the one
+collective of a step, :mod:`dlrun.parallel`), the regularizers, the clipping hook (callbacks'
+``on_after_backward``), the optimizer update and the step count. Everything else that runs a step — the first step's
 contract checks, the non-finite replay that names a layer, ``dlrun time`` and ``dlrun check`` — is
 a :class:`StepObserver` of this same step (as Chainer's extensions observe its Updater), so a
 feature added to the step reaches all of them. The fast path, with no observer, pays nothing for
@@ -64,24 +65,36 @@ class TrainingStep:
         else:
             optimizer.setup(params)
         self.regularized = regularized(model, regularizer)
+        # a data-parallel run's ranks (dlrun.parallel): each step sums the gradients over them
+        self.world = model.world if model.world.size > 1 else None
+        arena = model.arena
+        packed = set() if arena is None else {id(p) for p in arena.params}
+        self._loose = [p for _, p in params if p.trainable and id(p) not in packed]
         self.count = 0  # optimizer steps taken
         self.observers: list[StepObserver] = []
         self.first_check = first_check  # None once the first step has passed it
 
-    def __call__(self, xb, yb, callbacks=(), window=None, sums=None):
+    def __call__(self, xb, yb, callbacks=(), window=None, sums=None, part=None):
         """One step on a device batch; returns ``(batch loss × batch size, correct predictions)``
         as device scalars (nothing is read back to the host, so on GPU the step never waits for
         it). ``window``: with gradient accumulation, the batch's ``(share, first, last)`` in its
         step's window (:func:`dlrun.training.accumulate.windows`); the optimizer steps after a window's
-        last batch. ``sums``: the epoch's metric sums on the device, which the step adds to."""
+        last batch. ``sums``: the epoch's metric sums on the device, which the step adds to.
+        ``part``: in a data-parallel run, the fraction of the global batch that ``xb`` is on this
+        rank (None: the whole batch, one process)."""
         if self.observers or self.first_check is not None:
-            return self.observed(xb, yb, callbacks, window, sums)
+            return self.observed(xb, yb, callbacks, window, sums, part=part)
         model, loss = self.model, self.loss
         out = model.forward(xb, yb)
         score = self.score(out, yb, sums)
-        model.backward(loss.backward())
+        if part is None:
+            model.backward(loss.backward())
+        else:
+            model.backward(loss.backward() * part)
         if window is not None and not self.accumulated(window):
             return score
+        if self.world is not None:
+            self.sum_gradients()
         for p, reg in self.regularized:
             reg.add_gradient(p.data, p.grad)
         for cb in callbacks:
@@ -90,7 +103,7 @@ class TrainingStep:
         self.count += 1
         return score
 
-    def observed(self, xb, yb, callbacks=(), window=None, sums=None, observers=None):
+    def observed(self, xb, yb, callbacks=(), window=None, sums=None, observers=None, part=None):
         """The same step, part by part, calling each observer's hooks (``observers``: these
         instead of the attached ones; the first step's check always comes first)."""
         observers = list(self.observers if observers is None else observers)
@@ -118,6 +131,8 @@ class TrainingStep:
         dy = loss.backward()
         for o in observers:
             o.loss_backward(dy, h)
+        if part is not None:
+            dy = dy * part
         for k in range(len(run) - 1, model.backward_stop - 1, -1):
             dy = self._call(k, "backward", dy, None, check)
             for o in observers:
@@ -127,6 +142,8 @@ class TrainingStep:
             for o in observers:
                 o.end()
             return score
+        if self.world is not None:
+            self.sum_gradients()
         for p, reg in self.regularized:
             reg.add_gradient(p.data, p.grad)
             for o in observers:
@@ -143,6 +160,18 @@ class TrainingStep:
         for o in observers:
             o.end()
         return score
+
+    def sum_gradients(self) -> None:
+        """The gradients summed over a data-parallel run's ranks: one collective over the model's
+        flat gradient buffer, which carries the ranks' stop flags in its spare elements (each
+        rank's gradient is already scaled by its part of the global batch, so the sum is the
+        global batch's gradient, as one process computes it)."""
+        arena = self.model.arena
+        if arena is not None:
+            arena.adopt()
+            self.world.sum_gradients(arena.reduced, [p.grad for p in self._loose])
+        else:
+            self.world.sum_gradients(self.world.flags(), [p.grad for p in self._loose])
 
     def _call(self, k: int, call: str, a, y, check: bool):
         try:

@@ -67,6 +67,9 @@ class Trainer:
         self.training_step = TrainingStep(model, loss, optimizer, regularizer, accumulate, self.tracker, self,
                                           FirstStep(model, loss))
         self.classification = self.training_step.classification
+        # a data-parallel run's ranks (dlrun.parallel), None in one process: each rank trains on
+        # its part of every global batch and validates on its part of the validation data
+        self.world = self.training_step.world
         self.controls: list = []  # the train: controls (clipping, schedule, early stopping): their state is the trainer's
         self._sums = None  # the epoch's metric sums on the device, which train_step adds to
         # the last batch's (loss × batch size as a device scalar, batch size), for callbacks that
@@ -159,8 +162,13 @@ class Trainer:
         history = history or History()
         for cb in callbacks:
             cb.on_train_begin(self)
+        world = self.world
+        # this rank's slice of each global batch (from its start) and its fraction of the batch
+        parts = _parts(world, bs, used, batches) if world is not None else None
         in_order = ([(xd[s:s + bs], yd[s:s + bs]) for s in range(0, used, bs)]  # (mapped rows: read when used)
                     if not self.shuffle and not isinstance(xd, MappedBatches) else None)
+        if in_order is not None and parts is not None:
+            in_order = [(x[p], y[p]) for (x, y), (p, _) in zip(in_order, parts)]
         classify = self.classification
         self._guard = guard = NonFiniteGuard(self)
         start, self.position = self.position, None  # a mid-epoch resume continues its epoch
@@ -188,10 +196,11 @@ class Trainer:
                 order = self.shuffle_rng.permutation(n) if self.shuffle else None
                 order_d = self.backend.asarray(order) if order is not None else None
                 loss_sum, correct = self.backend.zero(np.float64), self.backend.zero(np.int64)  # fresh: += is in place on GPU
-                if start is not None:
+                own = start if world is None or world.rank == 0 else None  # (several ranks: rank 0 holds the sums so far)
+                if own is not None:
                     loss_sum, correct = loss_sum + start.loss_sum, correct + start.correct
                 if tracked:  # (skipped without metrics: spiral's 1000 one-batch epochs felt the calls, +2.5%)
-                    self._sums = self.tracker.zeros(start.metric_sums if start is not None else None)
+                    self._sums = self.tracker.zeros(own.metric_sums if own is not None else None)
                 guard.mark(shuffle_state, start)
                 in_batches = True
                 start = None
@@ -200,10 +209,19 @@ class Trainer:
                 for b in range(first, batches):
                     if in_order is not None:
                         xb, yb = in_order[b]
-                    else:
+                    elif parts is None:
                         idx = order_d[b * bs:(b + 1) * bs] if order_d is not None else slice(b * bs, (b + 1) * bs)
                         xb, yb = xd[idx], yd[idx]
-                    batch_loss, batch_correct = step(xb, yb, callbacks, plan[b - first] if plan else None, self._sums)
+                    else:
+                        p = parts[b][0]
+                        lo, hi = b * bs + p.start, b * bs + p.stop
+                        idx = order_d[lo:hi] if order_d is not None else slice(lo, hi)
+                        xb, yb = xd[idx], yd[idx]
+                    if parts is None:
+                        batch_loss, batch_correct = step(xb, yb, callbacks, plan[b - first] if plan else None, self._sums)
+                    else:  # (several ranks: this rank's part of the batch)
+                        batch_loss, batch_correct = step(xb, yb, callbacks, plan[b - first] if plan else None,
+                                                         self._sums, parts[b][1])
                     self.batch_score = batch_loss, len(yb)
                     loss_sum += batch_loss
                     if classify:  # regression scores 0: adding it would still be a launch on GPU
@@ -211,18 +229,21 @@ class Trainer:
                     done = b + 1
                     for cb in callbacks:
                         cb.on_batch_end(epoch, done)
+                if world is not None:  # the epoch's sums over every rank's part (one collective)
+                    loss_sum, correct = self._sum_over_ranks(loss_sum, correct)
+                    self._share_state()
                 penalty = self._penalty()  # once per epoch: the validation loss adds the same weights' penalty
                 train_loss = float(loss_sum) / used + penalty  # the loss reported, as checked
                 healthy = guard.healthy(train_loss)
                 if callbacks or val is not None or not healthy:  # others see the model: plain mode
                     fast = self.fast_mode(False)
                 if not healthy:  # replay the epoch to name the first non-finite value
-                    error = guard.diagnose(epoch, self._epoch_batches(xd, yd, order_d, bs, used, first), callbacks,
-                                           first)
+                    error = guard.diagnose(epoch, self._epoch_batches(xd, yd, order_d, bs, used, first, parts),
+                                           callbacks, first)
                     self.position = guard.position  # the state kept: where the epoch started or resumed
                     raise error
                 self.epoch = epoch
-                m = self._evaluate_device(*val, penalty=penalty) if val is not None else _NO_VALIDATION
+                m = self._evaluate_device(*val, penalty=penalty, sharded=True) if val is not None else _NO_VALIDATION
                 row = {"epoch": epoch, "train_loss": train_loss,
                        "train_accuracy": float(correct) / used if self.classification else None,
                        "val_loss": m["loss"], "val_accuracy": m["accuracy"],
@@ -240,6 +261,8 @@ class Trainer:
                     break
         except Interrupted as e:
             if not e.immediate and done and self.epoch < epoch:  # stopped between two batches of ``epoch``
+                if world is not None:  # every rank stopped after the same batch: the sums so far, over them
+                    loss_sum, correct = self._sum_over_ranks(loss_sum, correct)
                 # where a checkpoint continues from (the epoch's start when the state there is not finite)
                 self.position = guard.kept(EpochPosition(epoch, done, batches, n, bs, shuffle_state, float(loss_sum),
                                                          int(correct), time.perf_counter() - t0,
@@ -269,30 +292,62 @@ class Trainer:
         predictions)`` as device scalars."""
         return self.training_step(xb, yb, callbacks, window, self._sums)
 
-    def _epoch_batches(self, xd, yd, order_d, bs: int, used: int, first: int = 0):
+    def _epoch_batches(self, xd, yd, order_d, bs: int, used: int, first: int = 0, parts=None):
         """The batches of one epoch from batch ``first`` on, in the order ``fit`` drew them, each
-        with its accumulation window or None (for the non-finite replay)."""
+        with its accumulation window or None, and this rank's fraction of it (None: one process),
+        for the non-finite replay."""
         batches = -(-used // bs)
         plan = windows(batches, bs, used, self.accumulate, first) if self.accumulate > 1 else None
         for b, s in enumerate(range(first * bs, used, bs)):
-            idx = slice(s, s + bs) if order_d is None else order_d[s:s + bs]
-            yield xd[idx], yd[idx], plan[b] if plan else None
+            part, share = (slice(0, bs), None) if parts is None else parts[first + b]
+            idx = slice(s + part.start, min(s + part.stop, used))
+            idx = idx if order_d is None else order_d[idx]
+            yield xd[idx], yd[idx], plan[b] if plan else None, share
+
+    def _sum_over_ranks(self, loss_sum, correct):
+        """The loss, correct-prediction and metric sums of every rank's part, added up (one
+        collective); the metric sums replace ``self._sums``."""
+        sums = self._sums
+        values = np.concatenate([[float(loss_sum), float(correct)],
+                                 self.backend.to_host(sums) if sums is not None else []])
+        total = self.world.sum_host(values)
+        if sums is not None:
+            self._sums = self.backend.asarray(total[2:])
+        return self.backend.xp.float64(total[0]), self.backend.xp.int64(round(total[1]))
+
+    def _share_state(self) -> None:
+        """Rank 0's layer state (per-rank running statistics) on every rank, as PyTorch DDP
+        broadcasts its buffers: evaluation and checkpoints then see one model."""
+        arrays = [getattr(layer, a) for layer in self.model.layers for a in layer.state]
+        arrays = [a for a in arrays if hasattr(a, "shape") and hasattr(a, "dtype")]
+        if arrays:
+            self.world.broadcast(arrays)
 
     def _batches(self, n: int, batch_size: int | None):
         bs = n if batch_size is None else max(1, min(batch_size, n))
         return [(s, min(s + bs, n)) for s in range(0, n, bs)]
 
-    def _evaluate_device(self, xd, yd, batch_size: int | None = None, penalty: float | None = None) -> dict:
+    def _evaluate_device(self, xd, yd, batch_size: int | None = None, penalty: float | None = None,
+                         sharded: bool = False) -> dict:
         self.model.eval()
         n = len(xd)
+        # several ranks: this rank's part (rows lo..hi), whose sums are added up below
+        part = self.world.part(n) if sharded and self.world is not None else slice(0, n)
         loss_sum, correct = self.backend.zero(np.float64), self.backend.zero(np.int64)
         sums = self.tracker.zeros()
-        for s, e in self._batches(n, batch_size or self.batch_size or n):
+        for s, e in self._batches(part.stop - part.start, batch_size or self.batch_size or n):
+            s, e = s + part.start, e + part.start
             batch_loss, batch_correct = self.training_step.score(self.model.forward(xd[s:e]), yd[s:e], sums)
             loss_sum += batch_loss
             if self.classification:
                 correct += batch_correct
         self.model.train()
+        if sharded and self.world is not None:
+            values = np.concatenate([[float(loss_sum), float(correct)],
+                                     self.backend.to_host(sums) if sums is not None else []])
+            total = self.world.sum_host(values)
+            loss_sum, correct = total[0], round(total[1])
+            sums = self.backend.asarray(total[2:]) if sums is not None else None
         return {"loss": float(loss_sum) / n + (self._penalty() if penalty is None else penalty),
                 "accuracy": float(correct) / n if self.classification else None,
                 "metrics": sums}
@@ -306,6 +361,17 @@ class Trainer:
     def predict(self, x, batch_size: int | None = None) -> np.ndarray:
         """Raw model outputs for ``x`` (host array), in evaluation mode."""
         return predict(self.model, x, batch_size or self.batch_size)
+
+
+def _parts(world, bs: int, used: int, batches: int) -> list[tuple[slice, float]]:
+    """For each batch of an epoch (``bs`` samples, the last what is left of ``used``): this
+    rank's slice of it and the fraction of the batch that slice is."""
+    out = []
+    for b in range(batches):
+        size = min(bs, used - b * bs)
+        p = world.part(size)
+        out.append((p, (p.stop - p.start) / size))
+    return out
 
 
 def predict(model: Sequential, x, batch_size: int | None = None) -> np.ndarray:

@@ -1,0 +1,305 @@
+"""The ranks of a data-parallel run: which process this is, and what passes between the processes.
+
+``mpiexec -n K dlrun train CONFIG`` starts K processes, the *ranks*. Each holds the whole model
+and data, computes a disjoint part of every global batch, and the ranks average their gradients
+with one allreduce per optimizer step over the model's flat gradient buffer (MPI through mpi4py
+on the CPU; NCCL through CuPy on GPUs, its id passed over MPI). :class:`World` is one process
+(every collective the identity; nothing is imported); :func:`join` gives the process's world.
+
+Collectives of a run, and who calls them:
+
+* the start (:meth:`World.start`): every rank's digest of its initial weights and optimizer state
+  (or the error it met while preparing), gathered once; ranks that differ, or one that failed,
+  stop every rank before the first batch with one line;
+* each optimizer step (:meth:`World.sum_gradients`, called by the training step alone): the flat
+  gradient buffer summed over the ranks, with two spare elements that carry the SIGINT/SIGTERM
+  flags, so that every rank stops after the same batch;
+* each epoch (:meth:`World.sum_host`): the loss, correct-prediction and metric sums of training,
+  then of validation; the running statistics of per-rank layers broadcast from rank 0;
+* a synchronised BatchNorm (``sync: true``): its batch statistics over the ranks.
+
+A rank that raises once training is under way cannot tell the others, which wait inside a
+collective: it names itself and the error in one line and aborts the whole run (MPI_Abort), as
+ChainerMN's global exception hook does. A rank killed outright is reported by the launcher, which
+stops the others at once.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+from .errors import DlrunError, UsageError
+
+# set by launchers for every rank they start: MPICH and Intel MPI (PMI), Open MPI, MVAPICH
+_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK")
+
+# the spare elements after the flat gradient buffer (dlrun.backend.arena): ranks holding a SIGINT, a SIGTERM
+CONTROL = 2
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def launched() -> tuple[int, int, str | None]:
+    """(this process's rank, the number of ranks, the variable that said so) from the launcher's
+    environment; (0, 1, None) for a process that no launcher started."""
+    for var in _SIZE_VARIABLES:
+        value = os.environ.get(var, "")
+        if value.isdigit() and int(value) > 1:
+            rank = next((int(os.environ[r]) for r in _RANK_VARIABLES if os.environ.get(r, "").isdigit()), 0)
+            return rank, int(value), var
+    return 0, 1, None
+
+
+class RankError(DlrunError):
+    """An error that another rank met; every rank raises it together, rank 0 reports it."""
+
+    exit_code = 1
+
+
+class World:
+    """One process: rank 0 of 1; every collective leaves its arrays as they are."""
+
+    rank = 0
+    size = 1
+    local_rank = 0
+
+    def __init__(self):
+        self.pending = 0        # a signal this rank received, not yet passed to the others
+        self.agreed = 0         # the signal the ranks agreed to stop on (0: none)
+        self.started = False    # the start's collective has run: training collectives may follow
+        self.seconds = 0.0      # spent in the gradients' allreduce (the scaling benchmark reads it)
+        self.steps = 0
+
+    @property
+    def writes(self) -> bool:
+        """Whether this rank writes the run directory (rank 0 alone)."""
+        return self.rank == 0
+
+    def part(self, n: int) -> slice:
+        """This rank's contiguous part of ``n`` samples (parts differ by at most one sample)."""
+        return slice(n * self.rank // self.size, n * (self.rank + 1) // self.size)
+
+    def start(self, digest: str = "", error: BaseException | None = None, run_dir: str | None = None):
+        """The start of training (see the module docstring); returns rank 0's ``run_dir``."""
+        self.started = True
+        if error is not None:
+            raise error
+        return run_dir
+
+    def failed(self, error: BaseException):
+        """Report an error met while preparing to every rank (the start's collective), and raise it."""
+        self.start(error=error)
+
+    @contextmanager
+    def preparing(self):
+        """While a run is prepared (config, data, model, run directory): an error is passed to
+        every rank at the start, and the ranks stop together with one report from rank 0; an
+        error after the start is this rank's own, and raised as it is."""
+        try:
+            yield
+        except Exception as e:
+            self.failed(e)
+            raise
+
+    def sum_gradients(self, flat, loose=()) -> None:
+        """Sum the gradients over the ranks in place (``flat``: the gradient buffer with its
+        :data:`CONTROL` spare elements; ``loose``: gradients outside it)."""
+
+    def same(self, value):
+        """Rank 0's ``value`` on every rank (a fresh seed drawn by each)."""
+        return value
+
+    def flags(self) -> np.ndarray:
+        """A buffer of the :data:`CONTROL` flags alone (a model whose every gradient is outside
+        the flat buffer)."""
+        return np.zeros(CONTROL)
+
+    def sum_host(self, values: np.ndarray) -> np.ndarray:
+        """A float64 host vector summed over the ranks."""
+        return values
+
+    def sum_device(self, a):
+        """A device array summed over the ranks, in place (a synchronised layer's statistics)."""
+        return a
+
+    def broadcast(self, arrays) -> None:
+        """Rank 0's values of these device arrays on every rank, in place."""
+
+    def first(self, found: tuple | None) -> tuple[int, str] | None:
+        """(rank, text) of the first ``found`` (an (order, text) pair or None) over the ranks, by
+        order, then rank; the same on every rank."""
+        return None if found is None else (0, found[1])
+
+    def abort(self, code: int) -> None:
+        """Stop every rank of the run (only a rank's own error after the start calls it)."""
+
+    def use_gpu(self, backend) -> None:
+        """Put this rank on its GPU (one process: the current one)."""
+
+
+def digest(arrays) -> str:
+    """A digest of host or device arrays, in order: equal on two ranks when their values are."""
+    h = hashlib.blake2b(digest_size=16)
+    for a in arrays:
+        a = np.ascontiguousarray(a.get() if hasattr(a, "get") else a)
+        h.update(f"{a.shape}{a.dtype.str}".encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
+class MPIWorld(World):
+    """A rank of a run that ``mpiexec`` started (mpi4py). GPU gradients go over NCCL when the
+    backend offers it (``nccl``: CuPy's module), everything else over MPI."""
+
+    def __init__(self, MPI):
+        super().__init__()
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.local_rank = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank).Get_rank()
+        self.nccl = None
+
+    def use_gpu(self, backend) -> None:
+        """Each rank on the GPU of its local rank, gradients over NCCL: rank 0 makes the
+        communicator's id and broadcasts it over MPI (as ChainerMN does). Without NCCL the
+        gradients go through the host over MPI (slower, still exact)."""
+        backend.select_device(self.local_rank)
+        nccl = backend.nccl()
+        if nccl is None or self.nccl is not None:
+            return
+        uid = nccl.get_unique_id() if self.rank == 0 else None
+        uid = self.comm.bcast(uid, root=0)
+        self.nccl = nccl.NcclCommunicator(self.size, uid, self.rank)
+        self._stream = backend.xp.cuda.get_current_stream()
+        self._types = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64}
+        self._sum = nccl.NCCL_SUM
+
+    def start(self, digest: str = "", error: BaseException | None = None, run_dir: str | None = None):
+        if self.started:  # an error after the start is this rank's own
+            if error is not None:
+                raise error
+            return run_dir
+        self.started = True
+        said = None if error is None else (str(error).splitlines()[0] if str(error) else type(error).__name__,
+                                           getattr(error, "exit_code", 1))
+        every = self.comm.allgather((digest, said, run_dir))
+        failed = [(r, s) for r, (_, s, _) in enumerate(every) if s is not None]
+        if failed:
+            if error is not None:
+                error.everywhere = True  # every rank knows: rank 0 reports it, nobody aborts
+                raise error
+            r, (text, code) = failed[0]
+            e = RankError(f"rank {r}: {text}")
+            e.exit_code, e.everywhere = code, True
+            raise e
+        differ = [r for r, (d, _, _) in enumerate(every) if d != every[0][0]]
+        if differ:
+            e = RankError(f"rank {differ[0]} starts from other weights, optimizer state or data than rank 0 "
+                          f"(digest {every[differ[0]][0]} against {every[0][0]}): every rank must run the same "
+                          f"dlrun, numpy and config, and read the same data files and checkpoint")
+            e.everywhere = True
+            raise e
+        return every[0][2]
+
+    def sum_gradients(self, flat, loose=()) -> None:
+        t0 = time.perf_counter()
+        if self.nccl is not None and not isinstance(flat, np.ndarray):
+            # on GPUs NCCL sums the buffer; the flags travel on the host beside it, so that the
+            # step reads nothing back from the device
+            mine = np.array([self.pending == s for s in _SIGNALS], dtype=np.float64)
+            request = self.comm.Iallreduce(self.MPI.IN_PLACE, mine, op=self.MPI.SUM)
+            self._nccl_sum(flat)
+            request.Wait()
+            counts = mine.tolist()
+        else:  # one collective: the gradients and the stop flags together
+            flags = flat[-CONTROL:]
+            for i, s in enumerate(_SIGNALS):
+                flags[i] = self.pending == s
+            self._sum_array(flat)
+            counts = flags.tolist()
+        for g in loose:  # a plugin's tensor outside the flat buffer (another dtype): one each
+            self._sum_array(g)
+        if not self.agreed:
+            self.agreed = next((int(s) for s, c in zip(_SIGNALS, counts) if c), 0)
+        self.seconds += time.perf_counter() - t0
+        self.steps += 1
+
+    def _nccl_sum(self, a) -> None:
+        self.nccl.allReduce(a.data.ptr, a.data.ptr, a.size, self._types[a.dtype], self._sum, self._stream.ptr)
+
+    def _sum_array(self, a) -> None:
+        if self.nccl is not None and not isinstance(a, np.ndarray):
+            self._nccl_sum(a)
+        elif isinstance(a, np.ndarray):
+            self.comm.Allreduce(self.MPI.IN_PLACE, a, op=self.MPI.SUM)
+        else:  # a device array without NCCL: through the host
+            host = a.get()
+            self.comm.Allreduce(self.MPI.IN_PLACE, host, op=self.MPI.SUM)
+            a.set(host)
+
+    def sum_host(self, values: np.ndarray) -> np.ndarray:
+        values = np.ascontiguousarray(values, dtype=np.float64)
+        self.comm.Allreduce(self.MPI.IN_PLACE, values, op=self.MPI.SUM)
+        return values
+
+    def sum_device(self, a):
+        self._sum_array(a)
+        return a
+
+    def broadcast(self, arrays) -> None:
+        for a in arrays:
+            if isinstance(a, np.ndarray):
+                self.comm.Bcast(a, root=0)
+            elif self.nccl is not None:
+                self.nccl.bcast(a.data.ptr, a.size, self._types[a.dtype], 0, self._stream.ptr)
+            else:
+                host = self.comm.bcast(a.get() if self.rank == 0 else None, root=0)
+                a.set(host)
+
+    def same(self, value):
+        return self.comm.bcast(value, root=0)
+
+    def first(self, found: tuple | None) -> tuple[int, str] | None:
+        every = [(f[0], r, f[1]) for r, f in enumerate(self.comm.allgather(found)) if f is not None]
+        return min(every)[1:] if every else None
+
+    def abort(self, code: int) -> None:
+        self.comm.Abort(code)
+
+
+_WORLD: list[World] = []
+
+
+def join() -> World:
+    """This process's world: an :class:`MPIWorld` when a launcher started several ranks, else one
+    process (mpi4py is then never imported). A UsageError when several ranks were launched and
+    mpi4py is missing."""
+    if _WORLD:
+        return _WORLD[0]
+    rank, size, var = launched()
+    if size == 1:
+        world = World()
+    else:
+        try:
+            from mpi4py import MPI
+        except ImportError as e:
+            error = UsageError(f"this process is rank {rank} of {size} ({var}={size}: started by mpiexec), but "
+                               f"mpi4py cannot be imported ({e}); install the mpi extra: pip install 'dlrun[mpi]'")
+            error.everywhere = True  # every rank meets it: rank 0 reports it
+            raise error from None
+        world = MPIWorld(MPI)
+    _WORLD.append(world)
+    return world
+
+
+def current() -> World:
+    """The world :func:`join` gave (one process when nothing joined)."""
+    return _WORLD[0] if _WORLD else _SINGLE
+
+
+_SINGLE = World()

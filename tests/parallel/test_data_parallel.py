@@ -1,0 +1,319 @@
+"""Data-parallel training with real ``mpiexec -n 2`` processes (MPICH from the mpi extra),
+against one process: the same optimizer steps, weights within 1e-12 relative in float64, the same
+metrics.csv; rank 0 alone writes; stops on signals, failures of one rank and non-finite values."""
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dlrun.runs import checkpoint
+from conftest import ROOT, _environment, write
+
+MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec: install the mpi extra (pip install -e '.[mpi]')")
+
+# one BLAS thread per rank: two ranks on a 2-core machine
+THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def mpirun(*args, ranks: int = 2, cwd: Path, timeout: float = 60, env: dict | None = None):
+    """``mpiexec -n RANKS python -m dlrun ARGS``, finished (a hang fails the test at ``timeout``)."""
+    return subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, "-m", "dlrun", *map(str, args)], cwd=cwd,
+                          env=_environment({**THREADS, **(env or {})}), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def start(*args, ranks: int = 2, cwd: Path, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([MPIEXEC, "-n", str(ranks), sys.executable, "-m", "dlrun", *map(str, args)], cwd=cwd,
+                            env=_environment({**THREADS, **(env or {})}), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def only_run(folder: Path) -> Path:
+    runs = sorted(p for p in folder.iterdir() if p.is_dir())
+    assert len(runs) == 1, runs  # rank 0 alone made a run directory
+    return runs[0]
+
+
+def weights(run: Path) -> dict:
+    with np.load(run / "checkpoints" / "last.npz", allow_pickle=False) as z:
+        return {k: z[k] for k in z.files if k.startswith(("model/", "optim/"))}
+
+
+def rows(run: Path) -> list[dict]:
+    with open(run / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def assert_same_run(one: Path, two: Path) -> None:
+    a, b = weights(one), weights(two)
+    assert a.keys() == b.keys() and a
+    for k in a:
+        scale = max(float(np.abs(a[k]).max()), 1e-30)
+        assert float(np.abs(a[k] - b[k]).max()) <= 1e-12 * scale, k
+    ra, rb = rows(one), rows(two)
+    assert len(ra) == len(rb) and ra[0].keys() == rb[0].keys()
+    for x, y in zip(ra, rb):
+        for col in x:
+            if col == "seconds":
+                continue
+            if x[col] in ("", None):
+                assert y[col] == x[col], col
+            else:  # sums over the ranks' parts: equal up to the order of the additions
+                assert float(y[col]) == pytest.approx(float(x[col]), rel=1e-12, abs=1e-15), (col, x, y)
+
+
+MLP = """\
+name: mlp
+seed: 3
+dtype: float64
+data: {type: spiral, classes: 3, points_per_class: 100, noise: 0.2}
+model:
+  - {type: Linear, units: 32}
+  - ReLU
+  - {type: Linear, units: 3}
+loss: SoftmaxCrossEntropy
+optimizer: {type: SGD, learning_rate: 0.5, momentum: 0.9}
+regularizer: {type: L2, strength: 1.0e-4}
+train: {epochs: 2, batch_size: 25, validation_split: 0.2, metrics: [f1], clip_norm: 5.0}
+"""
+
+CNN = """\
+name: cnn
+seed: 1
+dtype: float64
+data: {type: digits}
+model:
+  - {type: Conv2D, filters: 4, kernel_size: 3, padding: same, use_bias: false}
+  - {type: BatchNorm, sync: true}
+  - ReLU
+  - {type: MaxPool2D, pool_size: 2}
+  - Flatten
+  - {type: Linear, units: 10}
+loss: SoftmaxCrossEntropy
+optimizer: {type: Adam, learning_rate: 0.01}
+train: {epochs: 1, batch_size: 72, validation_split: 0.2}
+"""
+
+LSTM = """\
+name: lstm
+seed: 2
+dtype: float64
+data: {type: adding, samples: 250, steps: 8}
+model:
+  - {type: LSTM, units: 8}
+  - {type: Linear, units: 1}
+loss: MSE
+optimizer: {type: Adam, learning_rate: 0.01}
+train: {epochs: 2, batch_size: 20, accumulate_batches: 2, validation_split: 0.2, metrics: [mae]}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", [MLP, CNN, LSTM], ids=["mlp", "cnn-syncbn", "lstm-accumulate"])
+def test_two_ranks_train_as_one_process(tmp_path, cli, text):
+    """20 optimizer steps each, with a last batch split unevenly between the ranks."""
+    config = write(tmp_path / "c.yaml", text)
+    r = cli("train", config, "--runs-dir", tmp_path / "one", cwd=tmp_path)
+    assert r.code == 0, r.err
+    p = mpirun("train", config, "--runs-dir", tmp_path / "two", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    two = only_run(tmp_path / "two")
+    assert p.stdout.strip().splitlines()[-1] == str(two)  # rank 0 prints, once
+    assert p.stdout.count("train_loss=") == 1
+    assert_same_run(only_run(tmp_path / "one"), two)
+    assert sorted(os.listdir(two)) == sorted(os.listdir(only_run(tmp_path / "one")))
+
+
+@pytest.mark.slow
+def test_resume_with_another_number_of_ranks(tmp_path, cli):
+    """One epoch on two ranks, the next in one process, equals two epochs in one process; and
+    the other way round."""
+    config = write(tmp_path / "c.yaml", MLP)
+    assert cli("train", config, "--runs-dir", tmp_path / "straight", cwd=tmp_path).code == 0
+    p = mpirun("train", config, "--set", "train.epochs=1", "--runs-dir", tmp_path / "a", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    a = only_run(tmp_path / "a")
+    r = cli("train", "--resume", a, "--set", "train.epochs=2", cwd=tmp_path)
+    assert r.code == 0, r.err
+    assert_same_run(only_run(tmp_path / "straight"), a)
+    assert cli("train", config, "--set", "train.epochs=1", "--runs-dir", tmp_path / "b", cwd=tmp_path).code == 0
+    b = only_run(tmp_path / "b")
+    p = mpirun("train", "--resume", b, "--set", "train.epochs=2", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert_same_run(only_run(tmp_path / "straight"), b)
+
+
+LONG = MLP.replace("epochs: 2", "epochs: 100000").replace("validation_split: 0.2, ", "")
+
+
+def _wait_for_rows(run_root: Path, proc: subprocess.Popen, deadline: float = 30) -> Path:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        assert proc.poll() is None, proc.communicate()
+        runs = [p for p in run_root.iterdir() if p.is_dir()] if run_root.is_dir() else []
+        if runs and (runs[0] / "metrics.csv").is_file() and len(rows(runs[0])) >= 2:
+            return runs[0]
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail("training did not start")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_mpiexec_stops_every_rank_at_one_batch_and_resumes(tmp_path, cli, signum):
+    config = write(tmp_path / "c.yaml", LONG)
+    proc = start("train", config, "--runs-dir", tmp_path / "runs", cwd=tmp_path)
+    run = _wait_for_rows(tmp_path / "runs", proc)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signum, err
+    name = signal.Signals(signum).name
+    assert f"interrupted: {name} received: training stopped" in err
+    assert f"resume with: mpiexec -n 2 dlrun train --resume {run}" in err
+    assert err.count("resume with:") == 1  # rank 0 alone reports
+    meta = checkpoint.read(run / "checkpoints" / "last.npz").meta
+    done = meta["epoch"] + (1 if meta.get("position") else 0)
+    # the run continued in one process to the end of the epoch it stopped in equals a straight run
+    r = cli("train", "--resume", run, "--set", f"train.epochs={done}", cwd=tmp_path)
+    assert r.code == 0, r.err
+    straight = cli("train", config, "--set", f"train.epochs={done}", "--runs-dir", tmp_path / "straight", cwd=tmp_path)
+    assert straight.code == 0
+    assert_same_run(only_run(tmp_path / "straight"), run)
+
+
+def _children(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc)."""
+    parent = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        todo += kids
+    return out
+
+
+def _rank_pid(mpiexec_pid: int, rank: int) -> int:
+    for p in _children(mpiexec_pid):
+        try:
+            env = Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"PMI_RANK={rank}".encode() in env and b"dlrun" in Path(f"/proc/{p}/cmdline").read_bytes():
+            return p
+    pytest.fail(f"rank {rank} not found")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the rank's process in /proc")
+def test_a_killed_rank_stops_the_run_within_seconds(tmp_path):
+    config = write(tmp_path / "c.yaml", LONG.replace("train: {", "train: {checkpoint_every: 1, "))
+    proc = start("train", config, "--runs-dir", tmp_path / "runs", cwd=tmp_path)
+    run = _wait_for_rows(tmp_path / "runs", proc)
+    os.kill(_rank_pid(proc.pid, 1), signal.SIGKILL)
+    t0 = time.monotonic()
+    out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert proc.returncode != 0
+    assert "signal 9" in out + err or "Killed" in out + err  # the launcher names the process that died
+    assert checkpoint.read(run / "checkpoints" / "last.npz").meta["epoch"] >= 1  # the last checkpoint is whole
+
+
+PLUGIN = """\
+import os
+import numpy as np
+from dlrun.api import Layer, layers
+
+
+@layers.register()
+class Trap(Layer):
+    \"\"\"y = x; on rank 1, at its 5th training call: {what}.\"\"\"
+
+    state = ("calls",)
+
+    def __init__(self):
+        self.calls = 0
+
+    def forward(self, x, y=None):
+        self.calls += self.training
+        if self.calls == 5 and os.environ.get("PMI_RANK") == "1":
+            {action}
+        return x
+
+    def backward(self, dy):
+        return dy
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_that_raises_stops_every_rank_with_one_line(tmp_path):
+    plugin = write(tmp_path / "trap.py", PLUGIN.format(what="raises", action='raise RuntimeError("disk on fire")'))
+    config = write(tmp_path / "c.yaml", LONG.replace("  - ReLU\n", "  - ReLU\n  - Trap\n"))
+    t0 = time.monotonic()
+    p = mpirun("train", config, "--plugin", plugin, "--runs-dir", tmp_path / "runs", cwd=tmp_path, timeout=60)
+    assert time.monotonic() - t0 < 30
+    assert p.returncode == 1
+    ours = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert len(ours) == 1 and ours[0].startswith("error: rank 1: ") and "disk on fire" in ours[0], p.stderr
+    assert "trap.py" in ours[0]  # the plugin's line, as in one process
+
+
+@pytest.mark.slow
+def test_a_nonfinite_value_on_one_rank_stops_all_and_names_the_layer(tmp_path):
+    plugin = write(tmp_path / "trap.py", PLUGIN.format(what="returns NaN", action="return x * np.nan"))
+    config = write(tmp_path / "c.yaml", MLP.replace("  - ReLU\n", "  - ReLU\n  - Trap\n"))
+    p = mpirun("train", config, "--plugin", plugin, "--runs-dir", tmp_path / "runs", cwd=tmp_path)
+    assert p.returncode == 1, p.stderr
+    ours = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert len(ours) == 1, p.stderr  # rank 0 reports what the ranks agreed on
+    assert "epoch 1, batch 5: model[2] Trap() produced NaN in forward (its output) (rank 1)" in ours[0], p.stderr
+
+
+def test_errors_before_training_are_reported_once(tmp_path, cli):
+    config = write(tmp_path / "c.yaml", MLP.replace("units: 32", "unit: 32"))
+    p = mpirun("train", config, cwd=tmp_path)
+    assert p.returncode == 2
+    assert p.stderr == cli("train", config, cwd=tmp_path).err  # as one process says it
+    assert "did you mean units" in p.stderr
+    # a batch that cannot be split: every rank trains on a part of each
+    config = write(tmp_path / "d.yaml", MLP.replace("batch_size: 25", "batch_size: 1"))
+    p = mpirun("train", config, cwd=tmp_path)
+    assert p.returncode == 2
+    assert p.stderr.count("error:") == 1 and "fewer than the 2 ranks" in p.stderr, p.stderr
+
+
+def test_commands_other_than_train_refuse_under_mpiexec(tmp_path):
+    config = write(tmp_path / "c.yaml", MLP)
+    p = mpirun("check", config, cwd=tmp_path)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        "error: dlrun check runs in one process, but this is one of 2 processes started by mpiexec (PMI_SIZE=2); "
+        "run it without mpiexec (dlrun train alone runs on several)"]
+    assert p.stdout == ""
+
+
+def test_ranks_without_mpi4py_say_how_to_install_it(tmp_path):
+    write(tmp_path / "hide" / "mpi4py" / "__init__.py", "raise ImportError('No module named mpi4py')\n")
+    config = write(tmp_path / "c.yaml", MLP)
+    p = mpirun("train", config, cwd=tmp_path,
+               env={"PYTHONPATH": f"{tmp_path / 'hide'}{os.pathsep}{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "rank 0 of 2" in lines[0] and "pip install 'dlrun[mpi]'" in lines[0], p.stderr
+    assert not (tmp_path / "runs").exists()
