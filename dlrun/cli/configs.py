@@ -26,11 +26,11 @@ def config_cmd(
     device: Optional[str] = typer.Option(None, "--device", metavar="cpu|gpu", help="cpu or gpu (overrides the config)."),
     plugin: list[str] = PLUGIN,
 ) -> None:
-    """Print the config with every default applied: the YAML `dlrun train` runs (a run keeps it as config.resolved.yaml).
+    """Print the config with every default applied: the YAML dlrun train runs (a run keeps it as config.resolved.yaml).
 
-    Every top-level key, every train: setting and every option of every component is written
-    out; `dlrun train` accepts the output and trains exactly as from CONFIG. A config without a
-    seed prints seed: null (a seed is drawn when the run starts and recorded in its directory).
+    Every top-level key, every train: setting and every option of every component, written out.
+    dlrun train accepts the output and trains exactly as from CONFIG.
+    A config without a seed prints seed: null (a seed is drawn when the run starts, and recorded).
     """
     load_plugins(plugin)
     cfg = load_config(config, set_, seed=seed, device=device)
@@ -43,10 +43,10 @@ def schema_cmd(
     output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE",
                                           help="Write the schema to FILE instead of printing it."),
 ) -> None:
-    """Print the JSON Schema of dlrun configs, for editors (completion, docs and errors while typing).
+    """Print the JSON Schema of dlrun configs, for editors: completion, docs and errors while typing.
 
-    Generated from the registered components' typed options (types, defaults, docs), plugins
-    included when named with --plugin. See docs/config.md for the editor set-up.
+    Generated from the registered components' typed options (types, defaults, docs).
+    Plugins' components are included when named with --plugin. docs/config.md shows the editor set-up.
     """
     load_plugins(plugin)
     text = json.dumps(json_schema(), indent=2) + "\n"

@@ -18,7 +18,8 @@ from . import app, out
 
 @app.command("runs")
 def runs_cmd(
-    runs_dir: Path = typer.Argument(Path("runs"), help="Runs directory (where dlrun train wrote its runs)."),
+    runs_dir: Path = typer.Argument(Path("runs"), metavar="RUNS_DIR",
+                                    help="Runs directory (where dlrun train wrote its runs)."),
     sort: str = typer.Option("started", "--sort", metavar="COLUMN",
                              help=f"Sort by a column: {', '.join(listing.COLUMNS)}."),
     reverse: bool = typer.Option(False, "--reverse", help="Sort in descending order."),
@@ -28,9 +29,9 @@ def runs_cmd(
 ) -> None:
     """List the runs in RUNS_DIR: config, status, epochs, time, best and final monitored metric.
 
-    Status is finished, stopped early (by early stopping), interrupted (resume it with dlrun train
-    --resume RUN), failed (it ended without its summary: an error, or the process was killed) or
-    running. With --diff RUN_A RUN_B, the key paths where the two runs' resolved configs differ.
+    Status: finished; stopped early (by early stopping); interrupted (dlrun train --resume RUN continues it);
+    failed (it ended without its summary: an error, or the process was killed); running.
+    With --diff RUN_A RUN_B: the key paths where the two runs' resolved configs differ.
     """
     if diff is not None:
         _print_diff(*listing.config_diff(diff[0], diff[1], runs_dir))
@@ -68,7 +69,7 @@ def runs_cmd(
 
 
 _STYLE = {"finished": "[green]", "stopped early": "[green]", "interrupted": "[yellow]", "failed": "[red]",
-          "running": "[cyan]"}
+          "running": "[cyan]", "unreadable": "[red]"}
 
 
 def _duration(seconds: float | None) -> str:

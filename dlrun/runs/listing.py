@@ -20,6 +20,7 @@ from ..registry.options import did_you_mean
 from . import checkpoint, rundir
 
 FINISHED, STOPPED_EARLY, INTERRUPTED, FAILED, RUNNING = "finished", "stopped early", "interrupted", "failed", "running"
+UNREADABLE = "unreadable"  # a run directory the operating system does not let dlrun read
 RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "checkpoints")  # a folder with none is no run
 
 
@@ -45,14 +46,14 @@ class RunRecord:
         return self.path.name
 
 
-COLUMNS = ("run", "config", "status", "epochs", "duration", "monitor", "best", "final", "started")
+COLUMNS = ("run", "config", "status", "epochs", "time", "monitor", "best", "final", "started")
 
 
 def sort_key(column: str):
     """The sort key of column ``column`` (a UsageError with did-you-mean for another name): values
     ascending, runs without one last."""
     keys = {"run": lambda r: r.name, "config": lambda r: r.config, "status": lambda r: r.status,
-            "epochs": lambda r: r.epochs, "duration": lambda r: r.seconds, "monitor": lambda r: r.monitor,
+            "epochs": lambda r: r.epochs, "time": lambda r: r.seconds, "monitor": lambda r: r.monitor,
             "best": lambda r: r.best, "final": lambda r: r.final, "started": lambda r: r.started or ""}
     if column not in keys:
         raise UsageError(f"--sort {column}: unknown column{did_you_mean(column, COLUMNS)}; "
@@ -76,11 +77,18 @@ def list_runs(runs_dir: str | Path, sort: str = "started", reverse: bool = False
             folders = [p for p in runs_dir.iterdir() if p.is_dir() and _is_run(p)]
         except OSError as e:
             raise UsageError(f"{runs_dir}: cannot list it: {e.strerror or e}") from None
-    records = [read_run(p) for p in folders]
+    records = [_read(p) for p in folders]
     records.sort(key=key, reverse=reverse)
     if reverse:  # runs without a value stay last
         records.sort(key=lambda r: key(r)[0])
     return records
+
+
+def _read(run_dir: Path) -> RunRecord:
+    try:
+        return read_run(run_dir)
+    except OSError as e:  # (permissions): the run is listed, with why it could not be read
+        return RunRecord(run_dir, UNREADABLE, notes=[f"cannot read it: {e.strerror or e}"])
 
 
 def _is_run(p: Path) -> bool:

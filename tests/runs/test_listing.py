@@ -171,3 +171,14 @@ def test_diff_of_models_of_different_depths_marks_the_absent_keys(tmp_path):
     assert ("model[2].units", 3, 8) in diff and ("model[3].type", listing.MISSING, "Tanh") in diff
     assert keys.index("model[2].units") < keys.index("model[3].type") < keys.index("model[4].units")
     assert ("name", "spiral", "deeper") in diff
+
+
+def test_a_run_directory_the_system_refuses_to_read_is_listed_as_unreadable(tmp_path, monkeypatch):
+    d = train(spiral_config(tmp_path, epochs=1), tmp_path / "runs")
+
+    def refused(run_dir):
+        raise PermissionError(13, "Permission denied", str(run_dir))
+
+    monkeypatch.setattr(listing, "read_run", refused)  # (root reads every file: the refusal is simulated)
+    (rec,) = listing.list_runs(tmp_path / "runs")
+    assert rec.path == d and rec.status == "unreadable" and rec.notes == ["cannot read it: Permission denied"]
