@@ -230,3 +230,23 @@ def test_bad_input_is_one_line_and_exit_2(two_runs, tmp_path, case):
     assert r.code == 2, (r.code, r.err)
     assert len(r.err.strip().splitlines()) == 1 and expect in r.err and "Traceback" not in r.err, r.err
     assert not out.exists() and not list(tmp_path.glob(".x.png.tmp-*"))
+
+
+def test_ctrl_c_while_the_image_is_written_leaves_no_file(two_runs, tmp_path, monkeypatch):
+    import os
+    import signal
+    from matplotlib.figure import Figure
+    a, _ = two_runs
+    out = tmp_path / "curves.png"
+    out.write_bytes(b"an earlier picture")
+    real = Figure.savefig
+
+    def interrupted(self, fname, **kw):
+        real(self, fname, **kw)  # the temporary file is written, then the signal comes
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(Figure, "savefig", interrupted)
+    r = run_cli("plot", a, "-o", out, process=False)
+    assert r.code == 130 and r.err.strip() == "interrupted", r.err
+    assert out.read_bytes() == b"an earlier picture"  # the file there is intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.png"]  # and no temporary file is left
