@@ -33,6 +33,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from . import seeding
 from .errors import DlrunError, UsageError
 
 # set by launchers for every rank they start: MPICH and Intel MPI (PMI), Open MPI, MVAPICH
@@ -110,9 +111,10 @@ class World:
         """Sum the gradients over the ranks in place (``flat``: the gradient buffer with its
         :data:`CONTROL` spare elements; ``loose``: gradients outside it)."""
 
-    def same(self, value):
-        """Rank 0's ``value`` on every rank (a fresh seed drawn by each)."""
-        return value
+    def fresh_seed(self) -> int:
+        """A new run seed for a run that names none (:func:`dlrun.seeding.fresh_seed`), the same
+        on every rank."""
+        return seeding.fresh_seed()
 
     def flags(self) -> np.ndarray:
         """A buffer of the :data:`CONTROL` flags alone (a model whose every gradient is outside
@@ -162,6 +164,8 @@ class MPIWorld(World):
         self.comm = MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.local_rank = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank).Get_rank()
+        # rank 0's fresh seed, sent while every rank is here (later a rank may be elsewhere)
+        self._seed = self.comm.bcast(seeding.fresh_seed() if self.rank == 0 else None, root=0)
         self.nccl = None
 
     def use_gpu(self, backend) -> None:
@@ -261,8 +265,8 @@ class MPIWorld(World):
                 host = self.comm.bcast(a.get() if self.rank == 0 else None, root=0)
                 a.set(host)
 
-    def same(self, value):
-        return self.comm.bcast(value, root=0)
+    def fresh_seed(self) -> int:
+        return self._seed
 
     def first(self, found: tuple | None) -> tuple[int, str] | None:
         every = [(f[0], r, f[1]) for r, f in enumerate(self.comm.allgather(found)) if f is not None]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..metrics import monitor
 from ..training import controls
-from .. import metrics, parallel, seeding
+from .. import metrics, parallel
 from ..backend import get_backend
 from ..config import Config
 from ..errors import ConfigError
@@ -51,9 +51,10 @@ class Assembly:
 
 
 def resolve_seed(config: Config) -> int:
-    """The config's seed, or a fresh one (:func:`seeding.fresh_seed`) recorded into ``config.raw``."""
+    """The config's seed, or a fresh one (:func:`seeding.fresh_seed`, the same on every rank of a
+    data-parallel run) recorded into ``config.raw``."""
     if config.seed is None:  # (the ranks of a data-parallel run take rank 0's)
-        config.seed = parallel.current().same(seeding.fresh_seed())
+        config.seed = parallel.current().fresh_seed()
     config.raw["seed"] = config.seed
     return config.seed
 

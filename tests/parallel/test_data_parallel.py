@@ -317,3 +317,12 @@ def test_ranks_without_mpi4py_say_how_to_install_it(tmp_path):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "rank 0 of 2" in lines[0] and "pip install 'dlrun[mpi]'" in lines[0], p.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_without_a_seed_takes_rank_0s_fresh_one(tmp_path):
+    """Each rank would draw another fresh seed: they take rank 0's (the start's digest of the
+    initial weights would stop them otherwise)."""
+    config = write(tmp_path / "c.yaml", MLP.replace("seed: 3\n", "").replace("epochs: 2", "epochs: 1"))
+    p = mpirun("train", config, "--runs-dir", tmp_path / "runs", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "seed:" in (only_run(tmp_path / "runs") / "config.yaml").read_text()
