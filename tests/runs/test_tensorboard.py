@@ -153,3 +153,13 @@ def test_a_run_that_fails_in_its_first_epoch_leaves_no_directory_behind_its_even
     r = run_cli("train", cfg, "--runs-dir", tmp_path / "runs")
     assert r.code == 1 and "epoch 1" in r.err, r.err
     assert list((tmp_path / "runs").iterdir()) == []  # its event file (steps only) went with it
+
+
+def test_the_step_loss_of_a_full_batch_run_is_its_epochs_training_loss(tmp_path):
+    # one batch an epoch, no regularizer: step s is epoch s, and its batch's loss is the epoch's train_loss
+    cfg = tmp_path / "tb.yaml"
+    cfg.write_text(spiral_config(tmp_path, epochs=5, batch_size="null").read_text().replace(
+        "train: {", "train: {loggers: [tensorboard], log_every_n_steps: 1, "))
+    tags = _same_as_metrics_csv(train(cfg, tmp_path / "runs"), 5)
+    assert [s for s, _ in tags["step_loss"]] == [1, 2, 3, 4, 5]
+    assert [v for _, v in tags["step_loss"]] == pytest.approx([v for _, v in tags["train_loss"]], rel=1e-6)
