@@ -1,11 +1,12 @@
 """Vectorised reading of numeric CSV text: blocks of the file parsed by pyarrow's CSV reader (when
-installed) or numpy's ``loadtxt``, straight into the final arrays.
+installed) or numpy's ``loadtxt``, straight into one float64 array.
 
 It takes only plain files: ASCII numbers separated by the delimiter, one sample per line, no
-quotes, no blank lines, no NUL bytes, every line shorter than the longest cell Python's csv module
-accepts. Anything else (and any cell the block parser refuses) answers None, and the caller reads
-the file with its exact line-by-line scan, which gives the same numbers for every file the fast
-path takes and names the line and column of each problem.
+quotes, no NUL bytes, no lone CR, every line shorter than the longest cell Python's csv module
+accepts. Anything else (and any cell or row the block parser refuses: a blank line, a missing
+value, a name) answers None, and the caller reads the file row by row with the csv module, which
+gives the same numbers for every file the fast path takes and names the line and column of each
+problem.
 """
 from __future__ import annotations
 
