@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..runs import inference
 from ..training.position import describe
-from . import app, out
+from . import app, err, out
 from .catalog import PLUGIN
 from .restored import BATCH_SIZE, DEVICE, TARGET, open_trained
 
@@ -31,7 +31,10 @@ def evaluate_cmd(
 ) -> None:
     """Evaluate a trained model on its run's validation data or on given data."""
     restored = open_trained(target, device, plugin)
+    shown = len(restored.warnings)
     x, y, described = inference.evaluation_data(restored, data)
+    for note in restored.warnings[shown:]:  # (about the data given)
+        err.print(f"[yellow]warning:[/] {escape(note)}", soft_wrap=True)
     result = restored.evaluate(x, y, batch_size)
     if as_json:
         print(json.dumps({"checkpoint": str(restored.path), "data": described, **result.as_dict()}, indent=2))

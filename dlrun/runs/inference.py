@@ -18,7 +18,7 @@ from . import checkpoint, evaluation, snapshot
 from .. import metrics, registry
 from ..training import step
 from .assembly import build_model
-from ..config import Config, config_from_dict
+from ..config import LEGACY_DATA_OPTIONS, Config, config_from_dict
 from ..config.source import parse_value
 from ..registry.options import did_you_mean
 from ..data import Dataset, apply_preprocessing, check_range, load_data, name_labels, refuse_missing
@@ -282,6 +282,21 @@ def run_data(restored: Restored) -> Dataset:
     return ds
 
 
+def _legacy_differences(recorded, given, spec: str) -> list[str]:
+    """Warnings for a --data generator spec that leaves out a transforming option the run's data
+    had (iris' standardize, recorded by runs from before data.preprocess): its model takes inputs
+    transformed so, and would be evaluated on raw ones."""
+    if not isinstance(recorded, dict):
+        return []
+    name = given.get("type") if isinstance(given, dict) else given
+    options = given if isinstance(given, dict) else {}
+    return [f"--data {spec}: the run's data was {{type: {name}, {key}: true}}, which its model takes; this is "
+            f"{{type: {name}}} without it: give --data '{{type: {name}, {key}: true}}' to evaluate on the inputs "
+            f"the model was trained on"
+            for (kind, key) in LEGACY_DATA_OPTIONS if kind == name == recorded.get("type")
+            and recorded.get(key) is True and options.get(key) is not True]
+
+
 def evaluation_data(restored: Restored, spec: str | None = None) -> tuple[np.ndarray, np.ndarray, str]:
     """(x, y, description): the run's validation data, or a data file / generator spec, raw data
     preprocessed as the run's training data was."""
@@ -306,6 +321,7 @@ def evaluation_data(restored: Restored, spec: str | None = None) -> tuple[np.nda
         if isinstance(value, dict) and "preprocess" in value:
             raise DataError(f"--data {spec!r}: preprocess comes from the checkpoint (the run's, fitted on its training "
                             f"split); drop it from --data")
+        restored.warnings.extend(_legacy_differences(cfg.data, value, spec))
     ds: Dataset = registry.data.build(value, "--data")
     if ds.y.dtype.kind == "U" and (prep is None or prep.classes is None):
         raise DataError(f"{ds.name}: labels are class names ({', '.join(np.unique(ds.y)[:5])}), but the model was "

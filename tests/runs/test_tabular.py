@@ -13,7 +13,9 @@ from checkpoint_helpers import metrics_rows, train
 from conftest import CONFIGS, ROOT, run_cli, write
 from dlrun.data import split
 from dlrun.data.datasets import iris
+from dlrun.config import config_from_dict
 from dlrun.runs import checkpoint
+from dlrun.runs.run import train as train_in_process
 
 LOANS = ROOT / "configs/data/loans.csv"
 
@@ -191,3 +193,28 @@ def test_the_shipped_loans_follow_the_rule_their_script_states():
                   col("debt_ratio").astype(float), col("employment"))
     agree = ((z > 0) == (col("approved") == "yes"))[has].mean()
     assert round(agree, 2) == 0.82
+
+
+@pytest.mark.slow
+def test_an_old_standardized_iris_run_keeps_its_meaning_and_evaluate_warns_of_raw_iris(tmp_path):
+    """A checkpoint from before data.preprocess (iris' standardize: true, no meta.preprocess)."""
+    spec = {"seed": 0, "data": {"type": "iris", "standardize": True},
+            "model": [{"type": "Linear", "units": 8}, "ReLU", {"type": "Linear", "units": 3}],
+            "loss": "SoftmaxCrossEntropy", "optimizer": {"type": "Adam", "learning_rate": 0.05},
+            "train": {"epochs": 15, "batch_size": 16, "validation_split": 0.2}}
+    result = train_in_process(config_from_dict(spec, from_checkpoint=True), tmp_path / "runs")
+    path = result.run_dir / "checkpoints/last.npz"
+    model, optim, meta = checkpoint.load(path)
+    del meta["preprocess"]  # (as such runs were written)
+    checkpoint.save(path, model, optim, meta)
+    r = run_cli("predict", path, "--input", write(tmp_path / "x.csv", "0.1,0.2,0.3,0.4\n"))
+    assert r.code == 0 and r.out.splitlines()[0] == "prediction" and r.out.splitlines()[1] in "012"  # indices, as before
+    raw = run_cli("evaluate", path, "--data", "iris", "--json")
+    assert raw.code == 0, raw.err
+    assert ("--data iris: the run's data was {type: iris, standardize: true}, which its model takes; this is "
+            "{type: iris} without it") in raw.err
+    same = run_cli("evaluate", path, "--data", "{type: iris, standardize: true}", "--json")
+    assert same.code == 0 and "warning" not in same.err
+    assert json.loads(same.out)["accuracy"] > json.loads(raw.out)["accuracy"]
+    own = run_cli("evaluate", path, "--json")
+    assert json.loads(own.out)["loss"] == pytest.approx(result.summary["val_loss"], rel=1e-6)
