@@ -72,7 +72,7 @@ def csv_files(draw):
             rows[r][0] = f'"{rows[r][0].strip()}"'
     label = draw(st.integers(0, 9))
     eol = draw(st.sampled_from(["\n", "\r\n"]))
-    delimiter = draw(st.sampled_from([",", ",", ";", "\t"]))
+    delimiter = draw(st.sampled_from([",", ",", ";", "\t", "|"]))
     lines = [delimiter.join(r + [str(label)]) for r in rows]
     if odd and kind == "cr":
         eol = "\r"
