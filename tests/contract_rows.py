@@ -42,4 +42,8 @@ ROWS: dict[str, dict] = {
     "MultiHeadAttention": {"causal": True, "dropout": 0.25},
     "PositionalEmbedding": {},
     "SequencePool": {},
+    # several inputs (checked with their values side by side as one input)
+    "Add": {},
+    "Multiply": {},
+    "Concatenate": {"axis": 0},
 }

@@ -12,6 +12,8 @@ from ..backend import format_bytes
 from ..commands.check import check_config
 from ..config import load_config
 from ..registry.plugins import load_plugins
+from rich.markup import escape
+
 from . import app, err, out
 from .catalog import PLUGIN
 from .train import SET_HELP
@@ -29,14 +31,19 @@ def check_cmd(
     """Validate a config, build the model and run one batch forward and backward; train nothing, write nothing."""
     load_plugins(plugin)
     cfg = load_config(config, set_, device=device)
+    for note in cfg.warnings:
+        err.print(f"[yellow]warning:[/] {escape(note)}", soft_wrap=True)
     r = check_config(cfg, checkpoint)
     t = Table(title="model", title_justify="left")
-    rows = [(str(row.index), row.name, str(("N",) + row.output_shape).replace("'", ""),
+    graph = any(row.inputs for row in r.layers)  # a graph: each node with the nodes it reads
+    rows = [(str(row.index) + (f" {row.node}" if graph else ""),
+             row.name + (f" ← {', '.join(row.inputs)}" if graph else ""), str(("N",) + row.output_shape).replace("'", ""),
              f"{row.params:,}" + (f" ({row.fixed:,} fixed)" if row.fixed else ""),
              *map(format_bytes, (row.param_bytes, row.grad_bytes, row.activation_bytes))) for row in r.layers]
     # One line per layer: every other column keeps its widest cell (a header may wrap between
     # words), and the layer's options are cut with '…' to fit the terminal (the config has them all).
-    headers = ("#", "layer", "output shape", "params", "param mem", "grad mem", "activation mem")
+    headers = ("# node" if graph else "#", "layer ← inputs" if graph else "layer", "output shape", "params",
+               "param mem", "grad mem", "activation mem")
     for split in (False, True):  # whole headers if that leaves the layer 24 characters, else wrapped ones
         widths = [max(len(c) for c in [cells[k] for cells in rows] + (h.split() if split else [h]))
                   for k, h in enumerate(headers)]

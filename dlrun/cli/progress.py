@@ -13,13 +13,22 @@ def _fmt(v) -> str:
 
 
 def summary_table(model) -> Table:
-    """The model summary: index, layer, output shape, parameter count."""
+    """The model summary: index, layer, output shape, parameter count; for a graph also each
+    node's name (or place in the config) and the nodes it reads."""
     t = Table(title="model", title_justify="left")
-    for col, just in (("#", "right"), ("layer", "left"), ("output shape", "left"), ("params", "right")):
+    rows = model.summary()
+    graph = any(r.inputs for r in rows)
+    cols = (("#", "right"), *((("node", "left"),) if graph else ()), ("layer", "left"),
+            *((("inputs", "left"),) if graph else ()), ("output shape", "left"), ("params", "right"))
+    for col, just in cols:
         t.add_column(col, justify=just)
-    for r in model.summary():
-        t.add_row(str(r.index), r.name, str(("N",) + r.output_shape).replace("'", ""),
-                  f"{r.params:,}" + ("" if r.params == r.trainable else f" ({r.params - r.trainable:,} fixed)"))
+    for r in rows:
+        params = f"{r.params:,}" + ("" if r.params == r.trainable else f" ({r.params - r.trainable:,} fixed)")
+        shape = str(("N",) + r.output_shape).replace("'", "")
+        if graph:
+            t.add_row(str(r.index), r.node, r.name, ", ".join(r.inputs), shape, params)
+        else:
+            t.add_row(str(r.index), r.name, shape, params)
     t.caption = f"input (N, {', '.join(map(str, model.input_shape))}) · {model.num_parameters:,} parameters · {model.backend.name} · {model.dtype}"
     return t
 

@@ -10,7 +10,9 @@ from rich.table import Table
 from ..config import load_config
 from ..registry.plugins import load_plugins
 from ..commands.timing import time_config
-from . import app, out
+from rich.markup import escape
+
+from . import app, err, out
 from .catalog import PLUGIN
 from .train import SET_HELP
 
@@ -30,6 +32,8 @@ def time_cmd(
     """Time each layer's forward and backward pass, the loss and the optimizer step (median per batch)."""
     load_plugins(plugin)
     cfg = load_config(config, set_, device=device)
+    for note in cfg.warnings:  # a graph node whose output nothing reads
+        err.print(f"[yellow]warning:[/] {escape(note)}", soft_wrap=True)
     r = time_config(cfg, batches)
     total = r.parts_total
     t = Table(title=f"{cfg.name}: median over {r.batches} batches of {r.batch_size} on {r.device} (ms)",

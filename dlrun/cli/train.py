@@ -63,6 +63,9 @@ def train_cmd(
             raise UsageError("give a CONFIG file to train, or --resume RUN_DIR to continue a run")
         else:
             cfg = load_config(config, set_, seed=seed, device=device)
+            if world.writes:
+                for note in cfg.warnings:  # a graph node whose output nothing reads
+                    err.print(f"[yellow]warning:[/] {escape(note)}", soft_wrap=True)
     # several ranks: rank 0 shows the progress
     with RichProgress(out, cfg.train.epochs) if world.writes else nullcontext() as progress:
         shown = [progress] if world.writes else []

@@ -38,6 +38,8 @@ class LayerReport:
     grad_bytes: int
     activation_bytes: int
     fixed: int = 0  # parameters that training does not change (constants, frozen layers)
+    node: str = ""        # a graph's node: its name or its place in the config
+    inputs: tuple = ()    # a graph's node: the nodes it reads
 
     @property
     def total_bytes(self) -> int:
@@ -103,8 +105,8 @@ class FirstBatch(StepObserver):
     def forward(self, k, layer, out):
         i = self.model.order[k]
         if (kind := nonfinite_kind(out)) is not None:
-            raise NonFiniteError(f"model[{i}] {layer!r} produced {kind} in forward on the first batch", 1, 1,
-                                 f"model[{i}]")
+            raise NonFiniteError(f"{self.model.label(i)} {layer!r} produced {kind} in forward on the first batch",
+                                 1, 1, self.model.label(i))
         mem = 0
         for a in map(_owner, [out, *_arrays(layer)]):
             if id(a) not in self.counted:
@@ -122,11 +124,13 @@ class FirstBatch(StepObserver):
         i = self.model.order[k]
         for pname, p in layer.params.items():
             if p.trainable and (kind := nonfinite_kind(p.grad)) is not None:
-                raise NonFiniteError(f"model[{i}] {layer!r} produced {kind} in backward (the gradient of "
-                                     f"{pname}) on the first batch", 1, 1, f"model[{i}]")
-        if dx is not None and (kind := nonfinite_kind(dx)) is not None:
-            raise NonFiniteError(f"model[{i}] {layer!r} produced {kind} in backward (dx) on the first batch",
-                                 1, 1, f"model[{i}]")
+                raise NonFiniteError(f"{self.model.label(i)} {layer!r} produced {kind} in backward (the gradient "
+                                     f"of {pname}) on the first batch", 1, 1, self.model.label(i))
+        for m, d in enumerate(dx if isinstance(dx, (tuple, list)) else (dx,)):
+            if d is not None and (kind := nonfinite_kind(d)) is not None:
+                what = "dx" if not isinstance(dx, (tuple, list)) else f"the gradient of input {m}"
+                raise NonFiniteError(f"{self.model.label(i)} {layer!r} produced {kind} in backward ({what}) on the "
+                                     f"first batch", 1, 1, self.model.label(i))
 
 
 def check_config(config: Config, checkpoint_path: str | Path | None = None) -> CheckReport:
@@ -161,16 +165,17 @@ def check_config(config: Config, checkpoint_path: str | Path | None = None) -> C
     except LayerContractError as e:  # located at the config line of the layer (the message names it)
         i = getattr(e, "layer_index", None)
         if e.where is None and i is not None:
-            at = config.locate(f"model[{i}]")
+            at = config.locate(model.label(i))
             e.where = Location(at.source, at.line) if at is not None else None
         raise
     rows = []
-    for i, (layer, act) in enumerate(zip(model.layers, first.activations)):
-        ps = list(layer.params.values())
-        rows.append(LayerReport(i, repr(layer), model.shapes[i], sum(p.size for p in ps),
+    owned = {i for i, _ in model.owners()}  # (a node that shares another's weights holds none)
+    for i, (layer, act, row) in enumerate(zip(model.layers, first.activations, model.summary())):
+        ps = list(layer.params.values()) if i in owned else []
+        rows.append(LayerReport(i, row.name, model.shapes[i], sum(p.size for p in ps),
                                 sum(int(p.data.nbytes) for p in ps),
                                 sum(int(p.grad.nbytes) for p in ps if p.grad is not None), act,
-                                sum(p.size for p in ps if not p.trainable)))
+                                sum(p.size for p in ps if not p.trainable), row.node, row.inputs))
     notes = [*run.warnings, chance_warning(float(first.value), model, loss)]
     return CheckReport(ds.name, n, 0 if ds.x_val is None else len(ds.x_val), model.input_shape, bs, rows,
                        float(first.value), b.name, str(model.dtype), ckpt,

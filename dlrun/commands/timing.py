@@ -129,7 +129,8 @@ def time_config(config: Config, batches: int = 20, warmup: int = 2) -> TimingRep
         np.seterr(**saved)
     med = statistics.median
     layers = model.run_order
-    rows = [PartTiming(f"{model.order[k]} {type(layer).__name__}", shape, med(clock.fwd[k]),
+    nodes = [f" {r.node}" if r.inputs else "" for r in model.summary()]  # a graph's node: its name or place
+    rows = [PartTiming(f"{model.order[k]}{nodes[model.order[k]]} {type(layer).__name__}", shape, med(clock.fwd[k]),
                        med(clock.bwd[k]) if clock.bwd[k] else None)
             for k, (layer, shape) in enumerate(zip(layers, model.order_shapes))]
     metrics = (PartTiming(f"metrics {', '.join(trainer.tracker.names)}", None, med(clock.metric), None)

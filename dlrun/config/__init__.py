@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import os
 import typing
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from ..registry.options import OptionError, _got, check_value, did_you_mean, rec
 from ..metrics import monitor
 from ..registry.plugins import load_plugins, loaded
 from .settings import TOP_LEVEL, TrainSettings
+from .graph import NodeSpec, is_chain, layer_options, lower
 from ..data.preprocess import Settings
 
 
@@ -44,18 +45,32 @@ class Config:
     # how a stratified split rounds the classes' shares (data.split): a checkpoint records it
     split_shares: str = "whole"
     preprocess: Settings | None = None  # data.preprocess (data.load_data fits it on the training split)
+    # a model that is not a chain (Residual, Parallel, named inputs): its nodes in running order
+    nodes: list[NodeSpec] | None = None
+    warnings: list[str] = field(default_factory=list)  # for the user, printed by the command line
 
     def locate(self, path: str) -> Location:
         return self.source.locate(path)
 
     def build_layers(self) -> list:
-        """Fresh layer instances (a model owns its layers)."""
+        """Fresh layer instances (a model owns its layers): one per entry of a chain, one per node
+        of a graph."""
+        if self.nodes is not None:
+            return [registry.layers.build(n.spec, n.node.path, self.locate) for n in self.nodes]
         return [build_layer(s, i, self.locate)[0] for i, s in enumerate(self.model)]
 
     @property
     def frozen(self) -> list[int]:
-        """Indexes of the layers marked ``trainable: false`` (their parameters are not trained)."""
+        """Indexes of the layers (a graph's nodes) marked ``trainable: false``: their parameters
+        are not trained."""
+        if self.nodes is not None:
+            return [k for k, n in enumerate(self.nodes) if n.frozen]
         return [i for i, s in enumerate(self.model) if isinstance(s, dict) and s.get("trainable") is False]
+
+    @property
+    def frozen_loose(self) -> list[int]:
+        """Those of :attr:`frozen` frozen by a block around them, which may have no weights."""
+        return [k for k, n in enumerate(self.nodes or []) if n.frozen and n.loose]
 
     def build(self, kind: str):
         """A fresh instance of the component of section ``kind`` (loss, optimizer, regularizer, data)."""
@@ -69,13 +84,15 @@ class Config:
 def build_layer(spec, i: int, locate) -> tuple:
     """The layer of model entry ``i`` and whether it is frozen. ``trainable: false`` is a model
     setting that any entry may carry (Keras' ``layer.trainable = False``), not a layer option."""
-    if not (isinstance(spec, dict) and "trainable" in spec):
+    if not (isinstance(spec, dict) and ("trainable" in spec or "name" in spec)):
         return registry.layers.build(spec, f"model[{i}]", locate), False
+    if "name" in spec and not isinstance(spec["name"], str):
+        raise ConfigError(f"expected a node name (a string), got {spec['name']!r}", locate(f"model[{i}].name"))
     try:
-        trainable = check_value(spec["trainable"], bool)
+        trainable = check_value(spec.get("trainable", True), bool)
     except OptionError as e:
         raise ConfigError(str(e), locate(f"model[{i}].trainable")) from None
-    options = {k: v for k, v in spec.items() if k != "trainable"}
+    options = layer_options(spec)
     layer = registry.layers.build(options, f"model[{i}]", locate)
     spec.update(options)  # options as recorded (units: 1e3 is written as 1000)
     return layer, not trainable
@@ -214,15 +231,33 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None, run_plugins
     optimizer = component(registry.optimizers, "optimizer")
     regularizer = component(registry.regularizers, "regularizer")
     model = raw.get("model")
+    nodes, warnings = None, []
     if "model" in raw:  # (null was reported above)
         if model is not None and (not isinstance(model, list) or not model):
             errors.append(ConfigError(f"expected a non-empty list of layers, got {model!r}", locate("model")))
             model = []
-        for i, spec in enumerate(model or []):
+        if model and not is_chain(model):
             try:
-                build_layer(spec, i, locate)
+                nodes, warnings = lower(model, locate)
+                for n in nodes:
+                    try:
+                        registry.layers.build(n.spec, n.node.path, locate)
+                    except DlrunError as e:
+                        errors.append(e)
             except DlrunError as e:
                 errors.append(e)
+        else:
+            names = {}
+            for i, spec in enumerate(model or []):
+                try:
+                    build_layer(spec, i, locate)
+                except DlrunError as e:
+                    errors.append(e)
+                if isinstance(spec, dict) and isinstance(spec.get("name"), str):
+                    if spec["name"] in names:
+                        errors.append(ConfigError(f"the name {spec['name']!r} is already used by {names[spec['name']]}; "
+                                                  f"names must be unique in the model", locate(f"model[{i}].name")))
+                    names.setdefault(spec["name"], f"model[{i}]")
     train, errs = _check_fields(TrainSettings, {} if raw.get("train") is None else raw["train"], "train", locate)
     errors.extend(errs)
     specs = [("train.schedule", train.schedule)] if train.schedule is not None else []
@@ -253,7 +288,7 @@ def validate(raw: Any, source: Source, base_dir: Path | None = None, run_plugins
             plugin_failed.message += f" (so these names were not checked: {names})"
     collect(errors)
     return Config(raw, source, name, seed, device, dtype, plugins, data, model, loss, optimizer, regularizer, train,
-                  preprocess=preprocess)
+                  preprocess=preprocess, nodes=nodes, warnings=warnings)
 
 
 # data generator options that preprocessing replaced: a config spells them the new way; a run

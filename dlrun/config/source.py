@@ -12,6 +12,8 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError, DlrunError, Location, collect
+from ..registry.options import did_you_mean
+from .graph import node_names
 
 
 class _Loader(yaml.SafeLoader):
@@ -294,6 +296,13 @@ def apply_override(raw: dict, item: str, source: Source) -> None:
         raise ConfigError(f"expected a key path such as train.epochs or model[0].units before '=', got {key!r}",
                           Location("--set"))
     keys = _split_path(key.strip())
+    if len(keys) > 1 and keys[0] == "model" and isinstance(keys[1], str) and isinstance(raw.get("model"), list):
+        names = node_names(raw["model"])  # model.NAME.key: the node the model names so
+        if keys[1] not in names:
+            raise ConfigError(f"the model has no node named {keys[1]!r}{did_you_mean(keys[1], names)}"
+                              + (f"; its named nodes: {', '.join(names)}" if names else
+                                 " (give an entry name: NAME, or address it as model[i])"), Location(flag, None, key.strip()))
+        keys = _split_path(names[keys[1]]) + keys[2:]
     try:
         errors: list[DlrunError] = []
         value = _unshare(_load(text, {}, errors, None)) if text.strip() else None  # a file's limits and checks

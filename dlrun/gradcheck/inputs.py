@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import registry
-from ..backend import ensure_fits
-from ..errors import ConfigError
+from ..backend import array_module, ensure_fits
+from ..errors import ConfigError, ShapeError
 from ..registry.options import component_registry
 
 # N is the batch; per-sample symbols are D, C, H, W, T, V (vocabulary), K.
@@ -45,7 +45,29 @@ def bind(value, dims: dict | None):
     return value
 
 
+class JoinedShape(tuple):
+    """The per-sample shape of a layer's several inputs checked as one input: their sizes side by
+    side, ``(Σ sizeᵢ,)``; ``parts`` holds each input's own shape (see :func:`joined`)."""
+
+    parts: tuple = ()
+
+
+def joined_shape(parts) -> JoinedShape:
+    """The :class:`JoinedShape` of inputs of per-sample shapes ``parts``."""
+    parts = tuple(tuple(int(d) for d in p) for p in parts)
+    shape = JoinedShape((sum(math.prod(p) for p in parts),))
+    shape.parts = parts
+    return shape
+
+
+def shape_of(input_shape) -> tuple:
+    """A given per-sample input shape as a tuple (a :class:`JoinedShape` kept as it is)."""
+    return input_shape if isinstance(input_shape, JoinedShape) else tuple(input_shape)
+
+
 def per_sample_shape(spec, dims: dict) -> tuple[int, ...]:
+    if spec.inputs:  # a layer with several inputs: checked as one input, their values side by side
+        return joined_shape(per_sample_shape(type(spec)(shape=tuple(s)), dims) for s in spec.inputs)
     shape = tuple(bind(s, dims) for s in spec.shape)
     bad = [s for s in shape if not isinstance(s, int)]
     if bad:
@@ -96,8 +118,62 @@ def _plain(v):
 
 
 def build_layer(name: str, options: dict, path: str):
-    """Instantiate through the registry so options are validated like config values."""
-    return registry.layers.build({"type": name, **options}, path)
+    """Instantiate through the registry so options are validated like config values; a layer
+    with several inputs comes back as its :func:`joined` form."""
+    layer = registry.layers.build({"type": name, **options}, path)
+    if layer.num_inputs != 1:
+        if not type(layer).input_spec.inputs:
+            raise ConfigError(f"{name} takes several inputs: declare their shapes for the check, e.g. "
+                              f"input_spec = InputSpec(inputs=((\"D\",), (\"D\",)))", path)
+        layer.__class__ = joined(type(layer))
+    return layer
+
+
+_JOINED: dict = {}
+
+
+def joined(cls):
+    """``cls`` (a layer with several inputs) as a layer with one: its input x of per-sample shape
+    :class:`JoinedShape` holds the inputs side by side (each a strided view of x, reshaped), and
+    backward returns their gradients side by side, so the check of dL/dx checks every input's
+    gradient, and each perturbation of x perturbs one element of one input."""
+    if cls in _JOINED:
+        return _JOINED[cls]
+
+    def build(self, input_shape):
+        parts = getattr(input_shape, "parts", None)
+        if not parts:
+            raise ShapeError(f"{cls.__name__} takes {len(cls.input_spec.inputs)} inputs; give their shapes with "
+                             f"--dims, not --input-shape")
+        self._joined = [(math.prod(p), tuple(p)) for p in parts]
+        return cls.build(self, *parts)
+
+    def forward(self, x, y=None):
+        xs, at = [], 0
+        for size, shape in self._joined:
+            xs.append(x[:, at:at + size].reshape(len(x), *shape))
+            at += size
+        return cls.forward(self, *xs)
+
+    def backward(self, dy):
+        ds = cls.backward(self, dy)
+        if not isinstance(ds, (tuple, list)) or len(ds) != len(self._joined):
+            got = f"{type(ds).__name__} of {len(ds)}" if isinstance(ds, (tuple, list)) else type(ds).__name__
+            raise TypeError(f"backward returned a {got}; a layer with {len(self._joined)} inputs returns a tuple "
+                            f"of {len(self._joined)} gradients, one per input")
+        if any(d is None for d in ds):
+            return None
+        bad = [f"input {m}: {getattr(d, 'shape', type(d).__name__)}" for m, (d, (_, shape)) in
+               enumerate(zip(ds, self._joined)) if tuple(getattr(d, "shape", ())) != (len(dy), *shape)]
+        if bad:
+            raise ValueError(f"backward returned gradients of the wrong shape ({'; '.join(bad)}); each has its "
+                             f"input's shape, {' and '.join(str((len(dy), *s)) for _, s in self._joined)}")
+        return array_module(dy).concatenate([d.reshape(len(d), -1) for d in ds], axis=1)
+
+    _JOINED[cls] = type(cls.__name__, (cls,), {"build": build, "forward": forward, "backward": backward,
+                                               "num_inputs": 1, "__module__": cls.__module__,
+                                               "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
+    return _JOINED[cls]
 
 
 def labels(n: int, classes: int, rng) -> np.ndarray:

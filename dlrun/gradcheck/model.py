@@ -20,7 +20,7 @@ from ..errors import DlrunError
 from ..runs.assembly import build_model
 from ..model import Sequential
 from ..training.preflight import balance_class_weights
-from . import device as devices, kinks, twin
+from . import device as devices, inputs, kinks, twin
 from .harness import restore_state, snapshot_state
 from .losscheck import check_loss
 from .regcheck import check_regularizer
@@ -94,12 +94,16 @@ def check_config(path, overrides=(), settings: Settings | None = None, batch: in
             break
     if results is not None:  # the model raised: the checks below still say which piece is broken
         report.tensors = list(results.values())
-    shapes = [model.input_shape, *model.shapes[:-1]]
-    for i, (layer, shape) in enumerate(zip(model.layers, shapes)):
+    owners = {i for i, _ in model.owners()}  # (a node sharing another's weights is that layer again)
+    for i, layer in enumerate(model.layers):
+        if i not in owners:
+            continue
         spec = dict(getattr(layer, "spec", {}) or {})
         name = spec.pop("type", type(layer).__name__)
+        shapes = model.input_shapes(i)
+        shape = shapes[0] if layer.num_inputs == 1 else inputs.joined_shape(shapes)
         child = check_layer(name, spec, settings, input_shape=shape, batch=len(idx))
-        child.layer = f"model[{i}] {name}"
+        child.layer = f"{model.label(i)} {name}"
         report.children.append(child)
     name, options = registry.losses.parse_spec(cfg.loss)
     child = check_loss(name, options, settings)  # on its own, so a loss bug is named as one

@@ -216,7 +216,7 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
         if built not in report.built:
             report.built.append(built)
         try:
-            shape = tuple(input_shape) if dims is None else inputs.per_sample_shape(spec, dims)
+            shape = inputs.shape_of(input_shape) if dims is None else inputs.per_sample_shape(spec, dims)
             layer.setup(dev.backend, settings.np_dtype, np.random.default_rng(settings.seed), settings.seed)
             out_shape = build(layer, shape, where_dims)
             note = loose_arrays(name, layer)
@@ -248,7 +248,7 @@ def check_layer(name: str, options: dict | None = None, settings: Settings | Non
         report.warnings.append(few[0])
     if settings.dtype == "float64" and report.error is None:  # training runs in float32
         dims = configs[0]
-        shape = tuple(input_shape) if dims is None else inputs.per_sample_shape(spec, dims)
+        shape = inputs.shape_of(input_shape) if dims is None else inputs.per_sample_shape(spec, dims)
         problem = float32_problem(name, options or {}, spec, dims, shape, dims["N"] if dims else batch, dev,
                                   settings.seed)
         log.record("float32", problem is None, problem or "")

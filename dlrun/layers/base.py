@@ -12,6 +12,11 @@ A layer is a small class registered with ``@layers.register()``:
 * ``backward(dy)`` returns ``dx`` and *writes* (never accumulates) each trainable parameter's
   gradient into ``param.grad``.
 
+A layer with several inputs (``num_inputs`` other than 1: ``Add``, ``Concatenate``, a user's
+two-input layer) receives them as separate arguments, in the order its node lists them:
+``build(shape_a, shape_b)``, ``forward(a, b)``, and ``backward(dy)`` returns one gradient per
+input, ``(da, db)``.
+
 Parameters and gradients live in one place, ``self.params`` (name -> :class:`Parameter`).
 Class attributes declare what the framework and ``dlrun gradcheck`` need to know:
 ``needs_labels``, ``has_phase``, ``stochastic``, ``state`` and ``input_spec``.
@@ -44,10 +49,19 @@ class InputSpec:
             a string value naming a dim is replaced by that dim's size (``{"units": "C"}``).
         labels: for layers with ``needs_labels``: labels are drawn in [0, labels) where
             ``labels`` is a dim name or int (default: the layer's output size).
+        inputs: for a layer with several inputs, one shape per input (symbolic dims as in
+            ``shape``); empty: every input has ``shape`` (two inputs for ``num_inputs=None``).
     """
+
+    def input_shapes(self, num_inputs: int | None) -> tuple:
+        """The symbolic per-sample shape of each input of a layer taking ``num_inputs``."""
+        if self.inputs:
+            return tuple(tuple(s) for s in self.inputs)
+        return (tuple(self.shape),) * (num_inputs or 2)
 
     shape: tuple = ("D",)
     kind: str = "float"
+    inputs: tuple = ()
     high: Any = None
     options: dict = field(default_factory=dict)
     labels: Any = None
@@ -74,6 +88,9 @@ class Layer:
             statistics, annealed coefficients); gradcheck freezes and restores them, and
             checkpoints save them.
         input_spec: see :class:`InputSpec`.
+        num_inputs: how many inputs ``build``, ``forward`` and ``backward`` take: 1 (the
+            default), a fixed number, or None for "two or more" (``Add``). A layer with several
+            inputs gets them as separate arguments and returns a tuple of gradients, one per input.
 
     Attributes set by the framework (a layer may ignore both; they only save work):
         needs_input_grad: False when nothing consumes this layer's input gradient (the first
@@ -93,6 +110,7 @@ class Layer:
     stochastic: ClassVar[bool] = False
     state: ClassVar[tuple[str, ...]] = ()
     input_spec: ClassVar[InputSpec] = InputSpec()
+    num_inputs: ClassVar[int | None] = 1
 
     def __new__(cls, *args, **kwargs):
         self = super().__new__(cls)

@@ -21,6 +21,8 @@ class SummaryRow:
     output_shape: tuple[int, ...]
     params: int
     trainable: int
+    node: str = ""           # a graph's node: its name, or its place in the config (model[2].body[0])
+    inputs: tuple = ()       # a graph's node: the nodes it reads ("input": the model's input)
 
 
 class Sequential:
@@ -55,49 +57,11 @@ class Sequential:
             layer.setup(backend, self.dtype, init_rng, run_seqs[i])
             if world is not None and world.size > 1:
                 layer.world = world
-            drawn = contract.GlobalDraws()
-            try:
-                shape = contract.output_shape(layer, layer.build(shape), shape)
-            except ShapeError as e:
-                where = locate(f"model[{i}]") if locate else Location(path=f"model[{i}]")
-                name = type(layer).__name__
-                msg = e.message if e.message.startswith(name) else f"{name}: {e.message}"
-                if i and getattr(self.layers[i - 1], "return_sequences", False):  # a sequence where a vector was meant
-                    msg += (f" (model[{i - 1}] gives every step, return_sequences: true; set it to false for the "
-                            f"last state)")
-                raise ShapeError(msg, where) from None
-            except (ValueError, TypeError, OverflowError, MemoryError) as e:
-                where = locate(f"model[{i}]") if locate else Location(path=f"model[{i}]")
-                named = contract.blame_other(e, layer)
-                if named is not None:  # a plugin initializer (or other helper) raised, not the layer
-                    named.where = where
-                    raise named from None
-                raise ShapeError(f"{type(layer).__name__} cannot take input of shape {shape}: "
-                                 f"{e or type(e).__name__}", where) from None
-            except DlrunError as e:
-                if e.where is None:  # raised by code the layer called (add_param): say which layer
-                    e.where = locate(f"model[{i}]") if locate else Location(path=f"model[{i}]")
-                    e.message = f"{type(layer).__name__}: {e.message}"
-                raise
-            except Exception as e:  # a bug in the layer's build (IndexError, KeyError, ...): name it
-                raise self._raised(e, "build") from e
-            problem = drawn.unsaved(layer)
-            if problem:
-                raise LayerContractError(f"{layer!r}: {problem}",
-                                         locate(f"model[{i}]") if locate else Location(path=f"model[{i}]"))
+            prev = self.layers[i - 1] if i else None
+            shape = build_layer(layer, (shape,), f"model[{i}]", locate, prev, f"model[{i - 1}]", self.layers)
             self.shapes.append(shape)
         self.output_shape = shape
-        frozen = list(frozen)
-        for i in frozen:  # before the arena: a frozen tensor stays out of it and out of the optimizer
-            where = locate(f"model[{i}].trainable") if locate else Location(path=f"model[{i}].trainable")
-            if not any(p.trainable for p in self.layers[i].params.values()):
-                raise ConfigError(f"{type(self.layers[i]).__name__} has no trainable parameters, so trainable: false "
-                                  f"would freeze nothing; it applies to layers with weights (remove it here)", where)
-            for p in self.layers[i].params.values():
-                p.trainable = False
-        if frozen and not any(p.trainable for _, p in self.named_parameters()):
-            raise ConfigError("every layer with parameters is frozen (trainable: false): nothing would train",
-                              locate(f"model[{frozen[-1]}].trainable") if locate else None)
+        self._freeze(list(frozen), locate)
         # forward runs layers[order[0]], layers[order[1]], ...; backward the reverse. Position k
         # outputs order_shapes[k]: order only swaps neighbours, so the layers run by then are
         # layers[0..max(order[:k+1])]
@@ -116,6 +80,26 @@ class Sequential:
         spare = parallel.CONTROL if world is not None and world.size > 1 else 0
         self.arena = ParamArena(packable, backend.xp, self.dtype, spare) if packable else None
         self.world = world if world is not None else parallel.current()
+
+    def label(self, i: int) -> str:
+        """Where layer ``i`` is in the config (``model[i]``): errors and reports name it so."""
+        return f"model[{i}]"
+
+    def _freeze(self, frozen: list[int], locate, loose=()) -> None:
+        """Mark the parameters of the layers ``frozen`` (``trainable: false``) untrainable, before
+        the arena: a frozen tensor stays out of it and out of the optimizer. Those in ``loose``
+        (frozen by a block around them) may have none."""
+        for i in frozen:
+            path = f"{self.label(i)}.trainable"
+            where = locate(path) if locate else Location(path=path)
+            if i not in loose and not any(p.trainable for p in self.layers[i].params.values()):
+                raise ConfigError(f"{type(self.layers[i]).__name__} has no trainable parameters, so trainable: false "
+                                  f"would freeze nothing; it applies to layers with weights (remove it here)", where)
+            for p in self.layers[i].params.values():
+                p.trainable = False
+        if frozen and not any(p.trainable for _, p in self.named_parameters()):
+            raise ConfigError("every layer with parameters is frozen (trainable: false): nothing would train",
+                              locate(f"{self.label(frozen[-1])}.trainable") if locate else None)
 
     def train(self, mode: bool = True, fast: bool = False) -> "Sequential":
         """Set training (or evaluation) mode.
@@ -163,7 +147,7 @@ class Sequential:
 
     def _raised(self, e: Exception, call: str) -> Exception:
         """A LayerError naming the layer whose ``call`` raised ``e`` (see contract.layer_raised)."""
-        return contract.layer_raised(self.layers, e, call)
+        return contract.layer_raised(self.layers, e, call, self.label)
 
     # The first forward and the first backward check what each layer returns against the shapes
     # build declared and the model's dtype and device, so a layer (a plugin) that breaks the
@@ -198,7 +182,12 @@ class Sequential:
         it: with the contract checks until a whole pass has passed them (or when ``check``), a
         failure named with the layer."""
         if check or (self._unchecked_forward if call == "forward" else self._unchecked_backward):
-            return self.checked_call(k, call, a, y)
+            try:
+                return self.checked_call(k, call, a, y)
+            except LayerContractError as e:  # which layer, for a caller that locates it in the config
+                if getattr(e, "layer_index", None) is None:
+                    e.layer_index = self.order[k]
+                raise
         layer = self._run[k]
         try:
             if call == "forward":
@@ -208,6 +197,22 @@ class Sequential:
             raise
         except Exception as e:
             raise self._raised(e, call) from e
+
+    def forward_parts(self, x, y=None, check: bool = False):
+        """:meth:`forward` one layer at a time, for an observer of the step: yields ``(k, output)``
+        after the layer at position ``k`` of the execution order; the last output is the model's."""
+        for k in range(len(self._run)):
+            x = self.call(k, "forward", x, y, check)
+            yield k, x
+        self.passed_checks("forward")
+
+    def backward_parts(self, dy, check: bool = False):
+        """:meth:`backward` one layer at a time: yields ``(k, dx)`` after the layer at position
+        ``k`` (``dx`` is what it returned: None when its input needs no gradient)."""
+        for k in range(len(self._run) - 1, self._stop - 1, -1):
+            dy = self.call(k, "backward", dy, None, check)
+            yield k, dy
+        self.passed_checks("backward")
 
     def passed_checks(self, call: str) -> None:
         """A whole ``forward`` or ``backward`` pass has run with its contract checks: later ones skip them."""
@@ -250,7 +255,7 @@ class Sequential:
         g, layer = p.grad, self.layers[i]
         self._expect(i, "backward", f"{name}.grad", g, tuple(p.data.shape), {p.data.dtype})
         if contract.unwritten(g):
-            raise LayerContractError(f"model[{i}] {layer!r}: backward did not write every element of {name}.grad; "
+            raise LayerContractError(f"{self.label(i)} {layer!r}: backward did not write every element of {name}.grad; "
                                      f"{contract.UNWRITTEN_HINT}{contract.defined_at(layer, 'backward')}")
 
     def _expect(self, i: int, call: str, what: str, a, shape: tuple, dtypes) -> None:
@@ -258,7 +263,7 @@ class Sequential:
         if problem:
             verb = "left" if what.endswith(".grad") else "returned"
             hint = " (a missing return statement?)" if a is None and verb == "returned" else ""
-            raise LayerContractError(f"model[{i}] {self.layers[i]!r}: {call} {verb} {what} as {problem}{hint}"
+            raise LayerContractError(f"{self.label(i)} {self.layers[i]!r}: {call} {verb} {what} as {problem}{hint}"
                                      f"{contract.defined_at(self.layers[i], call)}")
 
     def predict(self, x, batch_size: int | None = None) -> np.ndarray:
@@ -272,9 +277,18 @@ class Sequential:
         self.train()
         return np.concatenate(outs) if outs else np.empty((0,) + self.output_shape, dtype=self.dtype)
 
+    def input_shapes(self, i: int) -> tuple:
+        """The per-sample shape of each input of layer ``i`` (one for a chain's layer)."""
+        return (self.input_shape if i == 0 else self.shapes[i - 1],)
+
+    def owners(self):
+        """``(i, layer)`` for each layer that owns its parameters and state (every layer of a
+        Sequential; a graph's node that shares another's weights owns none)."""
+        return enumerate(self.layers)
+
     def named_parameters(self):
         """``[("0.weight", Parameter), ...]``: qualified name = layer index and parameter name."""
-        return [(f"{i}.{n}", p) for i, layer in enumerate(self.layers) for n, p in layer.params.items()]
+        return [(f"{i}.{n}", p) for i, layer in self.owners() for n, p in layer.params.items()]
 
     def summary(self) -> list[SummaryRow]:
         rows = []
@@ -291,7 +305,7 @@ class Sequential:
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Host copies of every parameter and declared layer state, by qualified name."""
         out = {name: self.backend.to_host(p.data) for name, p in self.named_parameters()}
-        for i, layer in enumerate(self.layers):
+        for i, layer in self.owners():
             for attr in layer.state:
                 out[f"{i}.state.{attr}"] = np.asarray(self.backend.to_host(getattr(layer, attr)))
         return out
@@ -305,7 +319,7 @@ class Sequential:
         check_fits(path, arrays, self, meta)
         for name, p in self.named_parameters():
             p.data[...] = self.backend.asarray(arrays[name], dtype=p.data.dtype)
-        for i, layer in enumerate(self.layers):
+        for i, layer in self.owners():
             for attr in layer.state:
                 cur = getattr(layer, attr)
                 val = arrays[f"{i}.state.{attr}"]
@@ -313,6 +327,56 @@ class Sequential:
                     setattr(layer, attr, type(cur)(val))
                 else:
                     cur[...] = self.backend.asarray(val, dtype=cur.dtype)
+
+
+def build_layer(layer: Layer, in_shapes: tuple, path: str, locate, prev: Layer | None, prev_path: str,
+                layers: list, label=None) -> tuple[int, ...]:
+    """Build ``layer`` (already set up) for its per-sample input shapes (one for most layers, one
+    per input for a layer with ``num_inputs`` other than 1) and return its checked output shape.
+    A failure is located at the config path ``path``; ``prev`` (at ``prev_path``) is the layer
+    that produced its (first) input, for a hint."""
+    def where():
+        return locate(path) if locate else Location(path=path)
+    shape = in_shapes[0] if len(in_shapes) == 1 else tuple(in_shapes)
+    wanted = layer.num_inputs
+    if len(in_shapes) != (wanted or max(len(in_shapes), 2)):
+        want = "2 or more inputs" if wanted is None else f"{wanted} input{'s' if wanted > 1 else ''}"
+        how = (" (name its inputs: inputs: [a, b], or use it as the merge of a Parallel block)" if wanted != 1
+               else " (give it one name in inputs:, or merge them first with Add or Concatenate)")
+        raise ConfigError(f"{type(layer).__name__} takes {want}, got {len(in_shapes)}{how}", where())
+    drawn = contract.GlobalDraws()
+    try:
+        out = layer.build(*in_shapes) if layer.num_inputs != 1 else layer.build(in_shapes[0])
+        shape = contract.output_shape(layer, out, shape)
+    except ShapeError as e:
+        name = type(layer).__name__
+        msg = e.message if e.message.startswith(name) else f"{name}: {e.message}"
+        if getattr(prev, "return_sequences", False):  # a sequence where a vector was meant
+            msg += f" ({prev_path} gives every step, return_sequences: true; set it to false for the last state)"
+        raise ShapeError(msg, where()) from None
+    except (ValueError, TypeError, OverflowError, MemoryError) as e:
+        named = contract.blame_other(e, layer)
+        if named is not None:  # a plugin initializer (or other helper) raised, not the layer
+            named.where = where()
+            raise named from None
+        raise ShapeError(f"{type(layer).__name__} cannot take input of shape {shape}: "
+                         f"{e or type(e).__name__}", where()) from None
+    except DlrunError as e:
+        if e.where is None:  # raised by code the layer called (add_param): say which layer
+            e.where = where()
+            e.message = f"{type(layer).__name__}: {e.message}"
+        raise
+    except Exception as e:  # a bug in the layer's build (IndexError, KeyError, ...): name it
+        raise contract.layer_raised(layers, e, "build", label) from e
+    problem = drawn.unsaved(layer)
+    if problem:
+        raise LayerContractError(f"{layer!r}: {problem}", where())
+    return shape
+
+
+def layer_types(model) -> list[str]:
+    """The registered type of each of ``model``'s layers (a graph's nodes), in order."""
+    return [getattr(layer, "registered_name", type(layer).__name__) for layer in model.layers]
 
 
 def _layer_types(specs) -> list[str]:
@@ -327,9 +391,14 @@ def check_fits(path, arrays: dict, model, meta: dict | None = None) -> None:
     """
     expected = {k: np.shape(v) for k, v in model.state_arrays().items()}
     problems = []
-    if meta and isinstance(meta.get("config"), dict) and isinstance(meta["config"].get("model"), list):
+    saved = None
+    if meta and isinstance(meta.get("nodes"), list):  # a graph's layers, node by node
+        saved = [str(t) for t in meta["nodes"]]
+    elif meta and isinstance(meta.get("config"), dict) and isinstance(meta["config"].get("model"), list) \
+            and getattr(model, "nodes", None) is None:  # a chain's: its config entries
         saved = _layer_types(meta["config"]["model"])
-        built = [getattr(layer, "registered_name", type(layer).__name__) for layer in model.layers]
+    if saved is not None:
+        built = layer_types(model)
         if saved != built:
             problems.append(f"layers: the checkpoint has [{', '.join(saved)}], the model has [{', '.join(built)}]")
     for name, shape in expected.items():

@@ -107,7 +107,7 @@ def blame_other(e: BaseException, layer):
     return blame(e) if raised_elsewhere(e, layer) else None
 
 
-def layer_raised(layers, e: Exception, call: str) -> Exception:
+def layer_raised(layers, e: Exception, call: str, label=None) -> Exception:
     """A LayerError naming the layer whose ``call`` raised ``e`` and the line of its source file
     the exception came from; ``e`` itself when no layer's frame is in the traceback. Found from
     the traceback, so the calling loops carry no bookkeeping."""
@@ -118,7 +118,7 @@ def layer_raised(layers, e: Exception, call: str) -> Exception:
         return e
     layer = tb.tb_frame.f_locals["self"]
     i = next(i for i, other in enumerate(layers) if other is layer)
-    return LayerError(f"model[{i}] {layer!r}: {call} raised {type(e).__name__}: {e}{source_line(layer, e)}")
+    return LayerError(f"{label(i) if label else f'model[{i}]'} {layer!r}: {call} raised {type(e).__name__}: {e}{source_line(layer, e)}")
 
 
 def source_line(component, error: BaseException) -> str:

@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from ..data import Dataset, check_range, load_data
 from ..data.preprocess import Preprocessing
 from ..model import Sequential
+from ..model.graph import Graph
 from ..training.preflight import (balance_class_weights,
                                   check_batch_memory,
                                   check_class_weights,
@@ -65,8 +66,13 @@ def build_model(config: Config, input_shape, backend=None, dtype=None, seed: int
     the config's dtype (or ``dtype``), with its initial weights drawn from the run seed (or
     ``seed``); ``frozen=False`` leaves every parameter trainable (``trainable: false`` ignored).
     ``world``: the ranks of a data-parallel run (:mod:`dlrun.parallel`) that will train it."""
-    return Sequential(config.build_layers(), input_shape, backend or get_backend(config.device),
-                      dtype or config.dtype, config.seed if seed is None else seed, config.locate,
+    backend = backend or get_backend(config.device)
+    dtype = dtype or config.dtype
+    seed = config.seed if seed is None else seed
+    if config.nodes is not None:  # Residual, Parallel or named inputs: a graph of nodes
+        return Graph(config.build_layers(), [n.node for n in config.nodes], input_shape, backend, dtype, seed,
+                     config.locate, frozen=config.frozen if frozen else (), loose=config.frozen_loose, world=world)
+    return Sequential(config.build_layers(), input_shape, backend, dtype, seed, config.locate,
                       frozen=config.frozen if frozen else (), world=world)
 
 

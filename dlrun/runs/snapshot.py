@@ -17,9 +17,12 @@ import numpy as np
 from .. import __version__, registry, seeding
 from . import checkpoint
 from ..config import Config
+from ..config.graph import is_chain, lower
 from ..data import Dataset
 from ..data.preprocess import Preprocessing
-from ..errors import CheckpointError
+from ..errors import CheckpointError, Location
+from ..model import layer_types
+from ..model.graph import Graph
 from ..metrics.monitor import improved
 from ..registry.plugins import loaded_files, source_hash
 from ..training.position import EpochPosition
@@ -78,6 +81,8 @@ def capture(trainer: Trainer, config: Config, extra: dict | None = None) -> tupl
             "position": state["position"].to_meta() if state["position"] is not None else None,
             "plugins": plugin_records(config),
             "controls": state["controls"], **(extra or {})}
+    if isinstance(model, Graph):  # the layer of each node, which check_fits compares
+        meta["nodes"] = layer_types(model)
     return {k: np.array(v) for k, v in model.state_arrays().items()}, optim, meta
 
 
@@ -151,15 +156,21 @@ def restore(trainer: Trainer, ckpt: checkpoint.Checkpoint, seed: int, frozen=())
 
 def frozen_changed(recorded: dict | None, frozen) -> str | None:
     """'model[0].trainable changed (false -> true)' when the recorded config froze other layers
-    than ``frozen``, else None."""
+    (a graph's: other nodes) than ``frozen``, else None."""
     model = (recorded or {}).get("model") if isinstance(recorded, dict) else None
     if not isinstance(model, list):
         return None
-    before = {i for i, s in enumerate(model) if isinstance(s, dict) and s.get("trainable") is False}
+    if is_chain(model):
+        before = {i for i, s in enumerate(model) if isinstance(s, dict) and s.get("trainable") is False}
+        paths = {i: f"model[{i}]" for i in before | set(frozen)}
+    else:
+        nodes, _ = lower(model, lambda path: Location(path=path))
+        before = {k for k, n in enumerate(nodes) if n.frozen}
+        paths = {k: n.node.path for k, n in enumerate(nodes)}
     moved = sorted(before ^ set(frozen))
     if not moved:
         return None
-    return ", ".join(f"model[{i}].trainable changed ({'false -> true' if i in before else 'true -> false'})"
+    return ", ".join(f"{paths.get(i, f'model[{i}]')}.trainable changed ({'false -> true' if i in before else 'true -> false'})"
                      for i in moved)
 
 

@@ -209,7 +209,7 @@ class FirstNonFinite(StepObserver):
         self._stop(xb, "the input batch contains ")
 
     def forward(self, k, layer, out):
-        self._stop(out, f"model[{self.model.order[k]}] {layer!r} produced ", " in forward (its output)")
+        self._stop(out, f"{self.model.label(self.model.order[k])} {layer!r} produced ", " in forward (its output)")
 
     def loss(self, value, out, y):
         self._stop(value, f"the loss {self.loss_fn!r} is ", " (its input was finite)")
@@ -219,20 +219,24 @@ class FirstNonFinite(StepObserver):
 
     def backward(self, k, layer, dx):
         i = self.model.order[k]
+        at = self.model.label(i)
         for name, p in layer.params.items():
             if p.trainable:
-                self._stop(p.grad, f"model[{i}] {layer!r} produced ", f" in backward (the gradient of {name})")
-        if dx is not None:
-            self._stop(dx, f"model[{i}] {layer!r} produced ", " in backward (dx, the gradient of its input)")
+                self._stop(p.grad, f"{at} {layer!r} produced ", f" in backward (the gradient of {name})")
+        for m, d in enumerate(dx if isinstance(dx, (tuple, list)) else (dx,)):
+            if d is not None:
+                what = "dx, the gradient of its input" if not isinstance(dx, (tuple, list)) else \
+                    f"the gradient of its input {m}"
+                self._stop(d, f"{at} {layer!r} produced ", f" in backward ({what})")
 
     def regularizer(self, p, reg):
         self._stop(p.grad, f"the regularizer {reg!r} produced ", " in a gradient", summed=True)
 
     def updated(self, optimizer):
-        for i, layer in enumerate(self.model.layers):
+        for i, layer in self.model.owners():
             for name, p in layer.params.items():
-                self._stop(p.data, f"the optimizer step made model[{i}].{name} ", " (gradients were finite: the "
-                                                                                  "step overflowed)", summed=True)
+                self._stop(p.data, f"the optimizer step made {self.model.label(i)}.{name} ", " (gradients were finite: "
+                                                                                         "the step overflowed)", summed=True)
 
 
 class StopOnSignal(Callback):

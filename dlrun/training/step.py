@@ -17,7 +17,7 @@ import inspect
 from .accumulate import GradAccumulator
 from ..backend import array_module
 from ..model.contract import defined_at, mismatch
-from ..errors import ContractError, LayerContractError
+from ..errors import ContractError
 
 
 class StepObserver:
@@ -115,11 +115,9 @@ class TrainingStep:
         for o in observers:
             o.begin(xb, yb)
         h = xb
-        for k in range(len(run)):
-            h = self._call(k, "forward", h, yb, check)
+        for k, h in model.forward_parts(xb, yb, check):
             for o in observers:
                 o.forward(k, run[k], h)
-        model.passed_checks("forward")
         value = loss.forward(h, yb)
         for o in observers:
             o.loss(value, h, yb)
@@ -133,11 +131,9 @@ class TrainingStep:
             o.loss_backward(dy, h)
         if part is not None:
             dy = dy * part
-        for k in range(len(run) - 1, model.backward_stop - 1, -1):
-            dy = self._call(k, "backward", dy, None, check)
+        for k, dx in model.backward_parts(dy, check):
             for o in observers:
-                o.backward(k, run[k], dy)
-        model.passed_checks("backward")
+                o.backward(k, run[k], dx)
         if window is not None and not self.accumulated(window):
             for o in observers:
                 o.end()
@@ -172,14 +168,6 @@ class TrainingStep:
             self.world.sum_gradients(arena.reduced, [p.grad for p in self._loose])
         else:
             self.world.sum_gradients(self.world.flags(), [p.grad for p in self._loose])
-
-    def _call(self, k: int, call: str, a, y, check: bool):
-        try:
-            return self.model.call(k, call, a, y, check)
-        except LayerContractError as e:  # which layer, for a caller that locates it in the config
-            if getattr(e, "layer_index", None) is None:
-                e.layer_index = self.model.order[k]
-            raise
 
     def score(self, out, y, sums=None):
         """(batch loss × batch size, correct predictions; 0 for regression), to be added up over
