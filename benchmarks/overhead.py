@@ -7,10 +7,16 @@ loss dispatch, buffer lookups, accuracy, the optimizer's bookkeeping, the per-ep
 guard and history row (one batch per epoch, as in the spiral). A second figure separates the
 per-epoch part: ``fit`` for 1000 one-batch epochs against 1000 bare ``train_step`` calls.
 
-    python benchmarks/overhead.py [--runs 15]
+    python benchmarks/overhead.py [--runs 15] [--graph-nodes 20]
 
 Minimum over runs, interleaved in one process; figures depend on the machine (compare rows
 measured in the same invocation, or the dlrun/numpy ratio).
+
+A third figure is what a graph model costs per node over the same chain written as a list: a
+chain of ``--graph-nodes`` tiny nodes (Linear with one unit and ReLU, alternating, then a Linear
+to the 3 classes), once as a list (a Sequential) and once with every entry naming its input
+(``inputs: [previous]``: the same chain as a Graph), each trained step by step on 3 samples in
+the trainer's fast mode; (graph − list) / nodes is the executor's own cost per node.
 """
 from __future__ import annotations
 
@@ -37,9 +43,54 @@ def tiny_spiral(samples: int = 3, hidden: int = 1) -> workloads.Workload:
     return Tiny(**fields)
 
 
+def chain_specs(nodes: int, named: bool) -> list:
+    """``nodes`` layers: Linear(1) and ReLU alternating, then Linear(3); ``named``: each entry
+    reads the one before it by name (``inputs:``), which makes the same chain a graph model."""
+    specs = [{"type": "Linear", "units": 1} if i % 2 == 0 else {"type": "ReLU"} for i in range(nodes - 1)]
+    specs.append({"type": "Linear", "units": 3})
+    if named:
+        for i, spec in enumerate(specs):
+            spec.update(name=f"n{i}", inputs=["input" if i == 0 else f"n{i - 1}"])
+    return specs
+
+
+def chain_trainer(nodes: int, named: bool):
+    from dlrun.config import config_from_dict
+    from dlrun.runs.assembly import assemble
+
+    cfg = config_from_dict({"seed": 0, "data": {"type": "spiral", "points_per_class": 1},
+                            "model": chain_specs(nodes, named), "loss": "SoftmaxCrossEntropy",
+                            "optimizer": {"type": "SGD", "learning_rate": 0.1, "momentum": 0.9}})
+    run = assemble(cfg)
+    t = run.trainer
+    x, y = t.to_device(run.data.x, run.data.y)
+    t.fast_mode(True)
+    t.train_step(x, y)  # the checked first step
+    return t, x, y
+
+
+def graph_overhead(nodes: int, runs: int, steps: int = 2000) -> None:
+    """Per-step time of the same chain as a list and as a graph; the difference per node."""
+    (tc, xc, yc), (tg, xg, yg) = chain_trainer(nodes, False), chain_trainer(nodes, True)
+    assert type(tc.model).__name__ == "Sequential" and type(tg.model).__name__ == "Graph"
+    chain_t, graph_t = [], []
+    for _ in range(runs):
+        for t, x, y, into in ((tc, xc, yc, chain_t), (tg, xg, yg, graph_t)):
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                t.train_step(x, y)
+            into.append(time.perf_counter() - t0)
+    c, g = (min(t) * 1e6 / steps for t in (chain_t, graph_t))
+    print(f"# graph executor, a chain of {nodes} nodes on 3 samples, {steps} steps, min of {runs}")
+    print(f"as a list (Sequential)   {c:7.1f} us/step")
+    print(f"as a graph (inputs:)     {g:7.1f} us/step")
+    print(f"graph overhead           {(g - c) / nodes:7.2f} us/node/step  (graph/list {g / c:.2f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--graph-nodes", type=int, default=20, help="nodes of the graph-versus-list chain (0: skip)")
     args = ap.parse_args()
     w = tiny_spiral()
     run_dlrun, _ = bench_dlrun.prepare(w)
@@ -67,6 +118,8 @@ def main() -> None:
     print(f"hand-written numpy  {n:7.1f} us/step   (the same numpy calls, nothing around them)")
     print(f"dlrun overhead      {d - n:7.1f} us/step   (dlrun/numpy {d / n:.2f})")
     print(f"  of which per epoch {f - s:6.1f} us      (fit {f:.1f} vs bare train_step loop {s:.1f} us/step)")
+    if args.graph_nodes:
+        graph_overhead(args.graph_nodes, args.runs)
 
 
 if __name__ == "__main__":

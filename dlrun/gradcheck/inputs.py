@@ -158,8 +158,8 @@ def joined(cls):
     def backward(self, dy):
         ds = cls.backward(self, dy)
         if not isinstance(ds, (tuple, list)) or len(ds) != len(self._joined):
-            got = f"{type(ds).__name__} of {len(ds)}" if isinstance(ds, (tuple, list)) else type(ds).__name__
-            raise TypeError(f"backward returned a {got}; a layer with {len(self._joined)} inputs returns a tuple "
+            got = f"a {type(ds).__name__} of {len(ds)}" if isinstance(ds, (tuple, list)) else f"one {type(ds).__name__}"
+            raise TypeError(f"backward returned {got}; a layer with {len(self._joined)} inputs returns a tuple "
                             f"of {len(self._joined)} gradients, one per input")
         if any(d is None for d in ds):
             return None

@@ -209,8 +209,9 @@ class Layer:
         return p
 
     # -- the contract ----------------------------------------------------------------------
-    def build(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
-        """Create parameters for this per-sample input shape; return the output shape."""
+    def build(self, input_shape: tuple[int, ...], *more_shapes) -> tuple[int, ...]:
+        """Create parameters for this per-sample input shape (a layer with several inputs: one
+        per input); return the output shape (by default the (first) input's)."""
         return tuple(input_shape)
 
     def forward(self, x, y=None):  # pragma: no cover - abstract

@@ -183,8 +183,9 @@ def _component(obj) -> str | None:
 
 
 def _labels_problem(cls) -> str | None:
-    """The model calls forward(x, y) when ``needs_labels`` is True and forward(x) otherwise:
-    a forward whose signature does not take that call is refused when the plugin loads."""
+    """The model calls forward(x, y) when ``needs_labels`` is True, forward(x) otherwise, and
+    forward(a, b, ...) for a layer with several inputs (``num_inputs``): a forward whose signature
+    does not take that call is refused when the plugin loads."""
     try:
         params = list(inspect.signature(cls.forward).parameters.values())[1:]  # after self
     except (TypeError, ValueError):
@@ -193,6 +194,17 @@ def _labels_problem(cls) -> str | None:
         return None
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     required = [p for p in positional if p.default is p.empty]
+    n = getattr(cls, "num_inputs", 1)
+    if n != 1:
+        if cls.needs_labels:
+            return "a layer with several inputs (num_inputs) cannot take labels (needs_labels)"
+        if n is None:
+            return "num_inputs = None (two or more inputs) needs forward(self, *xs)"
+        if len(positional) < n or len(required) > n:
+            return (f"num_inputs = {n}, so the model calls forward with {n} inputs, but forward takes "
+                    f"{', '.join(p.name for p in positional) or 'none'}: write forward(self, "
+                    f"{', '.join(f'x{i + 1}' for i in range(n))})")
+        return None
     if cls.needs_labels and len(positional) < 2:
         return "needs_labels = True, so the model calls forward(x, y), but forward takes no labels: write forward(self, x, y)"
     if not cls.needs_labels and len(required) > 1:

@@ -146,3 +146,34 @@ def test_set_addresses_a_node_by_name():
     assert cfg.raw["model"][3]["body"][0]["units"] == 6 and cfg.raw["model"][11]["units"] == 7
     with pytest.raises(ConfigError, match="no node named 'res3' .did you mean res2"):
         config_from_dict({**BASE, "model": EVERYTHING}, overrides=["model.res3.units=6"])
+
+
+def test_a_backward_that_returns_one_gradient_for_two_inputs_is_named_with_its_node():
+    from dlrun import registry
+    from dlrun.errors import LayerContractError
+    from dlrun.layers.base import InputSpec, Layer
+
+    class HalfSum(Layer):
+        """y = (a + b)/2, with a backward that forgets b."""
+
+        num_inputs = 2
+        input_spec = InputSpec(inputs=(("D",), ("D",)))
+
+        def forward(self, a, b):
+            return (a + b) / 2
+
+        def backward(self, dy):
+            return dy / 2
+
+    registry.layers.register("TestHalfSum")(HalfSum)
+    try:
+        m = _model([{"type": "Linear", "units": 3, "name": "a"},
+                    {"type": "Linear", "units": 3, "inputs": ["input"], "name": "b"},
+                    {"type": "TestHalfSum", "inputs": ["a", "b"]}])
+        x = np.ones((4, 2))
+        m.forward(x)
+        with pytest.raises(LayerContractError, match=r"model\[2\] HalfSum.*backward returned ndarray; expected a "
+                                                     r"tuple of 2 gradients, one per input"):
+            m.backward(np.ones((4, 3)))
+    finally:
+        registry.layers.unregister("TestHalfSum")
