@@ -90,7 +90,7 @@ def check_labels(ds: Dataset, model: Sequential, loss, locate=None) -> None:
     ``locate`` (a config's): the error is placed at the last layer, or the loss, that the
     message asks to change (the data row, when there is one, stays in the message)."""
     at = locate or (lambda path: None)  # noqa: E731
-    last = at(f"model[{len(model.layers) - 1}]")
+    last = at(model.label(len(model.layers) - 1))
     if getattr(loss, "task", "classification") != "classification":
         outputs = int(np.prod(model.output_shape)) if model.output_shape else 1
         targets = int(np.prod(ds.y.shape[1:])) if ds.y.ndim > 1 else 1

@@ -213,11 +213,19 @@ def test_optimizer_gpu_update_matches_the_cpu_update(case, tmp_path, monkeypatch
     assert any("_work" in slots for slots in cpu[2].state.values()) == cpu[2].needs_work
 
 
+# BatchNorm before ReLU leaves half the pre-activations near the kink, and training amplifies a
+# rounding difference: on the CPU alone, 1e-7 more in one weight of digits_resnet gives weights
+# 1e-2 apart after two epochs. Such a config is compared over a few steps (one epoch on a fifth
+# of the data: 6 steps), before the amplification, where the paths still agree to 1e-4.
+SHORT = {"digits_resnet.yaml": ["train.epochs=1", "train.validation_split=0.8"]}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("config", sorted(p.name for p in CONFIGS.glob("*.yaml")))
 def test_every_shipped_config_trains_the_same_on_the_gpu_path(config, tmp_path, monkeypatch):
-    """Two epochs of each shipped config, CPU path against emulated GPU path."""
-    overrides = ["train.epochs=2"]
+    """Two epochs of each shipped config (a few steps of a chaotic one), CPU path against
+    emulated GPU path."""
+    overrides = SHORT.get(config, ["train.epochs=2"])
     cpu = _fit(CONFIGS / config, overrides, tmp_path, "cpu")
     with emulate(monkeypatch) as calls:
         gpu = _fit(CONFIGS / config, overrides, tmp_path, "gpu")

@@ -106,3 +106,35 @@ def test_the_built_in_merge_layers_pass_gradcheck_on_every_input(name):
     assert report.verdict == PASS, report.error
     assert report.tensors[0].name == "x" and report.tensors[0].status == PASS
     assert FAIL not in {a.status for a in report.aux}
+
+
+GRAPH = """\
+seed: 1
+data: {type: spiral, classes: 3, points_per_class: 20}
+model:
+  - {type: Linear, units: 6, name: stem}
+  - type: Residual
+    body: [{type: Linear, units: 6}, Tanh, {type: Linear, units: 6}]
+  - type: Parallel
+    branches: [[{type: Linear, units: 3}], [{type: Linear, units: 3}, Sigmoid]]
+  - {type: Linear, units: 6, name: tied}
+  - {type: Multiply, inputs: [tied, stem]}
+  - {shares: tied}
+  - {type: Linear, units: 3}
+loss: SoftmaxCrossEntropy
+optimizer: {type: SGD, learning_rate: 0.1}
+"""
+
+
+def test_gradcheck_config_checks_a_whole_graph_then_every_node(tmp_path):
+    r = run_cli("gradcheck", write(tmp_path / "g.yaml", GRAPH), "--json")
+    assert r.code == 0, r.out
+    import json
+
+    j = json.loads(r.out)
+    names = [t["name"] for t in j["tensors"]]
+    assert "9.weight" in names and "10.weight" not in names  # the shared layer: one tensor, its uses summed
+    layers = [c["layer"] for c in j["children"]]
+    assert "model[1] Add" in layers and "model[2] Concatenate" in layers and "model[4] Multiply" in layers
+    assert "model[1].body[0] Linear" in layers and "model[5] Linear" not in layers  # (the shared node: once)
+    assert all(c["result"] == "PASS" for c in j["children"]) and j["result"] == "PASS"

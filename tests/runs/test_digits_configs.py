@@ -42,3 +42,16 @@ def test_digits_mlp_trains_on_flattened_images(cli, tmp_path):
     rows, summary = _train(cli, "digits_mlp.yaml", tmp_path)
     assert float(rows[-1]["train_loss"]) < float(rows[0]["train_loss"]) / 5
     assert summary["val_accuracy"] >= 0.95, rows[-1]
+
+
+def test_digits_resnet_is_a_graph_whose_loss_falls_in_a_brief_run(cli, tmp_path):
+    rows, _ = _train(cli, "digits_resnet.yaml", tmp_path, "train.epochs=2", "train.validation_split=0.5")
+    losses = [float(r["train_loss"]) for r in rows]
+    assert losses[1] < losses[0] < 2.3  # (chance: ln 10)
+    assert float(rows[-1]["val_accuracy"]) > 0.8
+
+
+@pytest.mark.slow
+def test_digits_resnet_reaches_098_validation_accuracy(cli, tmp_path):
+    rows, summary = _train(cli, "digits_resnet.yaml", tmp_path)
+    assert summary["val_accuracy"] >= 0.98, rows[-1]

@@ -114,3 +114,5 @@ train: {epochs: 1, batch_size: 20}
 """)
     r = run_cli("check", cfg)
     assert r.code != 0 and "model[2]" in r.err and "Multiply" in r.err and "inf" in r.err, r.err
+    r = run_cli("train", cfg, "--runs-dir", tmp_path / "runs")  # the guard's replay of the batch
+    assert r.code == 1 and "batch 1: model[2] Multiply() produced inf in forward" in r.err, r.err
