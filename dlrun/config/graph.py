@@ -44,10 +44,10 @@ class NodeSpec:
 def is_chain(model) -> bool:
     """Whether a model list is a plain chain of layers (``name:`` alone keeps it one)."""
     return isinstance(model, list) and not any(
-        isinstance(s, dict) and (_block(s) or "inputs" in s or "shares" in s) for s in model)
+        isinstance(s, dict) and (block_type(s) or "inputs" in s or "shares" in s) for s in model)
 
 
-def _block(spec) -> str | None:
+def block_type(spec) -> str | None:
     """``Residual`` or ``Parallel`` for a block entry, else None."""
     kind = spec.get("type") if isinstance(spec, dict) else None
     return kind if isinstance(kind, str) and kind in BLOCK_KEYS else None
@@ -141,13 +141,13 @@ class _Lowering:
         if "trainable" in spec:  # on a layer: it must have weights; on a block: those inside that have them
             try:
                 frozen = (False, False) if check_value(spec["trainable"], bool) else \
-                    (True, _block(spec) is not None)
+                    (True, block_type(spec) is not None)
             except OptionError as e:
                 self.error(str(e), f"{path}.trainable")
         return name, inputs, frozen
 
     def entry(self, spec, path: str, prev, frozen) -> Any:
-        kind = _block(spec)
+        kind = block_type(spec)
         if kind is not None:
             for k in spec:
                 if k not in BLOCK_KEYS[kind]:

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Union
 
 from .. import registry
 from ..registry.options import component_registry
+from .graph import block_type, layer_options
 from .settings import TOP_LEVEL, Components, TrainSettings
 
 
@@ -34,6 +35,8 @@ def resolved(config) -> dict:
             continue
         if key == "train":
             out[key] = _settings(TrainSettings, raw.get("train") or {})
+        elif key == "model" and isinstance(raw.get("model"), list):
+            out[key] = _model(raw["model"])
         else:
             out[key] = _value(raw.get(key, TOP_LEVEL[key].default), TOP_LEVEL[key].hint)
     return out
@@ -59,6 +62,32 @@ def component(reg, spec, sections: tuple[tuple[str, type], ...] = ()) -> dict:
             out[key] = given[key]
         elif key == "trainable":
             out[key] = True
+    return out
+
+
+def _model(entries: list) -> list:
+    """A model list resolved: each layer with every option; a Residual or Parallel block with its
+    defaults and its layers resolved; a node that shares another's weights as given."""
+    out = []
+    for spec in entries:
+        kind = block_type(spec)
+        if kind == "Residual":
+            proj = spec.get("projection")
+            entry = {"type": kind, "body": _model(spec["body"]),
+                     "projection": None if proj is None else _model(proj) if isinstance(proj, list) else _model([proj])[0]}
+        elif kind == "Parallel":
+            entry = {"type": kind, "branches": [_model(b) for b in spec["branches"]],
+                     "merge": spec.get("merge", "concat")}
+            if entry["merge"] == "concat":
+                entry["axis"] = spec.get("axis", 0)
+        elif isinstance(spec, dict) and "shares" in spec:
+            entry = dict(spec)
+        else:
+            entry = component(registry.layers, layer_options(spec))
+        for key in ("trainable", "name", "inputs"):
+            if isinstance(spec, dict) and key in spec:
+                entry[key] = spec[key]
+        out.append(entry)
     return out
 
 

@@ -22,6 +22,7 @@ from .. import registry
 from ..registry import docstrings
 from ..registry.options import FilePath, Range, component_registry
 from . import LEGACY_DATA_OPTIONS
+from .graph import MERGES
 from .settings import TOP_LEVEL, Components
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -51,6 +52,7 @@ def json_schema() -> dict:
     sections = {m.kind: m.sections for m in map(_marker, [k.hint for k in TOP_LEVEL.values()]) if m is not None}
     for kind, reg in registry.REGISTRIES.items():
         defs[kind] = _kind(kind, reg, defs, sections.get(kind, ()))
+    defs.update(_graph_entries())
     properties = {}
     for key, k in TOP_LEVEL.items():
         schema = _type(k.hint, defs)
@@ -62,6 +64,42 @@ def json_schema() -> dict:
             "description": "A dlrun training run: data, model, loss, optimizer and training settings.",
             "type": "object", "properties": properties, "additionalProperties": False,
             "required": [k for k, key in TOP_LEVEL.items() if key.required], "$defs": defs}
+
+
+MODEL_ENTRY = "model.entry"  # an entry of a model list (the layers' schema, a block, a shared node)
+ENTRY_KEYS = {  # the keys any entry of a model list may carry (dlrun.config.graph)
+    "trainable": {"type": "boolean", "default": True,
+                  "description": "false: keep the parameters of this layer (of every layer in this block) as they are"},
+    "name": {"type": "string", "description": "the node's name, for inputs: of later entries, shares: and --set model.NAME"},
+    "inputs": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+               "description": "the nodes this entry reads, by name (input: the model's input); default: the entry before"},
+}
+
+
+def _graph_entries() -> dict:
+    """The schemas of a model list's entries besides layers: Residual, Parallel, a shared node."""
+    entry, chain = _ref(MODEL_ENTRY), {"type": "array", "items": _ref(MODEL_ENTRY)}
+    residual = {"type": "object", "description": "y = x + body(x), with an optional projection of x", "properties": {
+        "type": {"const": "Residual"}, "body": {**chain, "minItems": 1, "description": "the layers of the body"},
+        "projection": {"anyOf": [entry, chain, {"type": "null"}], "default": None,
+                       "description": "layer(s) applied to x when the body changes its shape"}, **ENTRY_KEYS},
+        "required": ["type", "body"], "additionalProperties": False}
+    parallel = {"type": "object", "description": "branches on one input, their outputs merged", "properties": {
+        "type": {"const": "Parallel"},
+        "branches": {"type": "array", "items": chain, "minItems": 2, "description": "lists of layers ([]: the input)"},
+        "merge": {"enum": list(MERGES), "default": "concat", "description": "how the branches' outputs are joined"},
+        "axis": {"type": "integer", "default": 0, "description": "merge: concat joins along this per-sample axis"},
+        **ENTRY_KEYS}, "required": ["type", "branches"], "additionalProperties": False}
+    shared = {"type": "object", "description": "the layer of another node applied again, with the same weights",
+              "properties": {"shares": {"type": "string", "description": "the node whose layer and weights to apply"},
+                             "inputs": ENTRY_KEYS["inputs"], "name": ENTRY_KEYS["name"]},
+              "required": ["shares"], "additionalProperties": False}
+    blocks = {"Residual": residual, "Parallel": parallel}
+    return {"model.Residual": residual, "model.Parallel": parallel, "model.shares": shared, MODEL_ENTRY: {
+        "description": "a layer, a Residual or Parallel block, or {shares: NAME}",
+        "if": {"type": "object", "required": ["shares"]}, "then": _ref("model.shares"),
+        "else": {"if": {"type": "object", "properties": {"type": {"enum": list(blocks)}}, "required": ["type"]},
+                 "then": {"anyOf": [_ref(f"model.{k}") for k in blocks]}, "else": _ref("layers")}}}
 
 
 def _ref(name: str) -> dict:
@@ -105,9 +143,8 @@ def _component(reg, name: str, options, defs: dict, sections=()) -> dict:
             if default is not MISSING:
                 props[o.name]["default"] = default
     for key in (k for k in reg.entry_keys if k not in dict(sections)):  # a layer's trainable, a metric's name
-        props[key] = ({"type": "boolean", "default": True, "description": "false: keep this layer's parameters "
-                       "as they are (not trained)"} if key == "trainable" else
-                      {"type": "string", "description": "the name of its columns, train_NAME and val_NAME"})
+        props[key] = ENTRY_KEYS[key] if reg is registry.layers else \
+            {"type": "string", "description": "the name of its columns, train_NAME and val_NAME"}
     for key, cls in sections:
         props[key] = _nullable(_settings(cls, defs))
     for kind, key in LEGACY_DATA_OPTIONS:  # replaced: a config may not set it (its doc says by what)
@@ -127,7 +164,9 @@ def _type(hint, defs: dict) -> dict:
         marker = _marker(hint)
         if marker is not None:
             one = _ref(marker.kind)
-            return {"type": "array", "items": one, "minItems": 1} if marker.many and marker.kind == "layers" else \
+            if marker.many and marker.kind == "layers":  # a model list: layers, blocks, shared nodes
+                return {"type": "array", "items": _ref(MODEL_ENTRY), "minItems": 1}
+            return \
                 {"anyOf": [{"type": "array", "items": one}, {"type": "null"}]} if marker.many else one
         out = _type(base, defs)
         for m in meta:

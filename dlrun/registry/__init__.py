@@ -229,7 +229,8 @@ class Registry:
 
 
 layers = Registry("layer", "layers")
-layers.entry_keys, layers.entry_section = ("trainable",), "model"  # trainable: false (config.build_layer)
+# trainable: false (config.build_layer); a graph node's name and inputs (config.graph)
+layers.entry_keys, layers.entry_section = ("trainable", "name", "inputs"), "model"
 initializers = Registry("initializer", "initializers")
 losses = Registry("loss", "losses")
 regularizers = Registry("regularizer", "regularizers")

@@ -27,6 +27,21 @@ def _load(path: Path):
     return load_config(path)
 
 
+def _layers(entries, path="model"):
+    """(path, layer entry) of every layer of a resolved model list, inside blocks too."""
+    for i, e in enumerate(entries):
+        if e.get("type") == "Residual":
+            yield from _layers(e["body"], f"{path}[{i}].body")
+            if e["projection"] is not None:
+                yield from _layers(e["projection"] if isinstance(e["projection"], list) else [e["projection"]],
+                                   f"{path}[{i}].projection")
+        elif e.get("type") == "Parallel":
+            for m, branch in enumerate(e["branches"]):
+                yield from _layers(branch, f"{path}[{i}].branches[{m}]")
+        elif "shares" not in e:
+            yield f"{path}[{i}]", e
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_a_shipped_config_resolves_to_every_default_and_back(path):
     config = _load(path)
@@ -36,9 +51,10 @@ def test_a_shipped_config_resolves_to_every_default_and_back(path):
     assert list(train) == [f for f in TrainSettings.__dataclass_fields__]
     if train["early_stopping"] is not None:
         assert list(train["early_stopping"]) == list(EarlyStoppingSettings.__dataclass_fields__)
-    for i, layer in enumerate(full["model"]):  # every option of every layer, nested initializers too
+    for i, layer in _layers(full["model"]):  # every option of every layer, nested initializers too
         options = [o.name for o in registry.layers.options(layer["type"])]
-        assert list(layer) == ["type", *options, "trainable"], f"model[{i}]"
+        node = [k for k in ("name", "inputs") if k in layer]  # a graph node's, as given
+        assert list(layer) == ["type", *options, "trainable", *node], i
         for name in options:
             if name.endswith("initializer"):
                 init = layer[name]

@@ -18,7 +18,8 @@ from dlrun.config.source import parse_yaml
 from dlrun.registry.plugins import load_plugins
 
 CORPUS = ROOT / "tests" / "corpus" / "configs"
-PLUGINS = [ROOT / "examples" / "my_layer.py", ROOT / "tests" / "corpus" / "plugins" / "ranged.py"]
+PLUGINS = [ROOT / "examples" / "my_layer.py", ROOT / "examples" / "bilinear.py",
+           ROOT / "tests" / "corpus" / "plugins" / "ranged.py"]
 SHIPPED = sorted([*(ROOT / "configs").glob("*.yaml"), *(ROOT / "examples").glob("*.yaml")])
 
 # corpus configs the schema rejects: names, types, ranges, choices, options, required keys

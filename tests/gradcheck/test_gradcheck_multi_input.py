@@ -16,9 +16,9 @@ PLUGIN = ROOT / "examples" / "bilinear.py"
 
 def test_the_two_input_plugin_equals_torch_bilinear_in_float64():
     torch = pytest.importorskip("torch")
-    load_plugins([str(PLUGIN)])
     from dlrun import registry
 
+    load_plugins([str(PLUGIN)])  # (a file runs once per process: the schema tests load it too)
     layer = registry.layers.build({"type": "MyBilinear", "units": 3}, "test")
     layer.setup(CPU, np.float64, np.random.default_rng(0))
     assert layer.build((4,), (5,)) == (3,)
