@@ -122,7 +122,7 @@ TOP_LEVEL = {
     "plugins": Key(list[FilePath], [], "Python files with user layers, relative to this file"),
     "data": Key(Annotated[Any, Components("data", sections=(("preprocess", Preprocess),))], None,
                 "data generator or file", True),
-    "model": Key(Annotated[Any, Components("layers", many=True)], None, "list of layers (and Residual, Parallel blocks, named nodes)", True),
+    "model": Key(Annotated[Any, Components("layers", many=True)], None, "list of layers", True),
     "loss": Key(Annotated[Any, Components("losses")], None, "loss function", True),
     "optimizer": Key(Annotated[Any, Components("optimizers")], None, "optimizer", True),
     "regularizer": Key(Annotated[Any, Components("regularizers")], None, "run-wide default regularizer for weights"),
