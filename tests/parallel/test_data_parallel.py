@@ -118,8 +118,29 @@ train: {epochs: 2, batch_size: 20, accumulate_batches: 2, validation_split: 0.2,
 """
 
 
+# a graph: a residual block with synchronised BatchNorm, parallel branches, a shared layer
+GRAPH = """\
+name: graph
+seed: 4
+dtype: float64
+data: {type: spiral, classes: 3, points_per_class: 40}
+model:
+  - {type: Linear, units: 8, name: stem}
+  - type: Residual
+    body: [{type: Linear, units: 8, use_bias: false}, {type: BatchNorm, sync: true}, Tanh]
+  - type: Parallel
+    branches: [[{type: Linear, units: 4}], [{type: Linear, units: 4}, Tanh]]
+  - {type: Linear, units: 8, name: tied}
+  - {shares: tied}
+  - {type: Linear, units: 3}
+loss: SoftmaxCrossEntropy
+optimizer: {type: Adam, learning_rate: 0.01}
+train: {epochs: 2, batch_size: 25, validation_split: 0.2}
+"""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("text", [MLP, CNN, LSTM], ids=["mlp", "cnn-syncbn", "lstm-accumulate"])
+@pytest.mark.parametrize("text", [MLP, CNN, LSTM, GRAPH], ids=["mlp", "cnn-syncbn", "lstm-accumulate", "graph"])
 def test_two_ranks_train_as_one_process(tmp_path, cli, text):
     """20 optimizer steps each, with a last batch split unevenly between the ranks."""
     config = write(tmp_path / "c.yaml", text)
