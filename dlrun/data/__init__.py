@@ -19,7 +19,7 @@ from .table import Table, encode_labels
 from ..registry.options import NonNegativeFloat, NonNegativeInt, PositiveInt
 from ..registry import data
 from .mapped import Rows
-from .pieces import SCAN_BYTES, first_row, row_blocks
+from .pieces import SCAN_BYTES, first_row
 
 
 @dataclass
