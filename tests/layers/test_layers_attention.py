@@ -1,7 +1,8 @@
 """MultiHeadAttention against PyTorch's nn.MultiheadAttention on copied weights (outputs and every
 gradient, float64, skipped without torch), dropout on the attention weights, the causal mask;
-PositionalEmbedding, SequencePool and Linear's position_wise option; numeric gradient checks of
-each in float64; the lookup generator."""
+PositionalEmbedding, SequencePool, Linear's position_wise option and LayerNorm over each step;
+numeric gradient checks of each; the lookup generator, and the shipped transformer against a
+bag of embeddings on it."""
 from __future__ import annotations
 
 import math
@@ -268,6 +269,27 @@ def test_position_wise_linear_is_the_plain_linear_at_every_step():
     np.testing.assert_allclose(dx, plain.backward(dy.reshape(24, 5)).reshape(6, 4, 3), rtol=1e-14)
     np.testing.assert_allclose(steps.weight.grad, plain.weight.grad, rtol=1e-14)
     np.testing.assert_allclose(steps.bias.grad, plain.bias.grad, rtol=1e-14)
+
+
+def test_layernorm_normalises_each_step_of_a_sequence_as_pytorch():
+    """LayerNorm's default axes: 1 on (N, T, E) is PyTorch's LayerNorm(E): each step on its own."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    layer, out_shape = _layer("LayerNorm", (4, 6))
+    assert out_shape == (4, 6) and layer.gamma.shape == (6,)
+    layer.gamma.data[...] = rng.standard_normal(6)
+    layer.beta.data[...] = rng.standard_normal(6)
+    x, dy = rng.standard_normal((3, 4, 6)), rng.standard_normal((3, 4, 6))
+    out, dx, grads = _run(layer, x, dy)
+    xt = torch.from_numpy(x).requires_grad_()
+    g, b = (torch.from_numpy(layer.params[k].data.copy()).requires_grad_() for k in ("gamma", "beta"))
+    want = torch.nn.functional.layer_norm(xt, (6,), g, b, eps=1e-5)
+    want.backward(torch.from_numpy(dy))
+    np.testing.assert_allclose(out, want.detach().numpy(), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(grads["gamma"], g.grad.numpy(), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(grads["beta"], b.grad.numpy(), rtol=RTOL, atol=ATOL)
+    assert check_layer("LayerNorm", {}, input_shape=(4, 6)).verdict == PASS
 
 
 def _model_error(model, data=None):
