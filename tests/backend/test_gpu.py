@@ -54,7 +54,9 @@ def _build(name, backend, extra=None):
 VARIANTS = [(n, None) for n in registry.layers.names()] + [("GELU", {"approximate": "tanh"}),
                                                                    ("LayerNorm", {"axes": 2}),
                                                                    ("Conv2D", {"padding": 3}),
-                                                                   ("Conv2D", {"stride": 2, "padding": 0})]
+                                                                   ("Conv2D", {"stride": 2, "padding": 0}),
+                                                                   ("MultiHeadAttention", {"causal": True}),
+                                                                   ("SequencePool", {"mode": "last"})]
 VARIANT_IDS = [n + ("-" + "-".join(map(str, e.values())) if e else "") for n, e in VARIANTS]
 
 
