@@ -46,4 +46,5 @@ ROWS: dict[str, dict] = {
     "Add": {},
     "Multiply": {},
     "Concatenate": {"axis": 0},
+    "Slice": {"start": 1, "stop": -1, "axis": -1},
 }

@@ -177,3 +177,36 @@ def test_a_backward_that_returns_one_gradient_for_two_inputs_is_named_with_its_n
             m.backward(np.ones((4, 3)))
     finally:
         registry.layers.unregister("TestHalfSum")
+
+
+SIAMESE = [  # one input holding a pair: each half through one shared encoder, then compared
+    {"type": "Slice", "start": 0, "stop": 2, "name": "left"},
+    {"type": "Linear", "units": 3, "name": "encoder"},
+    {"type": "Tanh", "name": "code1"},
+    {"type": "Slice", "start": 2, "inputs": ["input"], "name": "right"},
+    {"shares": "encoder", "name": "encoder2"},
+    {"type": "Tanh", "name": "code2"},
+    {"type": "Multiply", "inputs": ["code1", "code2"]},
+    {"type": "Linear", "units": 2},
+]
+
+
+def test_a_siamese_pair_shares_one_encoder_and_its_gradient_sums_both_halves():
+    m = build_model(_config(SIAMESE), (4,), dtype="float64")
+    assert [n for n, _ in m.named_parameters()] == ["1.weight", "1.bias", "7.weight", "7.bias"]
+    rng = np.random.default_rng(3)
+    x, g = rng.standard_normal((5, 4)), rng.standard_normal((5, 2))
+    W, b = m.layers[1].params["weight"].data, m.layers[1].params["bias"].data
+    code = [np.tanh(h @ W.T + b) for h in (x[:, :2], x[:, 2:])]
+    V, c = m.layers[7].params["weight"].data, m.layers[7].params["bias"].data
+    np.testing.assert_allclose(m.forward(x), (code[0] * code[1]) @ V.T + c, rtol=1e-12)
+
+    def f():
+        return float((m.forward(x) * g).sum())
+
+    f()
+    dx = m.backward(g.copy())
+    np.testing.assert_allclose(dx, numeric_grad(f, x), rtol=1e-6, atol=1e-8)
+    for n, p in m.named_parameters():
+        grad = p.grad.copy()
+        np.testing.assert_allclose(grad, numeric_grad(f, p.data), rtol=1e-6, atol=1e-8, err_msg=n)
