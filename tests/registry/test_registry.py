@@ -115,8 +115,8 @@ def test_repr_shows_options_as_the_component_received_them():
 
 def test_an_unknown_name_nothing_resembles_suggests_naming_the_plugin_file():
     with pytest.raises(ConfigError) as e:
-        registry.layers.get("Scale")
-    assert "unknown layer 'Scale' (a layer of your own? name its file with --plugin FILE.py" in e.value.message
+        registry.layers.get("Quantize")
+    assert "unknown layer 'Quantize' (a layer of your own? name its file with --plugin FILE.py" in e.value.message
     with pytest.raises(ConfigError) as e:  # a near miss gets the did-you-mean alone
         registry.layers.get("Relu")
     assert "did you mean ReLU?" in e.value.message and "of your own" not in e.value.message
