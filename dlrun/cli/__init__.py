@@ -11,6 +11,8 @@ import os
 import sys
 import traceback
 
+from typing import Optional
+
 import typer
 
 try:  # recent typer vendors click as typer._click; older releases use click itself
@@ -20,12 +22,16 @@ except ImportError:  # pragma: no cover
 from rich.console import Console
 from rich.markup import escape
 
-from .. import parallel
+from .. import __version__, parallel
+from ..backend import threads
 from ..signals import Stopped, stop_on_signals
 from ..errors import ConfigErrors, DlrunError, Interrupted, UsageError
 from ..registry.plugins import blame
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+# click's plain help layout: it shows a flag as a flag (``--proba``), where typer's panels print
+# ``--proba <bool>`` for every boolean option, --help included
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Train, gradient-check and use neural networks defined in YAML.")
 
 
@@ -79,9 +85,43 @@ def debug_enabled() -> bool:
     return "--debug" in (_argv or sys.argv) or os.environ.get("DLRUN_DEBUG") == "1"
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        out.print(f"dlrun {__version__}", markup=False, highlight=False)
+        raise typer.Exit(0)
+
+
+THREADS_HELP = (f"BLAS threads for the CPU's matrix products (default: ${threads.ENV}, else the BLAS library's own "
+                f"variable such as OMP_NUM_THREADS, else {threads.DEFAULT}; see docs/performance.md).")
+
+
+def _count(value) -> Optional[int]:
+    """--threads N (or $DLRUN_THREADS) as a whole number >= 1."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    if not text.isdigit() or int(text) < 1:
+        raise typer.BadParameter(f"expected a whole number of threads >= 1, got {value!r}")
+    return int(text)
+
+
+THREADS = typer.Option(None, "--threads", metavar="N", callback=_count, help=THREADS_HELP)  # (the commands that compute)
+
+
+def use_threads(n: int | None) -> None:
+    """A command's own --threads N, given after the command's name (the root's applies otherwise)."""
+    if n is not None:
+        threads.limit(n)
+
+
 @app.callback()
-def _root(ctx: typer.Context, debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
+def _root(ctx: typer.Context, debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+          threads_: Optional[str] = typer.Option(None, "--threads", envvar=threads.ENV, metavar="N",
+                                                 callback=_count, help=THREADS_HELP),
+          version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                       help="Print dlrun's version and exit.")) -> None:
     """dlrun: declarative deep-learning runs on numpy (CPU) and CuPy (GPU)."""
+    threads.limit(threads_)
     _, size, var = parallel.launched()
     if size > 1 and ctx.invoked_subcommand != "train":  # started by mpiexec -n K: only training runs on K ranks
         e = UsageError(f"dlrun {ctx.invoked_subcommand} runs in one process, but this is one of {size} processes "
@@ -150,6 +190,14 @@ def _rank_ends(e: SystemExit, said: str, rank: int) -> None:
 
 def _main(args: list[str]) -> None:
     """Run the app on ``args``; every outcome ends in sys.exit with its exit code."""
+    try:
+        _run(args)
+    finally:
+        threads.restore()  # (the BLAS pools as they were: the test suite runs commands in its own process)
+
+
+def _run(args: list[str]) -> None:
+    """Run the app on ``args`` and exit with the outcome's code."""
     try:
         with stop_on_signals():  # SIGINT/SIGTERM raise Stopped (training catches its own while it fits)
             code = app(args=args, standalone_mode=False, prog_name="dlrun")  # typer.Exit(n) returns n here

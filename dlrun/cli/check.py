@@ -1,6 +1,10 @@
-"""`dlrun check`: validate a config on one batch and show shapes, parameters and memory."""
+"""`dlrun check`: a config's dry run (validate it, build the model, run one batch forward and
+backward), or a registered component's gradient check (as `dlrun gradcheck NAME`)."""
 from __future__ import annotations
 
+import inspect
+import os
+from dataclasses import fields
 from pathlib import Path
 from typing import Optional
 
@@ -8,29 +12,44 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from .. import registry
 from ..backend import format_bytes
 from ..commands.check import check_config
 from ..config import load_config
+from ..errors import UsageError
+from ..gradcheck import Settings
+from ..registry.options import did_you_mean
 from ..registry.plugins import load_plugins
-from rich.markup import escape
-
-from . import app, err, out
+from . import app, err, out, THREADS, use_threads
 from .catalog import PLUGIN
+from .gradcheck import CHECKED, check_one, settings_options
 from .train import SET_HELP
 
 
-@app.command("check")
-def check_cmd(
-    config: Path = typer.Argument(..., help="YAML config file."),
-    set_: list[str] = typer.Option([], "--set", help=SET_HELP, metavar="KEY=VALUE"),
-    plugin: list[str] = PLUGIN,
-    device: Optional[str] = typer.Option(None, "--device", metavar="cpu|gpu", help="cpu or gpu (overrides the config)."),
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", metavar="RUN_DIR|CHECKPOINT",
-                                              help="Also check that this checkpoint (or run directory's best) fits the model."),
-) -> None:
-    """Validate a config, build the model and run one batch forward and backward; train nothing, write nothing."""
+def check_cmd(target: str, set_: list[str], plugin: list[str], device: Optional[str],
+              checkpoint: Optional[Path], threads_: Optional[str], json_: bool, **options) -> None:
+    """Dry-run a CONFIG.yaml: validate it, build the model and run one batch forward and backward
+    (train nothing, write nothing). Given the NAME of a registered layer, loss or regularizer
+    (built-in or from --plugin) instead, gradient-check it as `dlrun gradcheck NAME` does: the
+    same options, report and exit codes (0 PASS, 1 FAIL, 2 cannot run)."""
+    use_threads(threads_)
     load_plugins(plugin)
-    cfg = load_config(config, set_, device=device)
+    config_file = Path(target).exists() or target.endswith((".yaml", ".yml")) or "/" in target or os.sep in target
+    if not config_file and any(target in r for r in registry.REGISTRIES.values()):
+        if checkpoint is not None:
+            raise UsageError(f"--checkpoint applies to a CONFIG.yaml's dry run, not to the gradient check of {target!r}")
+        check_one(target, set_, json_, Settings(**options, device=device or "cpu").resolved())
+    if not config_file:
+        names = [n for r in CHECKED for n in r.names()]
+        raise UsageError(f"{target!r} is neither a file nor a registered layer, loss or regularizer"
+                         f"{did_you_mean(target, names)}; give a CONFIG.yaml or a NAME from dlrun list")
+    given = [f"--{f.name.replace('_', '-')}" for f in fields(Settings) if f.name in options
+             and options[f.name] != f.default] + (["--json"] if json_ else [])
+    if given:
+        raise UsageError(f"{', '.join(given)}: option(s) of a component's gradient check; {target} is a config, "
+                         f"which check runs for one training step (dlrun gradcheck {target} checks its model's "
+                         f"gradients)")
+    cfg = load_config(Path(target), set_, device=device)
     for note in cfg.warnings:
         err.print(f"[yellow]warning:[/] {escape(note)}", soft_wrap=True)
     r = check_config(cfg, checkpoint)
@@ -67,3 +86,29 @@ def check_cmd(
     out.print(f"one batch forward, loss {r.loss:.4f}, backward, one optimizer step: OK (nothing saved, nothing written)")
     for note in r.warnings:
         err.print(f"[yellow]warning:[/] {escape(note)}", soft_wrap=True)
+
+
+_COMMAND = [
+    inspect.Parameter("target", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str,
+                      default=typer.Argument(..., metavar="CONFIG.yaml|NAME",
+                                             help="A config file to dry-run, or a layer, loss or regularizer name to "
+                                                  "gradient-check (e.g. LargeMarginFC).")),
+    inspect.Parameter("set_", inspect.Parameter.KEYWORD_ONLY, annotation=list[str],
+                      default=typer.Option([], "--set", metavar="KEY=VALUE",
+                                           help=SET_HELP[:-len(" (repeatable).")] + "; for a NAME, one of its options, "
+                                                "e.g. units=4 (repeatable).")),
+    inspect.Parameter("plugin", inspect.Parameter.KEYWORD_ONLY, annotation=list[str], default=PLUGIN),
+    inspect.Parameter("device", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+                      default=typer.Option(None, "--device", metavar="cpu|gpu",
+                                           help="cpu or gpu (overrides the config; for a NAME, where the checked "
+                                                "code runs, default cpu).")),
+    inspect.Parameter("checkpoint", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
+                      default=typer.Option(None, "--checkpoint", metavar="RUN_DIR|CHECKPOINT",
+                                           help="Also check that this checkpoint (or run directory's best) fits the "
+                                                "config's model.")),
+    inspect.Parameter("threads_", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str], default=THREADS),
+    inspect.Parameter("json_", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                      default=typer.Option(False, "--json", help="For a NAME: print the report as JSON.")),
+]
+check_cmd.__signature__ = inspect.Signature(_COMMAND + settings_options(exclude=("device",)))
+app.command("check")(check_cmd)

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..runs import inference
 from ..training.position import describe
-from . import app, err, out
+from . import app, err, out, THREADS, use_threads
 from .catalog import PLUGIN
 from .restored import BATCH_SIZE, DEVICE, TARGET, open_trained
 
@@ -28,8 +28,10 @@ def evaluate_cmd(
     batch_size: Optional[int] = BATCH_SIZE,
     device: Optional[str] = DEVICE,
     plugin: list[str] = PLUGIN,
+    threads_: Optional[str] = THREADS,
 ) -> None:
     """Evaluate a trained model on its run's validation data or on given data."""
+    use_threads(threads_)
     restored = open_trained(target, device, plugin)
     shown = len(restored.warnings)
     x, y, described = inference.evaluation_data(restored, data)

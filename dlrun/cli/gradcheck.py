@@ -27,6 +27,7 @@ from . import app, err, out
 from .catalog import PLUGIN
 
 EXIT = {PASS: 0, "FAIL": 1, ERROR: 2}
+CHECKED = (registry.layers, registry.losses, registry.regularizers)  # the kinds with a backward pass
 STYLE = {PASS: "green", "FAIL": "bold red", ERROR: "bold yellow", "n/a": "dim"}
 
 
@@ -196,12 +197,13 @@ def _documented(cls) -> dict[str, str]:
     return entries
 
 
-def _settings_options() -> list[inspect.Parameter]:
-    """The typer parameters of the checker options, one per field of :class:`Settings`."""
+def settings_options(exclude: tuple[str, ...] = ()) -> list[inspect.Parameter]:
+    """The typer parameters of the checker options, one per field of :class:`Settings` (but
+    those in ``exclude``: ``dlrun check`` has a --device of its own)."""
     helps, hints = _documented(Settings), typing.get_type_hints(Settings)
     params = []
     for f in fields(Settings):
-        if f.name in HIDDEN:
+        if f.name in HIDDEN or f.name in exclude:
             continue
         hint = hints[f.name]
         kind = next((t for t in (bool, int, float) if hint is t or t in typing.get_args(hint)), str)
@@ -214,7 +216,11 @@ def _settings_options() -> list[inspect.Parameter]:
 
 def gradcheck_cmd(target: Optional[str], set_: list[str], plugin: list[str], all_: bool, json_: bool,
                   **options) -> None:
-    """Check backward passes against central finite differences. Exit 0 PASS, 1 FAIL, 2 cannot run."""
+    """Check backward passes against central finite differences. Exit 0 PASS, 1 FAIL, 2 cannot run.
+
+    `dlrun check NAME` runs the same check of a layer, loss or regularizer (`dlrun check
+    CONFIG.yaml` is a dry run of one training step instead).
+    """
     load_plugins(plugin)
     settings = Settings(**options).resolved()
     if all_:
@@ -239,6 +245,13 @@ def gradcheck_cmd(target: Optional[str], set_: list[str], plugin: list[str], all
         raise typer.Exit(1 if any(r.verdict != PASS for r in reports) else 0)
     if target is None:
         raise UsageError("give a layer, loss or regularizer name (dlrun list), a CONFIG.yaml, or --all")
+    check_one(target, set_, json_, settings)
+
+
+def check_one(target: str, set_: list[str], json_: bool, settings: Settings) -> None:
+    """Gradient-check one layer, loss or regularizer, or a CONFIG.yaml's model, print the report
+    (or its JSON) and exit 0 PASS, 1 FAIL, 2 cannot run: ``dlrun gradcheck TARGET``, and
+    ``dlrun check NAME`` for a registered component."""
     if target.endswith((".yaml", ".yml")) or Path(target).is_file():
         report = check_config(target, set_, settings)
     elif target in registry.losses and target not in registry.layers:
@@ -251,7 +264,7 @@ def gradcheck_cmd(target: Optional[str], set_: list[str], plugin: list[str], all
             raise UsageError(f"{target!r} is {other.article} {other.kind}, which has no backward pass to check; "
                              f"gradcheck checks layers, losses and regularizers (dlrun check CONFIG runs every "
                              f"component of a config once)")
-        kinds = {r.plural: r.names() for r in (registry.layers, registry.losses, registry.regularizers)}
+        kinds = {r.plural: r.names() for r in CHECKED}
         names = [n for group in kinds.values() for n in group]
         raise UsageError(f"unknown layer, loss or regularizer {target!r}{did_you_mean(target, names)}; "
                          + "; ".join(f"{k}: {', '.join(v)}" for k, v in kinds.items()))
@@ -279,5 +292,5 @@ _COMMAND = [
     inspect.Parameter("json_", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
                       default=typer.Option(False, "--json", help="Print the report as JSON.")),
 ]
-gradcheck_cmd.__signature__ = inspect.Signature(_COMMAND + _settings_options())
+gradcheck_cmd.__signature__ = inspect.Signature(_COMMAND + settings_options())
 app.command("gradcheck")(gradcheck_cmd)

@@ -10,7 +10,7 @@ import typer
 from ..runs import inference
 from ..errors import TrainingError, UsageError
 from ..runs.rundir import FAULTS
-from . import app, err
+from . import app, err, THREADS, use_threads
 from .catalog import PLUGIN
 from .restored import BATCH_SIZE, DEVICE, TARGET, open_trained
 
@@ -24,8 +24,10 @@ def predict_cmd(
     batch_size: Optional[int] = BATCH_SIZE,
     device: Optional[str] = DEVICE,
     plugin: list[str] = PLUGIN,
+    threads_: Optional[str] = THREADS,
 ) -> None:
     """Write a CSV with a header and one row per input: `prediction` (class name or index, or value)."""
+    use_threads(threads_)
     restored = open_trained(target, device, plugin)
     x = inference.read_features(input, restored.model.input_shape, restored.model.dtype, restored.model,
                                 restored.preprocess, restored.delimiter)

@@ -12,7 +12,7 @@ from ..registry.plugins import load_plugins
 from ..commands.timing import time_config
 from rich.markup import escape
 
-from . import app, err, out
+from . import app, err, out, THREADS, use_threads
 from .catalog import PLUGIN
 from .train import SET_HELP
 
@@ -28,8 +28,10 @@ def time_cmd(
     batches: int = typer.Option(20, "--batches", help="Timed training steps (after 2 untimed warm-up steps)."),
     device: Optional[str] = typer.Option(None, "--device", metavar="cpu|gpu", help="cpu or gpu (overrides the config)."),
     plugin: list[str] = PLUGIN,
+    threads_: Optional[str] = THREADS,
 ) -> None:
     """Time each layer's forward and backward pass, the loss and the optimizer step (median per batch)."""
+    use_threads(threads_)
     load_plugins(plugin)
     cfg = load_config(config, set_, device=device)
     for note in cfg.warnings:  # a graph node whose output nothing reads

@@ -14,8 +14,8 @@ from ..runs import run
 from ..config import load_config
 from ..errors import UsageError
 from ..registry.plugins import load_plugins
-from .progress import RichProgress
-from . import app, err, out
+from .progress import NORMAL, QUIET, VERBOSE, RichProgress
+from . import app, err, out, THREADS, use_threads
 from .catalog import PLUGIN
 
 SET_HELP = "Override a config key by its dotted path, e.g. train.epochs=5 or model[0].units=64 (repeatable)."
@@ -33,6 +33,11 @@ def train_cmd(
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Folder for run directories."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Random seed (overrides the config)."),
     plugin: list[str] = PLUGIN,
+    threads_: Optional[str] = THREADS,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the run directory (and warnings and errors)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="Also print the run's set-up, each epoch's learning rate and the last epoch's "
+                                      "metrics."),
     resume: Optional[Path] = typer.Option(None, "--resume", metavar="RUN_DIR",
                                           help="Continue RUN_DIR from checkpoints/last.npz (optimizer and RNG state "
                                                "included) up to train.epochs, which --set may raise."),
@@ -44,8 +49,11 @@ def train_cmd(
 
     Under ``mpiexec -n K`` the K processes train one model data-parallel (docs/training.md);
     rank 0 writes the run directory and prints."""
+    use_threads(threads_)
     world = parallel.join()  # one process, or a rank of several (mpiexec)
     with world.preparing():  # an error here reaches every rank: they stop together
+        if quiet and verbose:
+            raise UsageError("give --quiet or --verbose, not both")
         load_plugins(plugin)
         if resume is not None:
             if config is not None or init_from is not None or seed is not None:
@@ -67,23 +75,20 @@ def train_cmd(
                 for note in cfg.warnings:  # a graph node whose output nothing reads
                     err.print(f"[yellow]warning:[/] {escape(note)}", soft_wrap=True)
     # several ranks: rank 0 shows the progress
-    with RichProgress(out, cfg.train.epochs) if world.writes else nullcontext() as progress:
+    verbosity = QUIET if quiet else VERBOSE if verbose else NORMAL
+    with RichProgress(out, cfg.train.epochs, verbosity=verbosity) if world.writes else nullcontext() as progress:
         shown = [progress] if world.writes else []
         if resume is not None:
             result = run.resume(resume, cfg, ckpt, callbacks=shown)
-        else:
-            result = run.train(cfg, runs_dir, callbacks=shown, init_from=init_from, warn=_warn)
+        else:  # (a warning while training: with the status line taken down)
+            warn = _warn if progress is None else (lambda text: progress.aside(lambda: _warn(text)))
+            result = run.train(cfg, runs_dir, callbacks=shown, init_from=init_from, warn=warn)
     if not world.writes:
         return
-    s = result.summary
-    acc = "" if s["train_accuracy"] is None else f" train_accuracy={s['train_accuracy']:.4f}"
-    val = "" if s["val_loss"] is None else f" val_loss={s['val_loss']:.4f}" + (
-        "" if s["val_accuracy"] is None else f" val_accuracy={s['val_accuracy']:.4f}")
-    more = "".join(f" {k}={v:.4f}" for k, v in s.items() if k.startswith(("train_", "val_")) and v is not None
-                   and k not in ("train_loss", "train_accuracy", "val_loss", "val_accuracy"))  # train.metrics
-    out.print(f"train_loss={s['train_loss']:.4f}{acc}{val}{more} epochs={s['epochs']} seconds={s['seconds']:.2f}")
+    progress.finish(result.summary)
     out.print(str(result.run_dir))
     if result.signal is not None:  # it came after the last epoch: the run finished, and says so
         err.print(f"interrupted: {signal.Signals(result.signal).name} received as training finished; the run is "
                   f"complete (summary.json and checkpoints written), nothing to resume", markup=False)
         raise typer.Exit(128 + result.signal)
+

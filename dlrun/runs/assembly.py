@@ -117,6 +117,7 @@ def assemble(config: Config, fitted: Preprocessing | None = None) -> Assembly:
     check_parts(trainer, len(ds.x), world, config)
     has_val = ds.x_val is not None and len(ds.x_val) > 0
     watched = monitor.of_run(config, has_val, trainer.classification, trainer.tracker.modes)
+    trainer.monitor = watched
     trainer.controls = controls.from_config(config, has_val, trainer.classification, trainer.tracker.modes)
     warned = scale_warning(ds)
     return Assembly(config, ds, trainer, trainer.controls, watched, [warned] if warned else [])

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import parallel
+from ..backend import threads
 from ..training import controls, position
 from . import checkpoint, rundir, snapshot, tensorboard
 from ..config import Config, config_from_dict
@@ -144,7 +145,14 @@ def _summary(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, histo
     summary = {k: last.get(k) for k in rundir.metric_columns(trainer.tracker.names)
                if k not in ("epoch", "learning_rate", "seconds")}
     final = trainer.evaluate(ds.x, ds.y)  # the saved weights, in evaluation mode (what predict sees)
-    summary.update({"final_train_loss": final["loss"], "final_train_accuracy": final["accuracy"],
+    best = writer.best
+    if best is not None:  # the epoch best.npz holds (what predict and evaluate take from a run directory)
+        row = next((r for r in history.rows if r["epoch"] == best["epoch"]), None) \
+            or rundir.last_row(run_dir / "metrics.csv", best["epoch"])
+        summary["best_epoch_metrics"] = {k: row.get(k) for k in summary}
+    stopped = [c.stopped_epoch for c in trainer.controls if isinstance(c, controls.EarlyStopping)]
+    summary.update({"stopped_early": any(e == trainer.epoch for e in stopped if e is not None),
+                    "final_train_loss": final["loss"], "final_train_accuracy": final["accuracy"],
                     **{f"final_train_{k}": v for k, v in final["metrics"].items()},
                     "epochs": trainer.epoch, "seconds": round(seconds, 4), "seed": config.seed,
                     "device": config.device, "parameters": trainer.model.num_parameters,
@@ -209,7 +217,7 @@ def train(config: Config, runs_dir: str | Path = "runs", callbacks=(), init_from
     with world.preparing():
         run = assemble(config)
         logs = loggers(config)
-        extra = {}
+        extra = {"threads": threads.current()}  # the BLAS threads it trains with (summary.json)
         notes = list(run.warnings)
         if init_from is not None:
             ckpt = checkpoint.read(checkpoint.resolve(init_from))
@@ -391,6 +399,7 @@ def _resume(run_dir: Path, config: Config, ckpt: checkpoint.Checkpoint, callback
             kept = rundir.write_config(run_dir, config)
         before = rundir.previous_seconds(run_dir, trainer.epoch, trainer.position.seconds if trainer.position else 0.0)
         extra = {k: ckpt.meta[k] for k in ("init_from",) if k in ckpt.meta}
+        extra["threads"] = threads.current()  # this process's (summary.json)
         extra["resumed_from_epoch"] = trainer.epoch
         if trainer.position is not None:
             extra["resumed_from_batch"] = trainer.position.batches_done  # of epoch resumed_from_epoch + 1

@@ -17,7 +17,7 @@ from ..backend import array_module
 from ..errors import ConfigError, ContractError
 from ..metrics.monitor import check as check_monitor, improved, resolve_mode
 from ..schedules import Schedule
-from .hooks import Callback
+from .hooks import Callback, Event
 
 
 class GradientClipping(Callback):
@@ -72,6 +72,7 @@ class LearningRateScheduler(Callback):
         self._restored = None
 
     def on_train_begin(self, trainer):
+        self.trainer = trainer
         self.optimizer = trainer.optimizer
         self.every = getattr(trainer, "accumulate", 1)  # batches per step (gradient accumulation)
         if self.base_lr is None or self._restored is not None:
@@ -125,7 +126,22 @@ class LearningRateScheduler(Callback):
         self.optimizer.learning_rate = r
 
     def on_epoch_end(self, epoch, metrics):
+        if self.schedule.monitor is None:  # a function of the epoch: nothing to announce
+            self.schedule.observe(epoch, metrics)
+            return
+        before = self._next_rate(epoch)
         self.schedule.observe(epoch, metrics)
+        after = self._next_rate(epoch)
+        if after != before:  # what the metric did to the rate (a reduction on a plateau)
+            self.trainer.announce(Event("learning_rate", epoch, monitor=self.schedule.monitor, old_rate=before,
+                                        new_rate=after, source=getattr(self.schedule, "registered_name",
+                                                                       type(self.schedule).__name__)))
+
+    def _next_rate(self, epoch: int) -> float:
+        """The rate the schedule gives the first step after ``epoch``."""
+        if self.interval == "epoch":
+            return float(self.schedule.value(epoch + 1))
+        return float(self.schedule.at(float(epoch), 1.0 / -(-self.batches // self.every)))
 
 
 class EarlyStopping(Callback):
@@ -142,7 +158,7 @@ class EarlyStopping(Callback):
         self._restored = self._offered = None
 
     def on_train_begin(self, trainer):
-        self.model = trainer.model
+        self.trainer, self.model = trainer, trainer.model
         self.best = self.best_epoch = self.stopped_epoch = self.best_weights = None
         self.wait = 0
         self.last_epoch = None
@@ -179,6 +195,8 @@ class EarlyStopping(Callback):
         self.wait += 1
         if self.wait >= self.patience:
             self.stopped_epoch = epoch
+            self.trainer.announce(Event("early_stopping", epoch, monitor=self.monitor, value=self.best,
+                                        best_epoch=self.best_epoch, waited=self.wait))
             return True
         return False
 
@@ -192,6 +210,8 @@ class EarlyStopping(Callback):
         """Load the best weights back (with ``restore_best_weights``, when the last epoch was not the best)."""
         if self.restore_best_weights and self.best_weights is not None and self.best_epoch != self.last_epoch:
             self.model.load_state_arrays(self.best_weights)
+            self.trainer.announce(Event("restored_best", self.last_epoch, monitor=self.monitor, value=self.best,
+                                        best_epoch=self.best_epoch))
 
 
 def control_states(controls) -> list[dict]:

@@ -27,6 +27,36 @@ class Callback:
     def on_epoch_end(self, epoch: int, metrics: dict) -> bool | None: ...
     def on_train_end(self, history: list[dict]) -> None: ...
 
+    def on_event(self, event: "Event") -> None:
+        """A training control acted (see :class:`Event`); during an epoch's ``on_epoch_end`` calls
+        (the control comes before the display in the list) or, for a restore, after training."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """What a training control did, as data for whoever reports it (``dlrun train`` prints one
+    line each; the library prints nothing).
+
+    ``kind`` is one of:
+
+    * ``"early_stopping"``: training stops after ``epoch``; ``monitor`` has not improved for
+      ``waited`` epochs, its best ``value`` was at ``best_epoch``.
+    * ``"restored_best"``: the weights of ``best_epoch`` (``monitor`` at its best, ``value``)
+      were put back after the last epoch, ``epoch``.
+    * ``"learning_rate"``: after ``epoch``, the schedule ``source`` (which watches ``monitor``)
+      changed the rate of the next epoch from ``old_rate`` to ``new_rate``.
+    """
+
+    kind: str
+    epoch: int
+    monitor: str | None = None
+    value: float | None = None
+    best_epoch: int | None = None
+    waited: int | None = None
+    old_rate: float | None = None
+    new_rate: float | None = None
+    source: str | None = None
+
 
 @dataclass
 class History:

@@ -18,7 +18,7 @@ from ..errors import Interrupted, NonFiniteError
 from ..model import Sequential
 from .accumulate import windows
 from ..metrics import Tracker
-from .hooks import History
+from .hooks import Event, History
 from .position import EpochPosition
 from .faults import NonFiniteGuard
 from .step import FirstStep, TrainingStep, penalty
@@ -75,6 +75,16 @@ class Trainer:
         # the last batch's (loss × batch size as a device scalar, batch size), for callbacks that
         # log a step's loss (reading it waits for the device: they read it every few steps)
         self.batch_score = None
+        self.monitor = None  # the metric the run watches (a metrics.monitor.Monitor), for its display
+        self._listeners: list = []  # the callbacks of the last fit: they hear the controls' events
+
+    def announce(self, event: Event) -> None:
+        """Pass a training control's :class:`~dlrun.training.hooks.Event` to the callbacks of
+        the current (or last) fit."""
+        for cb in self._listeners:
+            hear = getattr(cb, "on_event", None)
+            if hear is not None:
+                hear(event)
 
     @property
     def step(self) -> int:
@@ -160,6 +170,7 @@ class Trainer:
         bs, batches = self.epoch_batches(n)
         used = min(n, batches * bs)  # the samples an epoch trains on (all unless drop_last)
         history = history or History()
+        self._listeners = list(callbacks)
         for cb in callbacks:
             cb.on_train_begin(self)
         world = self.world

@@ -197,6 +197,21 @@ def test_early_stopping_stops_the_run(cli, tmp_path):
     # min_delta larger than any possible change: no epoch after the first improves -> stop at 1 + patience
     rows, summary = train(cli, tmp_path, BASE + "  early_stopping: {monitor: val_loss, patience: 2, min_delta: 100}\n")
     assert len(rows) == 3 and summary["epochs"] == 3
+    best = min(range(3), key=lambda i: float(rows[i]["val_loss"]))  # (best.npz: without min_delta)
+    assert summary["stopped_early"] is True and summary["best"]["epoch"] == best + 1
+    assert summary["best_epoch_metrics"] == pytest.approx({k: float(v) for k, v in rows[best].items()
+                                                           if k.startswith(("train_", "val_"))})
+
+
+def test_summary_names_the_best_epoch_and_its_metrics(cli, tmp_path):
+    """summary.json holds the metrics of the epoch best.npz keeps (what the closing line shows),
+    which the last epoch's need not be."""
+    rows, summary = train(cli, tmp_path, BASE, "--set", "train.monitor=train_loss", "--set",
+                          "optimizer.learning_rate=3.0")
+    best = min(range(6), key=lambda i: float(rows[i]["train_loss"]))
+    assert summary["best"]["epoch"] == best + 1 and summary["stopped_early"] is False
+    assert summary["best_epoch_metrics"]["train_loss"] == pytest.approx(float(rows[best]["train_loss"]))
+    assert summary["best_epoch_metrics"]["val_accuracy"] == pytest.approx(float(rows[best]["val_accuracy"]))
 
 
 def test_bad_schedule_is_one_line_with_location(cli, tmp_path):

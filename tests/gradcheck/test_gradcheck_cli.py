@@ -130,8 +130,8 @@ def test_example_plugin_workflow(cli, tmp_path):
     assert r.code == 0, r.out
     r = cli("train", "examples/my_layer.yaml", "--runs-dir", tmp_path)
     assert r.code == 0, r.err
-    acc = float(r.out.split("train_accuracy=")[1].split()[0])
-    assert acc >= 0.95
+    summary = json.loads((tmp_path / r.out.strip().splitlines()[-1].split("/")[-1] / "summary.json").read_text())
+    assert summary["train_accuracy"] >= 0.95
 
 
 SUBTLE = '''

@@ -182,7 +182,9 @@ train:
         rows = list(csv.DictReader(f))
     best = max(rows, key=lambda row: float(row["val_r2"]))
     assert s["best"]["epoch"] == int(best["epoch"])
-    assert f"val_mae={float(rows[-1]['val_mae']):.4f}" in r.out
+    kept = next(ln for ln in r.out.splitlines() if ln.startswith("kept epoch "))  # the closing line: best.npz's epoch
+    assert kept.startswith(f"kept epoch {best['epoch']}/{len(rows)} (best val_r2)  ")
+    assert f" val_mae {float(best['val_mae']):.4f}" in kept and f" val_r2 {float(best['val_r2']):.4f}" in kept
 
 
 @pytest.mark.parametrize("metrics_spec, message", [

@@ -12,7 +12,7 @@ from dlrun.errors import ConfigError
 from dlrun.data.generators import blobs
 from dlrun.layers.base import Parameter
 from dlrun.model import Sequential
-from dlrun.training.hooks import Callback
+from dlrun.training.hooks import Callback, Event
 from dlrun.training.trainer import Trainer
 
 
@@ -230,3 +230,51 @@ def test_drop_last_is_a_train_setting():
     assert config_from_dict({**BASE, "train": {"drop_last": True}}).train.drop_last is True
     with pytest.raises(ConfigError, match="did you mean drop_last"):
         config_from_dict({**BASE, "train": {"drop_lst": True}})
+
+
+# -- the controls' events: what they did, as data for the display ----------------------------------
+class Ear(Callback):
+    """Hears the events, each with the epochs finished when it came."""
+
+    def __init__(self):
+        self.heard, self.finished = [], 0
+
+    def on_epoch_end(self, epoch, metrics):
+        self.finished = epoch
+
+    def on_event(self, event):
+        self.heard.append((self.finished, event))
+
+
+@pytest.mark.parametrize("restore", [False, True])
+def test_early_stopping_and_restoring_are_announced(restore):
+    ds = blobs(samples=60, classes=3, seed=1)
+    model = Sequential([registry.layers.build({"type": "Linear", "units": 3})], (2,), seed=0)
+    trainer = Trainer(model, registry.losses.build("SoftmaxCrossEntropy"), registry.optimizers.build("SGD"),
+                      batch_size=20, seed=0)
+    values = [1.0, 0.5, 0.7, 0.8, 0.9] + [0.0] * 15
+    stop, ear = EarlyStopping(monitor="val_loss", patience=3, restore_best_weights=restore), Ear()
+    trainer.fit(ds.x, ds.y, ds.x[:9], ds.y[:9], epochs=20, callbacks=[Script("val_loss", values), stop, ear])
+    # announced during epoch 5's on_epoch_end, before the callbacks after the control heard of epoch 5
+    first = (4, Event("early_stopping", 5, monitor="val_loss", value=0.5, best_epoch=2, waited=3))
+    restored = (5, Event("restored_best", 5, monitor="val_loss", value=0.5, best_epoch=2))
+    assert ear.heard == ([first, restored] if restore else [first])
+
+
+def test_a_rate_lowered_on_a_plateau_is_announced_with_the_rates():
+    ds = blobs(samples=30, classes=3, seed=0)
+    model = Sequential([registry.layers.build({"type": "Linear", "units": 3})], (2,), seed=0)
+    trainer = Trainer(model, registry.losses.build("SoftmaxCrossEntropy"),
+                      registry.optimizers.build({"type": "SGD", "learning_rate": 0.4}), seed=0)
+    plateau = {"type": "reduce_on_plateau", "monitor": "train_loss", "factor": 0.5, "patience": 1}
+    sched, ear = LearningRateScheduler(registry.schedules.build(plateau), 8), Ear()
+    values = [1.0, 0.9, 0.95, 0.97, 0.8, 0.85, 0.9, 0.7]
+    history = trainer.fit(ds.x, ds.y, epochs=8, callbacks=[Script("train_loss", values), sched, ear])
+    rates = [r["learning_rate"] for r in history.rows]
+    assert rates == [0.4, 0.4, 0.4, 0.2, 0.1, 0.1, 0.05, 0.025]
+    changed = [e for e in range(1, 8) if rates[e] != rates[e - 1]]  # after epochs 3, 4, 6, 7
+    assert [(e.kind, e.epoch, e.old_rate, e.new_rate, e.monitor, e.source) for _, e in ear.heard] == \
+        [("learning_rate", k, rates[k - 1], rates[k], "train_loss", "reduce_on_plateau") for k in changed]
+    sched, ear = LearningRateScheduler(registry.schedules.build({"type": "step", "step_size": 2}), 5), Ear()
+    trainer.fit(ds.x, ds.y, epochs=10, callbacks=[sched, ear])
+    assert ear.heard == []  # a rate set by the epoch alone is no event
