@@ -2,8 +2,9 @@
 
 dlrun chooses the count itself rather than leaving it to the BLAS library, which starts one
 thread per core: on a machine whose cores are busy with other work, those threads wait for
-each other at every product (a small CNN ran 4 to 5 times slower with two threads than with
-one on a busy 2-core machine; docs/performance.md has the figures). The count comes from
+each other at every product (a small CNN ran twice as slow with two threads as with one beside
+two busy processes on a 2-core machine, and up to 20 times as slow under heavier load, where
+two threads gained 20 % when the machine was idle; docs/performance.md has the figures). The count comes from
 ``--threads``, else the ``DLRUN_THREADS`` environment variable, else a variable that the BLAS
 library reads itself (``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``), which
 is then left in charge, else :data:`DEFAULT`.
