@@ -132,7 +132,7 @@ def test_seed_rng_drops_the_generator_and_a_given_generator_is_kept():
 
 
 def test_memory_available_is_the_least_of_the_os_the_cgroup_and_ulimit_v(monkeypatch):
-    import dlrun.backend as b
+    import dlrun.backend.memory as b
 
     monkeypatch.setattr(b, "_os_available", lambda: 20 * 2**30)
     monkeypatch.setattr(b, "_cgroup_available", lambda: None)
@@ -152,7 +152,7 @@ def test_an_address_space_limit_counts_as_the_memory_left():
     import subprocess
     import sys
 
-    code = ("import resource, dlrun.backend as b; resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30)); "
+    code = ("import resource, dlrun.backend.memory as b; resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30)); "
             "print(b._rlimit_available(), b.host_memory_available())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     left, available = int(out[0]), int(out[1])
@@ -160,7 +160,7 @@ def test_an_address_space_limit_counts_as_the_memory_left():
 
 
 def test_ensure_fits_names_the_figures(monkeypatch):
-    import dlrun.backend as b
+    import dlrun.backend.memory as b
 
     monkeypatch.setattr(b, "host_memory_available", lambda: 2**30)
     b.ensure_fits(2**30, "exactly what is left")

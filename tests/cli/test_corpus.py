@@ -318,12 +318,12 @@ def test_files_of_the_wrong_kind_are_named_for_what_they_are(tmp_path):
 def test_a_parameter_larger_than_memory_is_refused_before_the_os_kills_the_process(monkeypatch):
     # Linux grants a 15 GiB numpy array and kills the process (exit 137, no message) on first
     # touch; so add_param compares what making a parameter needs with the memory available
-    import dlrun.backend
+    import dlrun.backend.memory
     from dlrun.config import load_config
     from dlrun.errors import ShapeError
     from dlrun.runs.assembly import build_model
 
-    monkeypatch.setattr(dlrun.backend, "host_memory_available", lambda: 64 * 2**20)  # 64 MiB left
+    monkeypatch.setattr(dlrun.backend.memory, "host_memory_available", lambda: 64 * 2**20)  # 64 MiB left
     cfg = load_config("configs/spiral.yaml", ["model[0].units=4000000"])  # 8e6 weights: 160 MB to make
     with pytest.raises(ShapeError) as e:
         build_model(cfg, (2,))
@@ -336,12 +336,12 @@ def test_a_parameter_larger_than_memory_is_refused_before_the_os_kills_the_proce
 
 def test_a_batch_whose_outputs_cannot_fit_is_refused_with_the_batch_size_that_would(monkeypatch):
     # the same OS kill, from activations: the outputs and their gradients bound a step's peak
-    import dlrun.backend
+    import dlrun.backend.memory
     from dlrun.runs.assembly import assemble
     from dlrun.config import load_config
     from dlrun.errors import ConfigError
 
-    monkeypatch.setattr(dlrun.backend, "host_memory_available", lambda: 2**30)  # 1 GiB left
+    monkeypatch.setattr(dlrun.backend.memory, "host_memory_available", lambda: 2**30)  # 1 GiB left
     cfg = load_config("configs/spiral.yaml", ["model[0].units=400000", "train.batch_size=null"])
     with pytest.raises(ConfigError) as e:  # 2 × (400000 + 400000 + 3) float32 outputs = 6.1 MiB a sample
         assemble(cfg)

@@ -443,9 +443,9 @@ def test_every_checker_setting_is_an_option_with_its_documented_help(cli):
 
 
 def test_dims_too_large_for_the_memory_left_are_refused_with_the_figure_before_allocating(cli, monkeypatch):
-    import dlrun.backend
+    import dlrun.backend.memory
 
-    monkeypatch.setattr(dlrun.backend, "host_memory_available", lambda: 2**30)  # 1 GiB left, on any machine
+    monkeypatch.setattr(dlrun.backend.memory, "host_memory_available", lambda: 2**30)  # 1 GiB left, on any machine
     r = cli("gradcheck", "Linear", "--dims", "N=10000000")
     assert r.code == 2 and "Traceback" not in r.err
     assert ("out of memory: Linear's check with x of shape (10000000, 3) in float64 needs about 2.1 GiB, more than "

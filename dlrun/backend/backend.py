@@ -1,0 +1,171 @@
+"""The one module that chooses between numpy (CPU) and CuPy (GPU): the device.
+
+Nothing else in dlrun imports cupy. Layers take the array module from their input with
+:func:`array_module`, or use ``self.xp``, so one code path serves both devices.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from . import memory
+from ..errors import BackendError
+
+DEVICES = ("cpu", "gpu")
+
+
+class Backend:
+    """A device: its array module, host<->device moves, seeded generators, synchronisation."""
+
+    def __init__(self, name: str, xp):
+        self.name = name
+        self.xp = xp
+
+    def __repr__(self) -> str:
+        return f"Backend({self.name!r})"
+
+    def asarray(self, a, dtype=None):
+        """Move a host array to this device (no copy on CPU when dtype already matches)."""
+        return self.xp.asarray(a, dtype=dtype)
+
+    def to_host(self, a) -> np.ndarray:
+        """Return ``a`` as a numpy array (a device-to-host copy on GPU)."""
+        if self.xp is np:
+            return np.asarray(a)
+        return self.xp.asnumpy(a)
+
+    def rng(self, seed):
+        """A generator on this device, seeded by an int or a numpy SeedSequence."""
+        if isinstance(seed, np.random.SeedSequence):
+            seed = int(seed.generate_state(1, dtype=np.uint64)[0])
+        return self.xp.random.default_rng(seed)
+
+    def zero(self, dtype):
+        """A zero to accumulate device scalars into with ``+``: a numpy scalar on the CPU (adding
+        to it costs a tenth of an in-place add to a 0-d array), a 0-d array on the GPU (adding
+        to it queues a kernel and never reads anything back)."""
+        if self.xp is np:  # immutable, so += rebinds and a shared zero never changes
+            z = _CPU_ZEROS.get(dtype)
+            return z if z is not None else np.dtype(dtype).type(0)
+        return self.xp.zeros((), dtype)
+
+    def memory_available(self) -> int | None:
+        """Bytes this device can still give: the host's (see :func:`host_memory_available`), or
+        the GPU's free memory plus what CuPy's pool holds unused."""
+        if self.xp is np:
+            return memory.host_memory_available()
+        try:
+            free = self.xp.cuda.runtime.memGetInfo()[0]
+        except Exception:  # a CUDA error: nothing to say
+            return None
+        return int(free) + int(self.xp.get_default_memory_pool().free_bytes())
+
+    def synchronize(self) -> None:
+        if self.xp is not np:
+            self.xp.cuda.Device().synchronize()
+
+    def select_device(self, index: int) -> None:
+        """Make GPU ``index`` the current device of this process (a data-parallel rank takes the
+        GPU of its local rank, before it allocates anything)."""
+        if self.xp is not np:
+            self.xp.cuda.Device(index % self.xp.cuda.runtime.getDeviceCount()).use()
+
+    def nccl(self):
+        """CuPy's NCCL module (``cupy.cuda.nccl``) for summing gradients across GPU ranks, or None
+        on the CPU or where NCCL is not installed."""
+        if self.xp is np:
+            return None
+        try:
+            from cupy.cuda import nccl
+        except ImportError:
+            return None
+        return nccl if getattr(nccl, "available", True) else None
+
+    def scatter_add(self, a, indices, values) -> None:
+        """``a[indices] += values`` that keeps repeated indices (np.add.at / cupyx.scatter_add)."""
+        at = getattr(self.xp.add, "at", None)  # CuPy >= 13 has ufunc.at like numpy
+        if self.xp is np and _whole_rows(a, indices, values):
+            # rows of a matrix: numpy's add.at is ~4.5x faster on the flat array with one index per
+            # element than on rows (Embedding's backward: 4.6 ms -> 1.0 ms for 8192 rows of 64);
+            # each element still receives its terms in the same order, so the sums are identical
+            d = a.shape[1]
+            flat = (indices[:, None] * d + np.arange(d)).reshape(-1)
+            np.add.at(a.reshape(-1), flat, values.reshape(-1))
+        elif at is not None:
+            at(a, indices, values)
+        else:
+            import cupyx
+
+            cupyx.scatter_add(a, indices, values)
+
+
+def _whole_rows(a, indices, values) -> bool:
+    """Whether ``a[indices] += values`` adds one full row of values per index of a C-ordered
+    matrix, with signed in-range indices: the case the flat scatter handles. Anything else
+    (lists, broadcast values, unsigned or out-of-range indices) goes to add.at as given, which
+    accepts and reports it as numpy does."""
+    if not (isinstance(indices, np.ndarray) and isinstance(values, np.ndarray) and isinstance(a, np.ndarray)):
+        return False
+    if a.ndim != 2 or indices.ndim != 1 or indices.dtype.kind != "i" or not a.flags.c_contiguous:
+        return False
+    if values.shape != (len(indices), a.shape[1]) or not len(indices):
+        return False
+    rows = a.shape[0]
+    return -rows <= int(indices.min()) and int(indices.max()) < rows
+
+
+CPU = Backend("cpu", np)
+_CPU_ZEROS = {t: t(0) for t in (np.float64, np.float32, np.int64)}
+_gpu: Backend | None = None
+
+
+def get_backend(device: str = "cpu") -> Backend:
+    """Return the backend for ``device`` ('cpu' or 'gpu'), or raise a one-line BackendError."""
+    global _gpu
+    if device == "cpu":
+        return CPU
+    if device != "gpu":
+        raise BackendError(f"unknown device {device!r}; expected one of: cpu, gpu")
+    if _gpu is not None:
+        return _gpu
+    try:
+        import cupy
+    except ImportError:
+        raise BackendError(
+            "device 'gpu' needs CuPy, which is not installed; install it with "
+            "pip install 'dlrun[gpu]' (CuPy for CUDA 12), or use --device cpu"
+        ) from None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # CUDA driver missing or broken
+        raise BackendError(f"device 'gpu': CuPy found no usable CUDA driver ({e}); use --device cpu") from None
+    if count < 1:
+        raise BackendError("device 'gpu': CuPy is installed but no CUDA device is visible; use --device cpu")
+    _gpu = Backend("gpu", cupy)
+    return _gpu
+
+
+def gpu_available() -> bool:
+    """True when CuPy imports and a CUDA device answers (used by tests to skip)."""
+    try:
+        get_backend("gpu")
+    except BackendError:
+        return False
+    return True
+
+
+def array_module(x):
+    """numpy or cupy, whichever owns ``x`` (like chainer's get_array_module)."""
+    if type(x) is np.ndarray:  # the hot case, decided without a string test
+        return np
+    if type(x).__module__.startswith("cupy"):
+        return sys.modules["cupy"]
+    return np
+
+
+def to_host(x) -> np.ndarray:
+    """Any array (numpy or cupy) as a numpy array."""
+    if type(x).__module__.startswith("cupy"):
+        return x.get()
+    return np.asarray(x)
