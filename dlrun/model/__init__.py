@@ -277,6 +277,10 @@ class Sequential:
         self.train()
         return np.concatenate(outs) if outs else np.empty((0,) + self.output_shape, dtype=self.dtype)
 
+    def reads_input(self) -> list[int]:
+        """The layers that take the model's input as it comes (a chain's first)."""
+        return [0]
+
     def input_shapes(self, i: int) -> tuple:
         """The per-sample shape of each input of layer ``i`` (one for a chain's layer)."""
         return (self.input_shape if i == 0 else self.shapes[i - 1],)

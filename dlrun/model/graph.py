@@ -140,6 +140,9 @@ class Graph(Sequential):
                              f"{ {n: p.shape for n, p in theirs.items()} } (from input {self.shapes_in(s)}): a shared "
                              f"layer must get inputs of the same shape wherever it is applied", where)
 
+    def reads_input(self) -> list[int]:
+        return [j for j, node in enumerate(self.nodes) if INPUT in node.inputs]
+
     def input_shapes(self, i: int) -> tuple:
         return tuple(self.input_shape if k == INPUT else self.shapes[k] for k in self.nodes[i].inputs)
 

@@ -56,12 +56,14 @@ def check_label_range(loss, model: Sequential, lo: int, hi: int) -> None:
 
 
 def check_model_indices(ds: Dataset, model: Sequential) -> None:
-    """For a model whose first layer takes indices (Embedding): every sample's values are whole
-    numbers within the layer's bound, or a DataError naming the sample (file:line for a CSV)."""
-    layer = model.layers[0]
-    spec = getattr(layer, "input_spec", None)
-    if getattr(spec, "kind", "") == "index":
-        check_indices(ds, f"model[0] {type(layer).__name__}", spec.index_bound(layer))
+    """For a model whose input goes to a layer that takes indices (Embedding; in a graph, any node
+    reading the input): every sample's values are whole numbers within the layer's bound, or a
+    DataError naming the sample (file:line for a CSV)."""
+    for i in model.reads_input():
+        layer = model.layers[i]
+        spec = getattr(layer, "input_spec", None)
+        if getattr(spec, "kind", "") == "index":
+            check_indices(ds, f"{model.label(i)} {type(layer).__name__}", spec.index_bound(layer))
 
 
 def check_batch_memory(model: Sequential, batch: int, where=None) -> None:

@@ -210,3 +210,24 @@ def test_a_siamese_pair_shares_one_encoder_and_its_gradient_sums_both_halves():
     for n, p in m.named_parameters():
         grad = p.grad.copy()
         np.testing.assert_allclose(grad, numeric_grad(f, p.data), rtol=1e-6, atol=1e-8, err_msg=n)
+
+
+def test_an_embedding_that_reads_the_input_later_in_a_graph_has_its_indices_checked_first():
+    # the input goes to a Linear (node 0) and to an Embedding (node 1): an index past the
+    # Embedding's table is named with its sample before training, as for a chain's first layer
+    from dlrun.data import Dataset
+    from dlrun.errors import DataError
+    from dlrun.training.preflight import check_model_indices
+
+    model = build_model(_config([
+        {"type": "Linear", "units": 2, "name": "lin"},
+        {"type": "Embedding", "input_dim": 10, "output_dim": 2, "inputs": ["input"], "name": "emb"},
+        {"type": "Flatten", "inputs": ["emb"]},
+        {"type": "Linear", "units": 2, "name": "out"},
+        {"type": "Add", "inputs": ["lin", "out"]},
+    ]), (3,), dtype="float64")
+    assert isinstance(model, Graph) and model.reads_input() == [0, 1]
+    x = np.array([[1, 2, 3], [4, 12, 5]], dtype=np.float64)
+    with pytest.raises(DataError, match=r"model\[1\] Embedding takes indices in \[0, 10\), got 12"):
+        check_model_indices(Dataset(x, np.array([0, 1]), name="toy"), model)
+    check_model_indices(Dataset(x % 10, np.array([0, 1]), name="toy"), model)  # in range: nothing to say
