@@ -1,0 +1,114 @@
+"""Where a short run's wall time goes: start-up (imports, CUDA context, kernel compilation) against
+the training steps, on the GPU and on the CPU.
+
+    python benchmarks/gpu_startup.py configs/spiral.yaml configs/adding_lstm.yaml [--devices gpu,cpu]
+
+For each config and device it starts fresh processes that run ``dlrun.runs.run.train`` (what
+``dlrun train`` runs) and time each phase; on the GPU twice, first with an empty CuPy kernel
+cache (``CUPY_CACHE_DIR``: every kernel compiled by NVRTC) and then with the cache the first run
+filled (what every later run on the machine sees). One table row per run:
+
+- ``process``: the whole process, interpreter start to exit;
+- ``imports``: importing dlrun's training modules; ``device``: importing CuPy and creating the CUDA
+  context and the cuBLAS handle;
+- ``first step``: building the run and the first training step (kernel compilation or loading);
+- ``epoch 1``: the rest of the first epoch; ``per step``: the mean step time over the later
+  epochs (validation included), the cost that a longer run multiplies;
+- ``kernels``: kernels compiled into the cache by that run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import dlrun.runs.run as R
+from dlrun.config import load_config
+from dlrun.backend import get_backend
+from dlrun.training.hooks import Callback
+t_imports = time.perf_counter()
+config_path, device, runs = sys.argv[1:4]
+b = get_backend(device)
+if device == "gpu":
+    b.xp.zeros(1).sum()
+    b.xp.cuda.device.get_cublas_handle()
+    b.synchronize()
+t_device = time.perf_counter()
+marks = {}
+
+class Timer(Callback):
+    def on_train_begin(self, trainer):
+        self.steps = 0
+        marks["begin"] = time.perf_counter()
+    def on_batch_end(self, epoch, batch):
+        self.steps += 1
+        if self.steps == 1:
+            b.synchronize()
+            marks["first"] = time.perf_counter()
+    def on_epoch_end(self, epoch, metrics):
+        b.synchronize()
+        marks.setdefault("epochs", []).append((time.perf_counter(), self.steps))
+
+cfg = load_config(config_path, [f"device={device}"])
+R.train(cfg, runs, callbacks=[Timer()])
+b.synchronize()
+t_end = time.perf_counter()
+ep = marks["epochs"]
+later = (ep[-1][0] - ep[0][0]) / max(1, ep[-1][1] - ep[0][1]) if len(ep) > 1 else float("nan")
+print(json.dumps({"imports": t_imports - t0, "device": t_device - t_imports,
+                  "first step": marks["first"] - t_device, "epoch 1": ep[0][0] - marks["first"],
+                  "per step": later, "steps": ep[-1][1], "train": t_end - t_device}))
+"""
+
+
+def _kernels(cache: str) -> int:
+    return sum(len(files) for _, _, files in os.walk(cache))
+
+
+def measure(config: str, device: str, cache: str, runs: str) -> dict:
+    env = dict(os.environ, CUPY_CACHE_DIR=cache, PYTHONUNBUFFERED="1")
+    before = _kernels(cache)
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", CHILD, config, device, runs], env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        return {"error": (p.stderr.strip().splitlines() or ["?"])[-1]}
+    row = json.loads(p.stdout.strip().splitlines()[-1])
+    row["process"] = wall
+    row["kernels"] = _kernels(cache) - before
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("configs", nargs="+")
+    ap.add_argument("--devices", default="gpu,cpu")
+    a = ap.parse_args()
+    cols = ["process", "imports", "device", "first step", "epoch 1", "per step"]
+    print(f"| config | run | {' | '.join(cols)} | steps | kernels |")
+    print("|---|---|" + "---|" * (len(cols) + 2))
+    with tempfile.TemporaryDirectory() as tmp:
+        for config in a.configs:
+            name = os.path.splitext(os.path.basename(config))[0]
+            cache = tempfile.mkdtemp(dir=tmp)  # empty: every kernel compiled
+            for device in a.devices.split(","):
+                kinds = ["gpu, cold cache", "gpu, warm cache"] if device == "gpu" else ["cpu"]
+                for kind in kinds:
+                    r = measure(config, device, cache, os.path.join(tmp, "runs"))
+                    if "error" in r:
+                        print(f"| {name} | {kind} | failed: {r['error']} |")
+                        continue
+                    cells = " | ".join(f"{r[c] * 1000:.2f} ms" if c == "per step" else f"{r[c]:.2f} s" for c in cols)
+                    print(f"| {name} | {kind} | {cells} | {r['steps']} | {r['kernels'] if device == 'gpu' else ''} |",
+                          flush=True)
+
+
+if __name__ == "__main__":
+    main()
