@@ -92,7 +92,7 @@ def dlrun_side(w, steps: int) -> dict:
         row[2] = phase
     return {"peak_live": led.peak, "peak_phase": led.peak_phase, "end_live": end_live,
             "pool_held": pool.total_bytes(), "by_site": sorted(by_site.items(), key=lambda kv: -kv[1][0]),
-            "params": sum(int(p.data.nbytes) for p in trainer.model.parameters()), "data": int(x.nbytes + y.nbytes)}
+            "params": sum(int(p.data.nbytes) for _, p in trainer.model.named_parameters()), "data": int(x.nbytes + y.nbytes)}
 
 
 def torch_side(w) -> dict:
