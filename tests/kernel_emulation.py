@@ -224,6 +224,73 @@ def _adagrad(v):
     v.w -= v.lr * d / (np.sqrt(v.s) + v.eps)
 
 
+def _cell(v, gates, *raw):
+    """A recurrent cell's thread indices: units H, each thread's first gate r in its row, and
+    the raw arrays flat (the outputs among them views, so that writes land)."""
+    H = int(v.H)
+    flat = [_flat(a) for a in raw]
+    assert all(np.shares_memory(f, a) for f, a in zip(flat, raw)), "a raw array must be written in place"
+    return H, (v.i // H) * gates * H + v.i % H, flat
+
+
+def _lstm_step(v):
+    H, r, (z, u) = _cell(v, 4, v.z, v.u)
+    half = v.z.dtype.type(0.5)
+    ig = np.tanh((z[r] + u[r]) * half) * half + half
+    fg = np.tanh((z[r + H] + u[r + H]) * half) * half + half
+    gg = np.tanh(z[r + 2 * H] + u[r + 2 * H])
+    og = np.tanh((z[r + 3 * H] + u[r + 3 * H]) * half) * half + half
+    z[r], z[r + H], z[r + 2 * H], z[r + 3 * H] = ig, fg, gg, og
+    v.c[...] = fg * v.c_prev + ig * gg
+    v.tc[...] = np.tanh(v.c)
+    v.h[...] = og * v.tc
+
+
+def _lstm_step_grad(v):
+    H, r, (z, d) = _cell(v, 4, v.z, v.d)
+    ig, fg, gg, og = z[r], z[r + H], z[r + 2 * H], z[r + 3 * H]
+    e = v.dh + v.hd
+    d[r + 3 * H] = e * v.tc * ((1 - og) * og)
+    dct = v.dc + e * og * (1 - v.tc * v.tc)
+    d[r] = dct * gg * ((1 - ig) * ig)
+    d[r + H] = dct * v.c_prev * ((1 - fg) * fg)
+    d[r + 2 * H] = dct * ig * ((1 - gg) * (gg + 1))
+    v.dc[...] = dct * fg
+
+
+def _gru_step(v):
+    H, r, (z, u, ub) = _cell(v, 3, v.z, v.u, v.ub)
+    j = v.i % H
+    ur, uz, un = u[r] + ub[j], u[r + H] + ub[j + H], u[r + 2 * H] + ub[j + 2 * H]
+    u[r], u[r + H], u[r + 2 * H] = ur, uz, un
+    half = v.z.dtype.type(0.5)
+    rg = (np.tanh((z[r] + ur) * half) + 1) * half
+    zg = (np.tanh((z[r + H] + uz) * half) + 1) * half
+    ng = np.tanh(z[r + 2 * H] + rg * un)
+    z[r], z[r + H], z[r + 2 * H] = rg, zg, ng
+    v.h[...] = (v.h_prev - ng) * zg + ng
+
+
+def _gru_step_grad(v):
+    H, r, (g, u, d, e) = _cell(v, 3, v.g, v.u, v.d, v.e)
+    rg, zg, ng = g[r], g[r + H], g[r + 2 * H]
+    dht = v.dh + v.carry + v.hd
+    dn = (1 - zg) * dht * (1 - ng * ng)
+    dr = dn * u[r + 2 * H] * (rg * (1 - rg))
+    dz = (v.h_prev - ng) * dht * (zg * (1 - zg))
+    d[r], d[r + H], d[r + 2 * H] = dr, dz, dn
+    e[r], e[r + H], e[r + 2 * H] = dr, dz, dn * rg
+    v.carry[...] = dht * zg
+
+
+def _rnn_step(v):
+    v.h[...] = np.tanh(v.a + v.u)
+
+
+def _rnn_step_grad(v):
+    v.d[...] = (1 - v.h * v.h) * (v.dh + v.hd)
+
+
 EMULATORS = {
     "dlrun_relu": _relu, "dlrun_relu_grad": _relu_grad, "dlrun_gelu": _gelu, "dlrun_gelu_grad": _gelu_grad,
     "dlrun_dropout": _dropout, "dlrun_l2_grad": _l2_grad, "dlrun_l1_grad": _l1_grad,
@@ -232,6 +299,9 @@ EMULATORS = {
     "dlrun_maxpool": _maxpool, "dlrun_maxpool_grad": _maxpool_grad,
     "dlrun_maxpool_nan": _maxpool_nan,
     "dlrun_sgd": _sgd, "dlrun_sgd_momentum": _sgd_momentum, "dlrun_adam": _adam,
+    "dlrun_lstm_step": _lstm_step, "dlrun_lstm_step_grad": _lstm_step_grad,
+    "dlrun_gru_step": _gru_step, "dlrun_gru_step_grad": _gru_step_grad,
+    "dlrun_rnn_step": _rnn_step, "dlrun_rnn_step_grad": _rnn_step_grad,
     "dlrun_rmsprop": _rmsprop, "dlrun_rmsprop_momentum": _rmsprop_momentum, "dlrun_adagrad": _adagrad,
 }
 

@@ -1,8 +1,39 @@
 """GRU: the gated recurrent unit, as PyTorch's nn.GRU (the reset gate after the recurrent product)."""
 from __future__ import annotations
 
+from ..backend import Kernel
 from ..registry import layers
 from .recurrent import Recurrent
+
+# On the GPU a time step is its recurrent product (cuBLAS) and one of these launches, where the
+# ufunc path takes about ten each way. Thread i is unit i % H of sample i / H; the gates of a row
+# sit H apart in PyTorch's order, r, z, n. The formulas are the CPU path's, in its order.
+# Forward: z holds a_t = x_t Wᵀ + b and becomes the gates' activations, u holds h_{t−1} Uᵀ and
+# gets b_u added (both kept for backward); σ(a) = (1 + tanh(a/2))/2.
+_STEP = Kernel("raw T ub, T h_prev, int32 H", "raw T z, raw T u, T h", """
+    const ptrdiff_t j = i % H, r = (i / H) * 3 * H + j;
+    const T ur = u[r] + ub[j], uz = u[r + H] + ub[j + H], un = u[r + 2 * H] + ub[j + 2 * H];
+    u[r] = ur; u[r + H] = uz; u[r + 2 * H] = un;
+    const T rg = (tanh((z[r] + ur) * (T)0.5) + (T)1) * (T)0.5;
+    const T zg = (tanh((z[r + H] + uz) * (T)0.5) + (T)1) * (T)0.5;
+    const T ng = tanh(z[r + 2 * H] + rg * un);
+    z[r] = rg; z[r + H] = zg; z[r + 2 * H] = ng;
+    h = (h_prev - ng) * zg + ng;
+""", "dlrun_gru_step")
+# Backward: the error of h_t is dh + carry + hd (carry = the error of h_{t+1} ⊙ z_{t+1}, and
+# hd = du_{t+1} U, what h_t passed to the next step); carry leaves with this step's; d and e get
+# the step's da and du.
+_STEP_GRAD = Kernel("T dh, T hd, T h_prev, raw T g, raw T u, int32 H", "T carry, raw T d, raw T e", """
+    const ptrdiff_t r = (i / H) * 3 * H + i % H;
+    const T rg = g[r], zg = g[r + H], ng = g[r + 2 * H];
+    const T dht = dh + carry + hd;
+    const T dn = ((T)1 - zg) * dht * ((T)1 - ng * ng);
+    const T dr = dn * u[r + 2 * H] * (rg * ((T)1 - rg));
+    const T dz = (h_prev - ng) * dht * (zg * ((T)1 - zg));
+    d[r] = dr; d[r + H] = dz; d[r + 2 * H] = dn;
+    e[r] = dr; e[r + H] = dz; e[r + 2 * H] = dn * rg;
+    carry = dht * zg;
+""", "dlrun_gru_step_grad")
 
 
 @layers.register("GRU")
@@ -41,6 +72,14 @@ class GRU(Recurrent):
     def steps(self, a, hs):
         xp, u, h = self.xp, self.recurrent.data, self.units
         self._us = us = xp.empty_like(a)  # the recurrent terms u_t, kept for backward (u_n and the reset)
+        self._gates = a
+        step = _STEP.on(xp)
+        if step is not None:  # GPU: two launches a step, the product and the cell
+            ut = u.T
+            ub = self.u_bias.data if self.u_bias is not None else xp.zeros(u.shape[0], dtype=a.dtype)
+            for t in range(len(a)):
+                step(ub, hs[t], h, a[t], xp.matmul(hs[t], ut, out=us[t]), hs[t + 1])
+            return
         for t in range(len(a)):
             xp.matmul(hs[t], u.T, out=us[t])
             if self.u_bias is not None:
@@ -57,13 +96,20 @@ class GRU(Recurrent):
             xp.subtract(hs[t], n, out=hs[t + 1])
             hs[t + 1] *= z[:, h:2 * h]
             hs[t + 1] += n
-        self._gates = a
 
     def steps_backward(self, dh):
         xp, uw, h = self.xp, self.recurrent.data, self.units
         gates, us, hs = self._gates, self._us, self._hs
         da = xp.empty_like(gates)
         du = xp.empty_like(gates)
+        step = _STEP_GRAD.on(xp)
+        if step is not None:  # GPU: the product and the cell, as forward
+            hd, carry = xp.zeros_like(dh[0]), xp.zeros_like(dh[0])  # nothing comes back from past the last step
+            for t in range(len(dh) - 1, -1, -1):
+                if t < len(dh) - 1:
+                    xp.matmul(du[t + 1], uw, out=hd)
+                step(dh[t], hd, hs[t], gates[t], us[t], h, carry, da[t], du[t])
+            return da, du
         for t in range(len(dh) - 1, -1, -1):
             g, d, e = gates[t], da[t], du[t]
             r, z, n = g[:, :h], g[:, h:2 * h], g[:, 2 * h:]

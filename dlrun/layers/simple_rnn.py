@@ -1,8 +1,14 @@
 """SimpleRNN: the Elman recurrence h_t = tanh(x_t Wᵀ + h_{t−1} Uᵀ + b)."""
 from __future__ import annotations
 
+from ..backend import Kernel
 from ..registry import layers
 from .recurrent import Recurrent
+
+# On the GPU a time step is its recurrent product (cuBLAS) and one of these launches (the ufunc
+# path takes two forward and three backward); hd = da_{t+1} U, what h_t passed to the next step.
+_STEP = Kernel("T a, T u", "T h", "h = tanh(a + u);", "dlrun_rnn_step")
+_STEP_GRAD = Kernel("T dh, T hd, T h", "T d", "d = ((T)1 - h * h) * (dh + hd);", "dlrun_rnn_step_grad")
 
 
 @layers.register()
@@ -35,6 +41,12 @@ class SimpleRNN(Recurrent):
 
     def steps(self, a, hs):
         xp, u = self.xp, self.recurrent.data
+        step = _STEP.on(xp)
+        if step is not None:  # GPU: two launches a step, the product and the cell
+            ut, hu = u.T, xp.empty_like(a[0])
+            for t in range(len(a)):
+                step(a[t], xp.matmul(hs[t], ut, out=hu), hs[t + 1])
+            return
         for t in range(len(a)):
             z = a[t]
             z += xp.matmul(hs[t], u.T)
@@ -43,6 +55,14 @@ class SimpleRNN(Recurrent):
     def steps_backward(self, dh):
         xp, u, hs = self.xp, self.recurrent.data, self._hs
         da = xp.empty_like(dh)
+        step = _STEP_GRAD.on(xp)
+        if step is not None:  # GPU: the product and the cell, as forward
+            hd = xp.zeros_like(dh[0])  # nothing comes back from past the last step
+            for t in range(len(dh) - 1, -1, -1):
+                if t < len(dh) - 1:
+                    xp.matmul(da[t + 1], u, out=hd)
+                step(dh[t], hd, hs[t + 1], da[t])
+            return da
         for t in range(len(dh) - 1, -1, -1):
             d = da[t]
             if t < len(dh) - 1:  # the error h_t passes to h_{t+1}
