@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu_session.sh [OUTDIR] [STAGES]
 # STAGES (default "tests configs time bench"): tests = the whole suite, GPU tests included;
 # configs = every shipped config trained on cpu and on gpu, final metrics side by side;
-# time = `dlrun time` on gpu; bench = benchmarks/run.py --device gpu against PyTorch CUDA.
+# time = `dlrun time` on gpu and the recurrent layers' time per batch; bench = benchmarks/run.py --device gpu against PyTorch CUDA.
 # Logs go to OUTDIR (default /tmp/dlrun-gpu); see docs/performance.md.
 set -u
 OUT=${1:-/tmp/dlrun-gpu}
@@ -64,6 +64,8 @@ open(f"{w}/cnn.yaml", "w").write("data: {type: file, path: cnn.npz}\nmodel: [{ty
 PY
   $PY -m dlrun time "$WORK/mlp.yaml" --device gpu 2>&1 | tail -12
   $PY -m dlrun time "$WORK/cnn.yaml" --device gpu 2>&1 | tail -12
+  echo "== recurrent layers per batch: fused cells against the unfused path and the CPU"
+  $PY benchmarks/recurrent_gpu.py 2>&1
 fi
 if has bench; then
   echo "== benchmarks against PyTorch CUDA"

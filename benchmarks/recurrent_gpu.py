@@ -1,0 +1,92 @@
+"""Time per batch of the recurrent layers, forward and backward, on the GPU with the fused cells
+(one kernel per time step each way, after the recurrent product) and with the unfused path (the
+CPU's array operations on CuPy), next to the CPU.
+
+    python benchmarks/recurrent_gpu.py [--devices gpu,cpu] [--batch 64] [--steps 20] [--units 32]
+                                       [--features 2] [--repeats 200] [--dtype float32]
+
+The defaults are the LSTM of configs/adding_lstm.yaml. For each layer (LSTM, GRU, SimpleRNN) and
+path: a warm-up batch (it compiles or loads the kernels), then ``--repeats`` batches of forward
+and backward on the same input, the device synchronised before the clock starts and after it
+stops; printed as milliseconds per batch. ``--fused-only`` times only what dlrun runs; the CPU
+uses the BLAS threads ``dlrun train`` would (``--threads`` as its option). The unfused path is what the GPU ran before the cells were fused; it is
+selected here by making the cell kernels unavailable, which dlrun itself never does.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+from dlrun import registry
+from dlrun.backend import Kernel, get_backend, threads
+from dlrun.model import Sequential
+
+CELLS = {"LSTM": "dlrun_lstm_step", "GRU": "dlrun_gru_step", "SimpleRNN": "dlrun_rnn_step"}
+
+
+@contextmanager
+def unfused():
+    """The cell kernels report themselves unavailable, so the layers take their array-operation path."""
+    names = set(CELLS.values()) | {n + "_grad" for n in CELLS.values()}
+    real = Kernel.on
+    Kernel.on = lambda self, xp: None if self.name in names else real(self, xp)
+    try:
+        yield
+    finally:
+        Kernel.on = real
+
+
+def per_batch(name, backend, args) -> float:
+    """Milliseconds per forward + backward of one batch."""
+    layer = registry.layers.build({"type": name, "units": args.units})
+    Sequential([layer], (args.steps, args.features), backend, args.dtype, seed=0)
+    layer.buffers.enabled = True  # as in training
+    rng = np.random.default_rng(0)
+    x = backend.asarray(rng.standard_normal((args.batch, args.steps, args.features)).astype(args.dtype))
+    dy = backend.asarray(rng.standard_normal((args.batch, args.units)).astype(args.dtype))
+
+    def batch():
+        layer.forward(x)
+        layer.backward(dy)
+
+    batch()
+    backend.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(args.repeats):
+        batch()
+    backend.synchronize()
+    return (time.perf_counter() - t0) / args.repeats * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--devices", default="gpu,cpu")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--units", type=int, default=32)
+    p.add_argument("--features", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=200)
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--fused-only", action="store_true", help="time only the path dlrun runs")
+    p.add_argument("--threads", type=int, default=None, help="the CPU's BLAS threads (as dlrun train --threads)")
+    args = p.parse_args()
+    blas = threads.limit(args.threads)
+    print(f"batch {args.batch}, {args.steps} steps, {args.features} features, {args.units} units, {args.dtype}, "
+          f"mean of {args.repeats} batches (forward + backward), ms per batch; CPU with {blas} BLAS thread(s)")
+    print(f"| layer | {' | '.join(h for d in args.devices.split(',') for h in ([d + ' fused', d + ' unfused'] if d == 'gpu' and not args.fused_only else [d]))} |")
+    for name in CELLS:
+        row = []
+        for device in args.devices.split(","):
+            backend = get_backend(device)
+            row.append(per_batch(name, backend, args))
+            if device == "gpu" and not args.fused_only:
+                with unfused():
+                    row.append(per_batch(name, backend, args))
+        print(f"| {name} | " + " | ".join(f"{v:.3f}" for v in row) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
