@@ -1,7 +1,12 @@
-"""Benchmark dlrun against PyTorch eager: same workloads, weights, data and optimizer.
+"""Benchmark dlrun against PyTorch eager and JAX: same workloads, weights, data and optimizer.
 
     python benchmarks/run.py [--rounds 3] [--repeats 5] [--threads 2] [--only spiral,mlp]
     python benchmarks/run.py --device gpu      # CuPy against PyTorch CUDA, GPU-sized workloads
+
+On the CPU, JAX (the optional ``jax`` extra) is a third column: the training step compiled with
+``jax.jit`` and called once per batch (benchmarks/bench_jax.py); without JAX the column says
+so. JAX dispatches asynchronously, so its Python loop and its compiled step may overlap on two
+cores even at ``--threads 1``: ``--clock cpu`` counts both.
 
 Every configuration runs in its own process (numpy and torch never share one), interleaved
 over rounds; each process does one untimed warm-up run, then ``--repeats`` timed runs. The
@@ -72,6 +77,8 @@ def machine(threads: int) -> dict:
                            capture_output=True, text=True)
     lines = probe.stdout.split("\n")
     info["torch"] = lines[0] if probe.returncode == 0 else "not installed"
+    jax = subprocess.run([sys.executable, "-c", "import jax; print(jax.__version__)"], capture_output=True, text=True)
+    info["jax"] = jax.stdout.strip() if jax.returncode == 0 else "not installed"
     if probe.returncode == 0:
         mkl, dnn = lines[1].split()
         info["torch_blas"] = ("MKL" if mkl == "True" else "no MKL") + (", oneDNN" if dnn == "True" else "")
@@ -121,7 +128,7 @@ def main() -> None:
         print(f"float32 {'8192' if gpu else '2048'}^3 GEMM peak, {label}: {peaks[lib] and round(peaks[lib], 1)} GFLOP/s",
               flush=True)
     raw: dict = {n: {} for n in names}
-    impls = {n: (["dlrun"] if n == "gradcheck" else ["dlrun", "torch"]) for n in names}
+    impls = {n: (["dlrun"] if n == "gradcheck" else ["dlrun", "torch"] + ([] if gpu else ["jax"])) for n in names}
     for n in names:  # the hand-written numpy floor (benchmarks/bench_numpy.py) where one exists
         if n == "spiral" and not gpu:
             impls[n].append("numpy")
@@ -158,6 +165,9 @@ def main() -> None:
             row["rss_ratio"] = d["rss_mib"] / t["rss_mib"]
             if "gpu_mib" in d and t.get("gpu_mib"):
                 row["gpu_mem_ratio"] = d["gpu_mib"] / t["gpu_mib"]
+            j = row.get("jax", {})
+            if j.get("available"):
+                row["jax_ratio"] = d["median"] / j["median"]
             h = row.get("numpy", {})
             if h.get("available"):
                 row["numpy_ratio"] = h["median"] / t["median"]
@@ -192,9 +202,11 @@ def markdown(r: dict) -> str:
     peaks = r["gemm_peak_gflops"]
     gpu = m.get("device") == "gpu"
     mem, mem_ratio, mem_name = ("gpu_mib", "gpu_mem_ratio", "GPU MiB") if gpu else ("rss_mib", "rss_ratio", "RSS MiB")
-    lines = [f"# dlrun vs PyTorch {'CUDA' if gpu else 'CPU'} eager ({r['when']})", "",
+    title = "PyTorch CUDA eager" if gpu else "PyTorch CPU eager and JAX jit"
+    lines = [f"# dlrun vs {title} ({r['when']})", "",
              f"- machine: {m.get('cpu')}, {m['cores']} cores ({m.get('isa', '')}), {m.get('memory_gib')} GiB, {m['platform']}",
-             f"- Python {m['python']}; numpy {m['numpy']} ({m['numpy_blas']}); torch {m['torch']} ({m.get('torch_blas', '-')})"]
+             f"- Python {m['python']}; numpy {m['numpy']} ({m['numpy_blas']}); torch {m['torch']} ({m.get('torch_blas', '-')})"
+             + ("" if gpu else f"; JAX {m.get('jax', 'not recorded')} (jax.jit of the training step, called per batch)")]
     if gpu:
         lines += [f"- GPU: {m.get('gpu')}; CuPy {m.get('cupy')} (CUDA runtime {m.get('cuda_runtime')}); float32 "
                   "without TF32 on both sides; data moved to the GPU once before timing; timings synchronize",
@@ -206,19 +218,24 @@ def markdown(r: dict) -> str:
                   f"load average at start {tuple(round(x, 2) for x in m.get('load_average_at_start', ()))}",
                   f"- float32 2048^3 GEMM peak: numpy {peaks['numpy'] and round(peaks['numpy'], 1)} GFLOP/s, "
                   f"torch {peaks['torch'] and round(peaks['torch'], 1)} GFLOP/s"]
+    jax = not gpu
     lines += [f"- {r['rounds']} interleaved rounds x (1 warm-up + {r['repeats']} timed runs), each configuration in its "
-              "own process; times in ms: median of per-round medians (min-max over all runs)", "",
-              f"| workload | dlrun ms | torch ms | dlrun/torch | dlrun {mem_name} | torch {mem_name} | memory ratio "
-              "| GEMM GFLOP/s dlrun (% peak) | torch (% peak) | final loss dlrun / torch |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              f"own process; {r.get('clock', 'wall')} times in ms: median of per-round medians (min-max over all runs)",
+              "",
+              f"| workload | dlrun ms | torch ms | dlrun/torch | " + ("jax ms | dlrun/jax | " if jax else "")
+              + f"dlrun {mem_name} | torch {mem_name} | memory ratio | GEMM GFLOP/s dlrun (% peak) | torch (% peak) "
+              f"| final loss dlrun / torch{' / jax' if jax else ''} |",
+              "|---|---|---|---|" + ("---|---|" if jax else "") + "---|---|---|---|---|---|"]
     for row in r["rows"]:
         d, t = row.get("dlrun", {}), row.get("torch", {"available": False, "reason": "-"})
+        j = row.get("jax", {"available": False, "reason": "-"})
         ratio = f"{row['time_ratio']:.2f}" if "time_ratio" in row else "-"
         m_ratio = f"{row[mem_ratio]:.2f}" if mem_ratio in row else "-"
-        loss = (f"{d['final_loss']:.6g} / {t['final_loss']:.6g}" if d.get("final_loss") is not None
-                and t.get("final_loss") is not None else "-")
-        lines.append(f"| {row['title']} | {_cell(d)} | {_cell(t)} | {ratio} | "
-                     f"{d.get(mem, 0):.0f} | {t.get(mem, 0) and round(t[mem])} | {m_ratio} | "
+        losses = [s.get("final_loss") for s in ((d, t, j) if jax else (d, t))]
+        loss = " / ".join("-" if v is None else f"{v:.6g}" for v in losses) if losses[0] is not None else "-"
+        jcells = f"{_cell(j)} | {row['jax_ratio']:.2f} | " if "jax_ratio" in row else f"{_cell(j)} | - | "
+        lines.append(f"| {row['title']} | {_cell(d)} | {_cell(t)} | {ratio} | " + (jcells if jax else "")
+                     + f"{d.get(mem, 0):.0f} | {t.get(mem, 0) and round(t[mem])} | {m_ratio} | "
                      f"{_gf(d)} | {_gf(t)} | {loss} |")
     floors = [row for row in r["rows"] if "numpy_ratio" in row]
     if floors:

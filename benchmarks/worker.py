@@ -1,6 +1,6 @@
 """One benchmark configuration in its own process; prints one JSON line.
 
-    python benchmarks/worker.py train dlrun|torch|numpy WORKLOAD --repeats 5 [--device gpu]
+    python benchmarks/worker.py train dlrun|torch|jax|numpy WORKLOAD --repeats 5 [--device gpu]
     python benchmarks/worker.py gemm numpy|torch [--device gpu]
     python benchmarks/worker.py gradcheck --repeats 2
 
@@ -119,6 +119,15 @@ def train(impl: str, name: str, threads: int, repeats: int, device: str = "cpu")
         except bench_torch.Unsupported as e:
             return {"available": False, "reason": f"not available: {e}"}
         flops = None
+    elif impl == "jax":
+        if threads == 1:  # XLA's way to keep its CPU kernels on one thread (it has no thread count)
+            os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+        import bench_jax
+
+        try:
+            run, flops = bench_jax.prepare(w, device), None
+        except bench_jax.Unsupported as e:
+            return {"available": False, "reason": f"not available: {e}"}
     elif impl == "numpy":
         import bench_numpy
 
