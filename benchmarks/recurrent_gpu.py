@@ -9,8 +9,9 @@ The defaults are the LSTM of configs/adding_lstm.yaml. For each layer (LSTM, GRU
 path: a warm-up batch (it compiles or loads the kernels), then ``--repeats`` batches of forward
 and backward on the same input, the device synchronised before the clock starts and after it
 stops; printed as milliseconds per batch. ``--fused-only`` times only what dlrun runs; the CPU
-uses the BLAS threads ``dlrun train`` would (``--threads`` as its option). The unfused path is what the GPU ran before the cells were fused; it is
-selected here by making the cell kernels unavailable, which dlrun itself never does.
+uses the BLAS threads ``dlrun train`` would (``--threads`` as its option). The unfused path is
+what the GPU ran before the cells were fused; it is selected here by making the cell kernels
+unavailable, which dlrun itself never does.
 """
 from __future__ import annotations
 
@@ -76,10 +77,12 @@ def main() -> None:
     blas = threads.limit(args.threads)
     print(f"batch {args.batch}, {args.steps} steps, {args.features} features, {args.units} units, {args.dtype}, "
           f"mean of {args.repeats} batches (forward + backward), ms per batch; CPU with {blas} BLAS thread(s)")
-    print(f"| layer | {' | '.join(h for d in args.devices.split(',') for h in ([d + ' fused', d + ' unfused'] if d == 'gpu' and not args.fused_only else [d]))} |")
+    devices = args.devices.split(",")
+    columns = [c for d in devices for c in ([d + " fused", d + " unfused"] if d == "gpu" and not args.fused_only else [d])]
+    print("| layer | " + " | ".join(columns) + " |")
     for name in CELLS:
         row = []
-        for device in args.devices.split(","):
+        for device in devices:
             backend = get_backend(device)
             row.append(per_batch(name, backend, args))
             if device == "gpu" and not args.fused_only:
