@@ -13,6 +13,7 @@ import pytest
 
 from dlrun import metrics, registry
 from dlrun.backend import get_backend, gpu_available, to_host
+from dlrun.gradcheck.inputs import joined, joined_shape
 from dlrun.model import Sequential
 from conftest import CONFIGS
 from gpu_step_cases import STEP_CASES
@@ -28,8 +29,8 @@ def _dim(v):
     return DIMS.get(v, v) if isinstance(v, str) else v
 
 
-def _inputs(spec, rng):
-    shape = (N,) + tuple(_dim(d) for d in spec.shape)
+def _inputs(spec, x_shape, rng):
+    shape = (N,) + tuple(x_shape)
     if spec.kind == "index":
         return rng.integers(0, int(_dim(spec.high) or 2), shape)
     if spec.kind == "positive":
@@ -40,13 +41,46 @@ def _inputs(spec, rng):
     return rng.standard_normal(shape)
 
 
-def _build(name, backend, extra=None):
+def _layer(name, extra=None):
+    """The layer built with its declared options, its input spec and its per-sample input shape.
+    A layer with several inputs comes in gradcheck's joined form: one input holding its inputs
+    side by side, whose gradient holds every input's gradient, so one comparison checks them all."""
     cls = registry.layers.get(name)
     spec = cls.input_spec
-    opts = {k: _dim(v) for k, v in spec.options.items()}
-    layer = registry.layers.build({"type": name, **opts, **(extra or {})})
-    x_shape = tuple(_dim(d) for d in spec.shape)
-    return Sequential([layer], x_shape, backend, np.float64, seed=7), spec
+    layer = registry.layers.build({"type": name, **{k: _dim(v) for k, v in spec.options.items()}, **(extra or {})})
+    if layer.num_inputs != 1:
+        layer.__class__ = joined(type(layer))
+        return layer, spec, joined_shape([tuple(_dim(d) for d in s) for s in spec.inputs])
+    return layer, spec, tuple(_dim(d) for d in spec.shape)
+
+
+class _Alone:
+    """A layer set up and built on its own, as gradcheck does, answering the calls these tests
+    make of a one-layer Sequential (which cannot hold a layer in its joined form)."""
+
+    def __init__(self, layer, x_shape, backend, dtype):
+        layer.setup(backend, dtype, np.random.default_rng(7), 7)
+        self.output_shape = layer.build(x_shape)
+        self.layers, self.backend = [layer], backend
+
+    def train(self, mode=True):
+        self.layers[0].training = mode
+
+    def forward(self, x, y=None):
+        return self.layers[0].forward(x)
+
+    def backward(self, dy):
+        return self.layers[0].backward(dy)
+
+    def named_parameters(self):
+        return [(f"0.{n}", p) for n, p in self.layers[0].params.items()]
+
+
+def _build(name, backend, extra=None, dtype=np.float64):
+    layer, spec, x_shape = _layer(name, extra)
+    if hasattr(x_shape, "parts"):
+        return _Alone(layer, x_shape, backend, dtype), spec, x_shape
+    return Sequential([layer], x_shape, backend, dtype, seed=7), spec, x_shape
 
 
 # options that switch a layer to another code path, checked on GPU as well as the defaults
@@ -63,14 +97,14 @@ VARIANT_IDS = [n + ("-" + "-".join(map(str, e.values())) if e else "") for n, e 
 @pytest.mark.parametrize("name,extra", VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("training", [True, False])
 def test_layer_forward_backward_match_cpu(name, extra, training):
-    cpu, spec = _build(name, get_backend("cpu"), extra)
-    gpu, _ = _build(name, get_backend("gpu"), extra)
+    cpu, spec, x_shape = _build(name, get_backend("cpu"), extra)
+    gpu, _, _ = _build(name, get_backend("gpu"), extra)
     if training and cpu.layers[0].stochastic:
         pytest.skip("random draws differ between numpy and CuPy generators; compared in eval mode")
     for (n, pc), (_, pg) in zip(cpu.named_parameters(), gpu.named_parameters()):
         np.testing.assert_array_equal(pc.data, to_host(pg.data), err_msg=f"initial {n}")
     rng = np.random.default_rng(0)
-    x = _inputs(spec, rng)
+    x = _inputs(spec, x_shape, rng)
     y = None
     if cpu.layers[0].needs_labels:
         high = int(_dim(spec.labels) if spec.labels is not None else cpu.output_shape[-1])
@@ -109,18 +143,15 @@ def test_layer_float32_with_training_buffers_matches_cpu(name, extra):
     results = []
     for device in ("cpu", "gpu"):
         b = get_backend(device)
-        cls = registry.layers.get(name)
-        spec = cls.input_spec
-        layer = registry.layers.build({"type": name, **{k: _dim(v) for k, v in spec.options.items()}, **(extra or {})})
-        x_shape = tuple(_dim(d) for d in spec.shape)
-        model = Sequential([layer], x_shape, b, np.float32, seed=7)
+        model, spec, x_shape = _build(name, b, extra, np.float32)
+        layer = model.layers[0]
         if layer.stochastic:
             pytest.skip("random draws differ between numpy and CuPy generators")
         layer.buffers.enabled = True
         rng = np.random.default_rng(2)
         runs = []
         for n in (4, 3, 4):
-            x = _inputs(spec, rng)
+            x = _inputs(spec, x_shape, rng)
             x = np.concatenate([x, x])[:n] if n > N else x[:n]
             y = None
             if layer.needs_labels:

@@ -154,8 +154,11 @@ def test_large_scores_stay_finite_and_equal_pytorch():
     xt = torch.from_numpy(x).requires_grad_()
     want, _ = ref(xt, xt, xt, need_weights=False)
     want.backward(torch.from_numpy(dy))
-    np.testing.assert_allclose(out, want.detach().numpy(), rtol=1e-9, atol=1e-9)
-    np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-9, atol=1e-9)
+    # relative to the whole array: at scores in the thousands an element of dx is a difference of
+    # terms some 1e4 times larger, so its own relative error depends on the machine's exp and BLAS
+    for got, ref, what in ((out, want.detach().numpy(), "output"), (dx, xt.grad.numpy(), "input gradient")):
+        err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+        assert err < 1e-11, f"{what}: relative error {err:.2e} against torch"
 
 
 def test_causal_output_at_a_step_ignores_every_later_step():

@@ -1,5 +1,5 @@
 """A run directory written by an earlier version of dlrun still loads, predicts, evaluates and
-resumes exactly as that version did.
+resumes as that version did (resumed training to float32 rounding: see RESUMED_REL).
 
 tests/fixtures/run_v1 is the run directory (config.yaml, metrics.csv, summary.json,
 checkpoints/last.npz and best.npz) of a spiral MLP with BatchNorm and Dropout, trained with Adam
@@ -97,16 +97,23 @@ def _metrics(text: str) -> list[dict]:
     return [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(io.StringIO(text))]
 
 
+# The recorded figures came from one machine. Training carries the last bits of float32 products
+# and of exp/log, which differ between CPUs (AVX2 and AVX-512 kernels of the BLAS and of numpy),
+# into the 6th digit after an epoch and a half; a resume that repeats or skips one batch moves
+# them in the 2nd (measured: train_loss 18%, val_loss 1.4% off at epoch 3).
+RESUMED_REL = 1e-5
+
+
 def test_resume_finishes_the_stopped_epoch_and_one_more_as_it_did(run_dir):
     r = run_cli("train", "--resume", run_dir, "--set", f"train.epochs={RESUME_TO}")
     assert r.code == 0, r.err
     summary = json.loads((run_dir / "summary.json").read_text())
-    _same(json.loads((EXPECTED / "resume_summary.json").read_text()), summary, 1e-12, "summary")
+    _same(json.loads((EXPECTED / "resume_summary.json").read_text()), summary, RESUMED_REL, "summary")
     assert summary["resumed_from_epoch"] == 2 and summary["resumed_from_batch"] == 3
     got, expected = _metrics((run_dir / "metrics.csv").read_text()), _metrics((EXPECTED / "resume_metrics.csv").read_text())
     assert [row["epoch"] for row in got] == [row["epoch"] for row in expected] == ["1", "2", "3", "4"]
     for g, e in zip(got, expected):
-        _same({k: float(v) for k, v in e.items() if v}, {k: float(v) for k, v in g.items() if v}, 1e-12,
+        _same({k: float(v) for k, v in e.items() if v}, {k: float(v) for k, v in g.items() if v}, RESUMED_REL,
               f"metrics.csv epoch {e['epoch']}")
     last = _meta(run_dir / "checkpoints" / "last.npz")
     assert last["epoch"] == RESUME_TO and last["position"] is None
