@@ -118,7 +118,7 @@ def main() -> None:
     a = ap.parse_args()
     w = WORKLOADS[a.workload]
     d = dlrun_side(w, a.steps)
-    print(f"== {w.name}: {w.description}")
+    print(f"== {w.name}: {w.title}")
     print(f"dlrun peak live {d['peak_live'] / MIB:.1f} MiB (reached during {d['peak_phase']}); "
           f"live at the end {d['end_live'] / MIB:.1f} MiB; CuPy pool holds {d['pool_held'] / MIB:.1f} MiB")
     print(f"  parameters {d['params'] / MIB:.1f} MiB, data on the device {d['data'] / MIB:.1f} MiB")

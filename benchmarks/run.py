@@ -212,7 +212,7 @@ def markdown(r: dict) -> str:
                   "without TF32 on both sides; data moved to the GPU once before timing; timings synchronize",
                   f"- float32 8192^3 GEMM peak: cupy {peaks['numpy'] and round(peaks['numpy'])} GFLOP/s, "
                   f"torch {peaks['torch'] and round(peaks['torch'])} GFLOP/s",
-                  "- memory: dlrun = CuPy memory pool size after the runs, torch = torch.cuda.max_memory_allocated"]
+                  "- memory: dlrun = CuPy memory pool size after the runs (emptied before each), torch = torch.cuda.max_memory_allocated"]
     else:
         lines += [f"- {m['threads']} threads (OMP/OPENBLAS/MKL_NUM_THREADS, torch.set_num_threads); "
                   f"load average at start {tuple(round(x, 2) for x in m.get('load_average_at_start', ()))}",

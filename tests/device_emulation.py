@@ -114,9 +114,21 @@ class DeviceArray(np.ndarray):
         _host_read("x.tolist()")
         return np.asarray(self).tolist()
 
-    def get(self, *args, **kwargs):
+    def get(self, stream=None, order="C", out=None, blocking=True):
+        if out is not None and not blocking:  # queued into page-locked memory: the host goes on
+            if not isinstance(out.base, _Pinned):
+                raise AssertionError("x.get(out=..., blocking=False) into memory that is not page-locked: "
+                                     "CuPy copies synchronously then")
+            np.copyto(out, self.view(np.ndarray))
+            return out
         _host_read("x.get()")
+        if out is not None:
+            np.copyto(out, self.view(np.ndarray))
+            return out
         return np.array(self, copy=True).view(np.ndarray)
+
+    def set(self, arr, stream=None):
+        np.copyto(self.view(np.ndarray), arr)
 
     def __repr__(self):
         _host_read("repr(x)")
@@ -169,6 +181,10 @@ def _asnumpy(a, *args, **kwargs):
     return np.array(a, copy=True).view(np.ndarray)
 
 
+class _Pinned(bytearray):
+    """What cupy.cuda.alloc_pinned_memory gives: page-locked host memory (here a plain buffer)."""
+
+
 class _Device:
     def synchronize(self):
         _host_read("Device().synchronize()")
@@ -182,7 +198,7 @@ class FakeCupy(types.ModuleType):
         self.ndarray = DeviceArray
         self.asnumpy = _asnumpy
         self.random = types.SimpleNamespace(default_rng=_Generator)
-        self.cuda = types.SimpleNamespace(Device=_Device)
+        self.cuda = types.SimpleNamespace(Device=_Device, alloc_pinned_memory=_Pinned)
 
     def __getattr__(self, name):
         attr = getattr(np, name)

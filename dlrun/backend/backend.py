@@ -61,6 +61,34 @@ class Backend:
             return None
         return int(free) + int(self.xp.get_default_memory_pool().free_bytes())
 
+    def host_buffer(self, shape, dtype) -> np.ndarray:
+        """An uninitialised host array that :meth:`copy_out` fills without making the host wait:
+        page-locked memory on the GPU (as ``cupyx.empty_pinned`` makes), a plain array on the CPU."""
+        if self.xp is np:
+            return np.empty(shape, dtype)
+        dtype = np.dtype(dtype)
+        mem = self.xp.cuda.alloc_pinned_memory(max(1, int(np.prod(shape, dtype=np.int64))) * dtype.itemsize)
+        return np.ndarray(shape, dtype, buffer=mem)
+
+    def copy_out(self, dst: np.ndarray, src) -> None:
+        """Copy array ``src`` of this device into ``dst``, a :meth:`host_buffer` of its shape. On
+        the GPU the copy is queued and the host goes on at once; device work queued after it runs
+        after it, and :meth:`copy_in` of ``dst`` reads what it copied."""
+        if self.xp is np:
+            dst[...] = src
+        elif src.flags.c_contiguous:
+            src.get(out=dst, blocking=False)
+        else:
+            dst[...] = src.get()
+
+    def copy_in(self, dst, src: np.ndarray) -> None:
+        """Copy host array ``src`` into array ``dst`` of this device, in place, after the device
+        work queued before it."""
+        if self.xp is np:
+            dst[...] = src
+        else:
+            dst.set(src)
+
     def synchronize(self) -> None:
         if self.xp is not np:
             self.xp.cuda.Device().synchronize()

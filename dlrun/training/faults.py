@@ -65,22 +65,23 @@ class NonFiniteGuard:
 
         ``shuffle_state`` is the shuffling generator's state before it drew this epoch's order;
         ``position`` the :class:`~dlrun.training.position.EpochPosition` a resumed epoch continues from.
-        The copies live on the model's device, are allocated once and refilled in place, so a
-        mark costs one device-side copy per array and nothing else.
+        The copies live in host memory, allocated once and refilled in place: on the GPU it is
+        page-locked, so a mark queues one copy per array and the host does not wait, and the GPU
+        holds no second copy of the weights and optimizer state.
         """
         t = self.trainer
         self.shuffle_state, self.position = shuffle_state, position
         if self._arena is not None:
             self._arena.adopt()
         optim = self._optim()
+        b = t.backend
         if self.params is None or len(self.optim) != len(optim):  # a plugin may add state lazily
-            xp = t.backend.xp
-            self.params = [xp.empty(a.shape, a.dtype) for a in self._params]
-            self.optim = [xp.empty(a.shape, a.dtype) for a in optim]
+            self.params = [b.host_buffer(a.shape, a.dtype) for a in self._params]
+            self.optim = [b.host_buffer(a.shape, a.dtype) for a in optim]
         for dst, src in zip(self.params, self._params):
-            dst[...] = src  # a device-side copy; cheaper to call than xp.copyto
+            b.copy_out(dst, src)
         for dst, src in zip(self.optim, optim):
-            dst[...] = src
+            b.copy_out(dst, src)
         if self._stateful:
             self.states, self.rngs = {}, {}  # rngs: only layers that draw random numbers (copies are slow)
         for layer in self._stateful:
@@ -104,7 +105,7 @@ class NonFiniteGuard:
         if self._arena is not None:
             self._arena.adopt()
         for live, saved in zip(self._params + self._optim(), self.params + self.optim):
-            live[...] = saved
+            t.backend.copy_in(live, saved)
         for layer in self._stateful:
             for a, v in self.states[id(layer)].items():
                 setattr(layer, a, copy.deepcopy(v))

@@ -65,3 +65,33 @@ def test_the_stand_in_refuses_every_kind_of_host_read(read, monkeypatch):
         f(arg)  # allowed outside the step
         with no_host_reads(), pytest.raises(HostRead, match="the host waits for the device"):
             f(arg)
+
+
+def test_the_epoch_copies_of_the_non_finite_guard_live_in_page_locked_host_memory(monkeypatch):
+    """The guard copies the weights and optimizer state at each epoch's start so that a
+    non-finite epoch can be undone. On the GPU those copies go to page-locked host memory: the
+    GPU holds no second copy of the model, and the mark queues its copies without waiting."""
+    from device_emulation import _Pinned
+    from dlrun.training.faults import NonFiniteGuard
+
+    with emulated_gpu(monkeypatch) as gpu, emulate(monkeypatch):
+        case = STEP_CASES["mlp+batchnorm+dropout, Adam, L2, clip_norm"]
+        trainer, callbacks = case.build(gpu)
+        x, y = case.batch(np.random.default_rng(0))
+        xb, yb = gpu.asarray(x), gpu.asarray(y)
+        step = trainer.training_step
+        step(xb, yb, callbacks, sums=trainer.tracker.zeros())  # the optimizer's state exists now
+        guard = NonFiniteGuard(trainer)
+        with no_host_reads():
+            guard.mark()
+        copies = guard.params + guard.optim
+        assert copies and all(type(c) is np.ndarray and isinstance(c.base, _Pinned) for c in copies)
+        marked = {n: np.array(p.data) for n, p in trainer.model.named_parameters()}
+        state = [np.array(a) for a in guard._optim()]
+        step(xb, yb, callbacks, sums=trainer.tracker.zeros())
+        assert any(not np.array_equal(p.data, marked[n]) for n, p in trainer.model.named_parameters())
+        guard.restore()
+        for n, p in trainer.model.named_parameters():
+            np.testing.assert_array_equal(p.data, marked[n], err_msg=n)
+        for live, saved in zip(guard._optim(), state):
+            np.testing.assert_array_equal(live, saved)
