@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Everything dlrun checks on a CUDA machine, in one go:
 #   bash benchmarks/gpu_session.sh [OUTDIR] [STAGES]
-# STAGES (default "tests configs time bench"): tests = the whole suite, GPU tests included;
-# configs = every shipped config trained on cpu and on gpu, final metrics side by side;
-# time = `dlrun time` on gpu and the recurrent layers' time per batch; bench = benchmarks/run.py --device gpu against PyTorch CUDA.
+# STAGES (default "tests configs startup memory time bench"): tests = the whole suite, GPU tests
+# included; configs = every shipped config trained on cpu and on gpu, final metrics and wall time
+# side by side; startup = where a short run's time goes (imports, CUDA context, kernel compilation
+# with an empty and a filled CuPy cache, per-step time; benchmarks/gpu_startup.py); memory = live
+# GPU memory at the peak by allocating line, against torch (benchmarks/gpu_memory.py); time =
+# `dlrun time` on gpu and the recurrent layers' time per batch; bench = benchmarks/run.py
+# --device gpu against PyTorch CUDA.
 # Logs go to OUTDIR (default /tmp/dlrun-gpu); see docs/performance.md.
 set -u
 OUT=${1:-/tmp/dlrun-gpu}
-STAGES=${2:-tests configs time bench}
+STAGES=${2:-tests configs startup memory time bench}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 WORK=$(mktemp -d)
@@ -46,6 +50,14 @@ if has configs; then
       [ $rc -ne 0 ] && tail -3 "$WORK/$name-$d.log"
     done
   done
+fi
+if has startup; then
+  echo "== start-up against per-step time (cold and warm kernel cache, and the CPU)"
+  $PY benchmarks/gpu_startup.py configs/spiral.yaml configs/adding_lstm.yaml configs/digits_cnn.yaml 2>&1
+fi
+if has memory; then
+  echo "== GPU memory of mlp_gpu by allocating line, against torch"
+  $PY benchmarks/gpu_memory.py --workload mlp_gpu 2>&1
 fi
 if has time; then
   echo "== dlrun time (gpu): digits_cnn and the GPU-sized benchmark networks"
