@@ -90,6 +90,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("configs", nargs="+")
     ap.add_argument("--devices", default="gpu,cpu")
+    ap.add_argument("--cache", help="a kernel cache directory to use for every GPU run instead of a fresh, empty "
+                                    "one per config (the first run then compiles only what the cache lacks)")
     a = ap.parse_args()
     cols = ["process", "imports", "device", "first step", "epoch 1", "per step"]
     print(f"| config | run | {' | '.join(cols)} | steps | kernels |")
@@ -97,9 +99,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for config in a.configs:
             name = os.path.splitext(os.path.basename(config))[0]
-            cache = tempfile.mkdtemp(dir=tmp)  # empty: every kernel compiled
+            cache = a.cache or tempfile.mkdtemp(dir=tmp)  # empty: every kernel compiled
             for device in a.devices.split(","):
-                kinds = ["gpu, cold cache", "gpu, warm cache"] if device == "gpu" else ["cpu"]
+                first = "gpu, given cache" if a.cache else "gpu, cold cache"
+                kinds = [first, "gpu, warm cache"] if device == "gpu" else ["cpu"]
                 for kind in kinds:
                     r = measure(config, device, cache, os.path.join(tmp, "runs"))
                     if "error" in r:
