@@ -13,6 +13,17 @@ scalars) and that raises :class:`HostRead` for any of the above inside :func:`no
 With tests/kernel_emulation.py's ``emulate`` active as well, every fused kernel runs its numpy
 emulator, so the step takes the GPU branches throughout.
 
+:func:`emulated_gpu`'s stand-in also captures CUDA graphs as CuPy's stream capture does
+(``Stream.begin_capture`` / ``end_capture``, ``Graph.launch``): while capturing, every device
+operation (a ufunc or a reduction, an array method or function that computes on the device, an
+indexed read or write, a generator's draw, a fused kernel of tests/kernel_emulation.py) is
+recorded with its arguments as they are then, its effects are undone at the end of the capture
+(a capture runs nothing), and a launch re-executes the recorded operations alone. A Python
+value that changes between steps but was passed as an argument at capture time (a learning
+rate, a step count), or host work that a step needs, is then missing from the replays, and the
+replayed training drifts from the uncaptured one; a host read or a host-to-device copy while
+capturing raises, as in CuPy.
+
 What this cannot see: ``np.asarray(x)`` of a device array (numpy gives ndarray subclasses no
 hook; CuPy raises TypeError there), and CuPy's own launch and memory behaviour.
 """
@@ -50,6 +61,84 @@ def no_host_reads():
         _guard["on"] = before
 
 
+class CaptureError(RuntimeError):
+    """What CUDA stream capture refuses (a host-to-device copy while capturing, say)."""
+
+
+# the capture under way: its recorded operations, the arrays it wrote (saved as they were), the
+# generators it drew from (their states before); depth > 0 inside a recorded operation
+_capture = {"ops": None, "saved": None, "rngs": None, "depth": 0}
+
+
+def capturing() -> bool:
+    return _capture["ops"] is not None
+
+
+@contextmanager
+def _inside():
+    """The device operations an operation makes of its own are part of it, not recorded."""
+    _capture["depth"] += 1
+    try:
+        yield
+    finally:
+        _capture["depth"] -= 1
+
+
+def _plain(a):
+    return a.view(np.ndarray) if isinstance(a, DeviceArray) else a
+
+
+def _root(a):
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def will_write(*arrays) -> None:
+    """Before an operation writes ``arrays`` in place while capturing: keep them as they were,
+    to be put back when the capture ends (a capture computes nothing)."""
+    if _capture["ops"] is None or _capture["depth"]:
+        return
+    saved = _capture["saved"]
+    for a in arrays:
+        if isinstance(a, np.ndarray):
+            r = _root(a)
+            if id(r) not in saved:
+                saved[id(r)] = (r, np.array(r, copy=True))
+
+
+def _record(replay) -> None:
+    """Keep ``replay`` (re-executes one device operation) while capturing at the top level."""
+    if _capture["ops"] is not None and not _capture["depth"]:
+        _capture["ops"].append(replay)
+
+
+def record_call(f, args, kwargs, result) -> None:
+    """Record a call whose result, a new device array, is refreshed by each replay (what it
+    writes in place was announced with :func:`will_write`); a result that shares memory with an
+    argument is a view, which needs no refreshing."""
+    if _capture["ops"] is None or _capture["depth"]:
+        return
+    fresh = isinstance(result, np.ndarray) and not any(
+        isinstance(a, np.ndarray) and np.shares_memory(result, a) for a in (*args, *kwargs.values()))
+
+    def replay():
+        with _inside():
+            again = f(*args, **kwargs)
+        if fresh:
+            result.view(np.ndarray)[...] = _plain(again)
+
+    _record(replay)
+
+
+def _host_data(a) -> bool:
+    if isinstance(a, DeviceArray):
+        return False
+    if isinstance(a, (list, tuple)):
+        return any(_host_data(v) for v in a)
+    return isinstance(a, (np.ndarray, np.generic, int, float, complex, bool))
+
+
 def _dev(a):
     """``a`` (an array, a scalar, or a tuple or list of them) on the emulated device."""
     if isinstance(a, DeviceArray):
@@ -77,14 +166,62 @@ class DeviceArray(np.ndarray):
         # CuPy's reductions give 0-d device arrays; numpy would give a host scalar
         return np.asarray(arr).view(DeviceArray)
 
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        args = tuple(_plain(a) for a in inputs)
+        out = kwargs.get("out")
+        if out is not None:
+            kwargs["out"] = tuple(_plain(o) for o in out)
+            will_write(*kwargs["out"])
+        if method == "at":
+            will_write(args[0])
+        with _inside():
+            result = getattr(ufunc, method)(*args, **kwargs)
+        if method == "at":
+            _record(lambda: getattr(ufunc, method)(*args, **kwargs))
+            return None
+        if out is not None:
+            results = tuple(out)
+        else:
+            many = isinstance(result, tuple)
+            results = tuple(np.asarray(r).view(DeviceArray) for r in (result if many else (result,)))
+            kwargs = {**kwargs, "out": tuple(r.view(np.ndarray) for r in results)}
+        _record(lambda: getattr(ufunc, method)(*args, **kwargs))
+        return results if len(results) > 1 else results[0]
+
+    def __array_function__(self, func, types, args, kwargs):
+        will_write(*[kwargs[k] for k in ("out", "dst") if isinstance(kwargs.get(k), np.ndarray)])
+        if func in (np.copyto, np.put, np.place, np.putmask, np.fill_diagonal) and args:
+            will_write(args[0])
+        with _inside():
+            result = _dev(super().__array_function__(func, types, args, kwargs))
+        record_call(func, args, kwargs, result)
+        return result
+
     def __getitem__(self, key):
         if _is_mask(key):
             _host_read("x[mask] (CuPy reads the number of selected elements back)")
-        return _dev(super().__getitem__(key))
+        with _inside():
+            result = _dev(super().__getitem__(key))
+        if capturing() and not (isinstance(result, np.ndarray) and np.shares_memory(result, self)):
+            plain, k = self.view(np.ndarray), _plain_key(key)
+            _record(lambda: result.view(np.ndarray).__setitem__(..., plain[k]))
+        return result
 
     def __setitem__(self, key, value):
         # CuPy copies a device value into place on the device (numpy would call float() on a 0-d one)
-        super().__setitem__(key, value.view(np.ndarray) if isinstance(value, DeviceArray) else value)
+        if capturing() and isinstance(value, (np.ndarray, list, tuple)) and _host_data(value):
+            raise CaptureError("a host array copied to the device while capturing")
+        plain, k, v = self.view(np.ndarray), _plain_key(key), _plain(value)
+        will_write(plain)
+        with _inside():
+            plain[k] = v
+        _record(lambda: plain.__setitem__(k, v))
+
+    def set(self, arr, stream=None):
+        """cupy.ndarray.set: an asynchronous host-to-device copy (refused while capturing)."""
+        if capturing():
+            raise CaptureError("the current stream is capturing, so H2D transfers are disallowed")
+        self.view(np.ndarray)[...] = arr
 
     def __float__(self):
         _host_read("float(x)")
@@ -114,21 +251,40 @@ class DeviceArray(np.ndarray):
         _host_read("x.tolist()")
         return np.asarray(self).tolist()
 
+    def _method(name):
+        def call(self, *args, **kwargs):
+            f = getattr(np.ndarray, name)
+            if name in _IN_PLACE:
+                will_write(self)
+            with _inside():
+                result = _dev(f(self, *args, **kwargs))
+            record_call(f, (self, *args), kwargs, result)
+            return result
+        call.__name__ = name
+        return call
+
+    # the array methods that compute in C without a ufunc (ufuncs and reductions are recorded above)
+    for _name in ("astype", "copy", "argmax", "argmin", "take", "cumsum", "cumprod", "dot", "fill", "sort",
+                  "argsort", "put", "repeat", "ravel", "flatten", "reshape", "choose", "searchsorted",
+                  "diagonal", "trace", "partition"):
+        locals()[_name] = _method(_name)
+    del _name, _method
+
     def get(self, stream=None, order="C", out=None, blocking=True):
         if out is not None and not blocking:  # queued into page-locked memory: the host goes on
             if not isinstance(out.base, _Pinned):
                 raise AssertionError("x.get(out=..., blocking=False) into memory that is not page-locked: "
                                      "CuPy copies synchronously then")
-            np.copyto(out, self.view(np.ndarray))
+            plain = self.view(np.ndarray)
+            will_write(out)  # (a capture records the copy: each replay makes it)
+            np.copyto(out, plain)
+            _record(lambda: np.copyto(out, plain))
             return out
         _host_read("x.get()")
         if out is not None:
             np.copyto(out, self.view(np.ndarray))
             return out
         return np.array(self, copy=True).view(np.ndarray)
-
-    def set(self, arr, stream=None):
-        np.copyto(self.view(np.ndarray), arr)
 
     def __repr__(self):
         _host_read("repr(x)")
@@ -141,6 +297,15 @@ class DeviceArray(np.ndarray):
     def __format__(self, spec):
         _host_read("format(x)")
         return format(np.asarray(self), spec)
+
+
+_IN_PLACE = {"fill", "sort", "put", "partition"}
+
+
+def _plain_key(key):
+    if isinstance(key, tuple):
+        return tuple(_plain(k) for k in key)
+    return _plain(key)
 
 
 # CuPy functions whose output size or value needs a read of device data before they return
@@ -160,20 +325,40 @@ def _wrap(name, f):
             _host_read(syncing)
         if name == "where" and len(args) == 1 and not kwargs:
             _host_read("where(cond) with one argument (the count is read back)")
-        return _dev(f(*args, **kwargs))
+        if capturing() and name in ("asarray", "array", "ascontiguousarray") and _host_data(args[0] if args else None):
+            raise CaptureError(f"{name} of host data copies it to the device while capturing")
+        if isinstance(kwargs.get("out"), np.ndarray):
+            will_write(kwargs["out"])
+        with _inside():
+            result = _dev(f(*args, **kwargs))
+        if name not in _NO_KERNEL:
+            record_call(f, args, kwargs, result)
+        return result
 
     call.__name__ = name
     return call
 
 
+_NO_KERNEL = {"empty", "empty_like"}  # an allocation alone: nothing runs on the device
+
+
 class _Generator:
-    """cupy.random.Generator: draws land on the device."""
+    """cupy.random.Generator: draws land on the device, and its state lives there (each draw
+    advances it on the device, so a replayed draw gives new numbers, as CuPy's does)."""
 
     def __init__(self, seed):
         self._g = np.random.default_rng(seed)
 
     def __getattr__(self, name):
-        return _wrap(name, getattr(self._g, name))
+        draw = _wrap(name, getattr(self._g, name))
+
+        def call(*args, **kwargs):
+            rngs = _capture["rngs"]
+            if rngs is not None and id(self._g) not in rngs:
+                rngs[id(self._g)] = (self._g, self._g.bit_generator.state)
+            return draw(*args, **kwargs)
+
+        return call
 
 
 def _asnumpy(a, *args, **kwargs):
@@ -190,6 +375,80 @@ class _Device:
         _host_read("Device().synchronize()")
 
 
+class _Event:
+    pass
+
+
+class _Graph:
+    """cupy.cuda.Graph: the operations a capture recorded; launch re-executes them in order."""
+
+    def __init__(self, ops):
+        self.ops, self.launches = ops, 0
+
+    def launch(self, stream=None):
+        if capturing():
+            raise CaptureError("a graph launched while capturing")
+        for op in self.ops:
+            op()
+        self.launches += 1
+
+
+class _Stream:
+    """cupy.cuda.Stream, with stream capture (begin_capture / end_capture)."""
+
+    captures = 0  # graphs captured since the stand-in was made (for tests)
+
+    def __init__(self, null=False, non_blocking=False):
+        self.null = null
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def record(self, event=None):
+        return event or _Event()
+
+    def wait_event(self, event):
+        pass
+
+    def synchronize(self):
+        _host_read("Stream.synchronize()")
+
+    def begin_capture(self, mode=None):
+        if self.null:
+            raise RuntimeError("cannot capture on the default (legacy) stream")
+        if capturing():
+            raise CaptureError("a capture is already under way")
+        _capture.update(ops=[], saved={}, rngs={}, guard=_guard["on"])
+        _guard["on"] = True  # CUDA refuses a synchronisation while capturing
+
+    def end_capture(self):
+        ops, saved, rngs = _capture["ops"], _capture["saved"], _capture["rngs"]
+        _guard["on"] = _capture.pop("guard")
+        _capture.update(ops=None, saved=None, rngs=None)
+        for root, before in saved.values():  # a capture runs nothing: undo what recording computed
+            root[...] = before
+        for g, state in rngs.values():
+            g.bit_generator.state = state
+        _Stream.captures += 1
+        return _Graph(ops)
+
+
+_NULL_STREAM = _Stream(null=True)
+
+
+class _MemoryPool:
+    def malloc(self, size):
+        return None
+
+
+@contextmanager
+def _using_allocator(allocator=None):
+    yield
+
+
 class FakeCupy(types.ModuleType):
     """numpy behind CuPy's name: functions return DeviceArrays; ufuncs and dtypes pass through."""
 
@@ -198,7 +457,11 @@ class FakeCupy(types.ModuleType):
         self.ndarray = DeviceArray
         self.asnumpy = _asnumpy
         self.random = types.SimpleNamespace(default_rng=_Generator)
-        self.cuda = types.SimpleNamespace(Device=_Device, alloc_pinned_memory=_Pinned)
+        self.cuda = types.SimpleNamespace(Device=_Device, alloc_pinned_memory=_Pinned, Stream=_Stream,
+                                          MemoryPool=_MemoryPool,
+                                          using_allocator=_using_allocator,
+                                          get_current_stream=lambda: _NULL_STREAM,
+                                          runtime=types.SimpleNamespace(is_hip=False))
 
     def __getattr__(self, name):
         attr = getattr(np, name)

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from dlrun.backend import Kernel
+from device_emulation import record_call, will_write
 from dlrun.backend.special import INV_SQRT_2PI
 
 _erfc = np.vectorize(math.erfc, otypes=[np.float64])
@@ -42,6 +43,13 @@ class Emulated:
         self.ins, self.outs = _params(kernel.in_params), _params(kernel.out_params)
 
     def __call__(self, *args):
+        # while tests/device_emulation.py captures a graph: one launch, replayed with these arguments
+        will_write(*args)  # (raw inputs may be written too: atomicAdd)
+        outs = self._launch(*args)
+        record_call(self._launch, (*args[:len(self.ins)], *(outs if isinstance(outs, tuple) else (outs,))), {}, outs)
+        return outs
+
+    def _launch(self, *args):
         name, n_in = self.kernel.name, len(self.ins)
         if len(args) not in (n_in, n_in + len(self.outs)):
             raise TypeError(f"{name}: {len(args)} arguments, expected {n_in} or {n_in + len(self.outs)}")
@@ -49,6 +57,8 @@ class Emulated:
         types: dict = {}
         for (raw, t, p), a in sorted(zip(params, args), key=lambda pa: pa[0] not in self.outs):  # outputs first
             if not isinstance(a, np.ndarray):
+                if raw:
+                    raise TypeError(f"{name}: {p} is raw: it takes an array, not {type(a).__name__}")
                 continue
             if len(t) > 1 and a.dtype != np.dtype(t):
                 raise TypeError(f"{name}: {p} is {a.dtype}, the kernel declares {t}")
@@ -188,40 +198,46 @@ def _maxpool_nan(v):
 
 
 def _sgd(v):
-    v.w -= v.lr * (v.g + v.wd * v.w)
+    lr = v.h[0]
+    v.w -= lr * (v.g + v.wd * v.w)
 
 
 def _sgd_momentum(v):
+    lr = v.h[0]
     d = v.g + v.wd * v.w
     v.v[...] = v.mom * v.v + d
-    v.w -= v.lr * (d + v.mom * v.v if v.nesterov else v.v)
+    v.w -= lr * (d + v.mom * v.v if v.nesterov else v.v)
 
 
 def _adam(v):
+    lr_t, eps_t, keep = v.h[0], v.h[1], v.h[2]
     d = v.g + v.wd * v.w
-    v.w *= v.keep
+    v.w *= keep
     v.m[...] = v.b1 * v.m + (1 - v.b1) * d
     v.v[...] = v.b2 * v.v + (1 - v.b2) * d * d
-    v.w -= v.lr_t * v.m / (np.sqrt(v.v) + v.eps_t)
+    v.w -= lr_t * v.m / (np.sqrt(v.v) + eps_t)
 
 
 def _rmsprop(v):
+    lr = v.h[0]
     d = v.g + v.wd * v.w
     v.v[...] = v.rho * v.v + (1 - v.rho) * d * d
-    v.w -= v.lr * d / (np.sqrt(v.v) + v.eps)
+    v.w -= lr * d / (np.sqrt(v.v) + v.eps)
 
 
 def _rmsprop_momentum(v):
+    lr = v.h[0]
     d = v.g + v.wd * v.w
     v.v[...] = v.rho * v.v + (1 - v.rho) * d * d
     v.b[...] = v.mom * v.b + d / (np.sqrt(v.v) + v.eps)
-    v.w -= v.lr * v.b
+    v.w -= lr * v.b
 
 
 def _adagrad(v):
+    lr = v.h[0]
     d = v.g + v.wd * v.w
     v.s += d * d
-    v.w -= v.lr * d / (np.sqrt(v.s) + v.eps)
+    v.w -= lr * d / (np.sqrt(v.s) + v.eps)
 
 
 def _cell(v, gates, *raw):

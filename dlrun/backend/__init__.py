@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import CPU, DEVICES, Backend, array_module, get_backend, gpu_available, to_host
+from .backend import CPU, DEVICES, Backend, Captured, array_module, get_backend, gpu_available, to_host, upload
 from .memory import ensure_fits, format_bytes, host_memory_available
 
-__all__ = ["CPU", "DEVICES", "Backend", "array_module", "get_backend", "gpu_available", "to_host", "ensure_fits",
+__all__ = ["CPU", "DEVICES", "Backend", "Captured", "upload", "array_module", "get_backend", "gpu_available", "to_host", "ensure_fits",
            "format_bytes", "host_memory_available", "KERNELS", "Kernel", "out_args"]
 
 KERNELS: list = []  # every elementwise kernel dlrun declares, in import order

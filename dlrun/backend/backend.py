@@ -84,10 +84,39 @@ class Backend:
     def copy_in(self, dst, src: np.ndarray) -> None:
         """Copy host array ``src`` into array ``dst`` of this device, in place, after the device
         work queued before it."""
+        upload(dst, src)
+
+    def graphs_unsupported(self) -> str | None:
+        """Why this device cannot capture CUDA graphs, or None when it can."""
         if self.xp is np:
-            dst[...] = src
-        else:
-            dst.set(src)
+            return "the CPU runs no CUDA graphs"
+        cuda = self.xp.cuda
+        if getattr(cuda.runtime, "is_hip", False):
+            return "CuPy on ROCm does not capture CUDA graphs"
+        if not hasattr(cuda.Stream, "begin_capture"):
+            return "this CuPy has no stream capture (Stream.begin_capture)"
+        return None
+
+    def capture(self, call) -> "Captured":
+        """Record ``call()`` into a CUDA graph without running it (CuPy's stream capture, as
+        ``torch.cuda.graph``): the kernels it queues become the graph, replayed by
+        :meth:`Captured.replay` with the arguments and addresses they had here. What ``call``
+        allocates comes from a memory pool of the graph's own, kept with it, so those addresses
+        stay reserved for the graph (PyTorch's private pool per graph). ``call`` must not read
+        the device, nor copy host data to it (CuPy refuses that while capturing)."""
+        cuda = self.xp.cuda
+        pool = cuda.MemoryPool()
+        side = cuda.Stream(non_blocking=True)
+        side.wait_event(cuda.get_current_stream().record())  # after the work queued so far
+        with cuda.using_allocator(pool.malloc), side:
+            side.begin_capture()
+            try:
+                result = call()
+            except BaseException:
+                side.end_capture()  # the half-captured graph is dropped
+                raise
+            graph = side.end_capture()
+        return Captured(graph, pool, result)
 
     def synchronize(self) -> None:
         if self.xp is not np:
@@ -126,6 +155,28 @@ class Backend:
             import cupyx
 
             cupyx.scatter_add(a, indices, values)
+
+
+class Captured:
+    """A captured CUDA graph (:meth:`Backend.capture`): ``result`` is what the captured call
+    returned (device arrays the graph writes into on every replay)."""
+
+    def __init__(self, graph, pool, result):
+        self.graph, self.pool, self.result = graph, pool, result  # the pool keeps the graph's memory reserved
+
+    def replay(self) -> None:
+        """Queue the graph's work on the current stream (the host does not wait)."""
+        self.graph.launch()
+
+
+def upload(dst, src) -> None:
+    """Copy host array ``src`` into ``dst`` without making the host wait: on the GPU an
+    asynchronous copy on the current stream (CUDA stages pageable host memory at once, so
+    ``src`` may change as soon as this returns), on the CPU a plain copy."""
+    if type(dst) is np.ndarray:
+        dst[...] = src
+    else:
+        dst.set(src)
 
 
 def _whole_rows(a, indices, values) -> bool:

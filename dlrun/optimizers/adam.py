@@ -7,8 +7,10 @@ from ..registry import optimizers
 from .base import Optimizer
 
 # GPU: the whole update in one launch (wd: coupled decay; keep: AdamW's decoupled shrink)
-_ADAM = Kernel("T g, T lr_t, T eps_t, T b1, T b2, T wd, T keep", "T w, T m, T v",
-               "T d = g + wd * w; w *= keep; m = b1 * m + (1 - b1) * d; "
+# (h: the per-step values on the device, Adam.per_step: the step size and epsilon with the bias
+# corrections folded in, and AdamW's shrink, which follows the scheduled learning rate)
+_ADAM = Kernel("T g, raw T h, T b1, T b2, T wd", "T w, T m, T v",
+               "T lr_t = h[0]; T eps_t = h[1]; T keep = h[2]; T d = g + wd * w; w *= keep; m = b1 * m + (1 - b1) * d; "
                "v = b2 * v + (1 - b2) * d * d; w -= lr_t * m / (sqrt(v) + eps_t);", "dlrun_adam")
 
 
@@ -29,6 +31,7 @@ class Adam(Optimizer):
     """
 
     elementwise = True
+    capturable = True
 
     slots = ("m", "v")
     decoupled = False
@@ -38,15 +41,20 @@ class Adam(Optimizer):
         super().__init__(learning_rate)
         self.beta1, self.beta2, self.epsilon, self.weight_decay = beta1, beta2, epsilon, weight_decay
         self.needs_work = weight_decay > 0 and not self.decoupled
+        self._lr_t = self._eps_t = 0.0  # this step's, set by begin_step
 
-    def step(self) -> None:
+    def begin_step(self) -> None:
         t = self.iterations + 1
         # m̂/(√v̂+ε) = m·√(1−β2ᵗ)/(1−β1ᵗ) / (√v + ε√(1−β2ᵗ)): the bias corrections fold into a
         # Python-float step size and epsilon, so no array is rescaled and nothing up-casts
         c2 = (1.0 - self.beta2 ** t) ** 0.5
         self._lr_t = self.learning_rate * c2 / (1.0 - self.beta1 ** t)
         self._eps_t = self.epsilon * c2
-        super().step()
+        super().begin_step()
+
+    def per_step(self) -> tuple:
+        keep = 1.0 - self.learning_rate * self.weight_decay if self.decoupled else 1.0
+        return (self._lr_t, self._eps_t, keep)
 
     def fuses(self, xp) -> bool:
         return _ADAM.on(xp) is not None
@@ -56,9 +64,7 @@ class Adam(Optimizer):
         xp = array_module(g)
         if self.fuses(xp):
             coupled = 0.0 if self.decoupled else self.weight_decay
-            keep = 1.0 - self.learning_rate * self.weight_decay if self.decoupled else 1.0
-            _ADAM.on(xp)(g, self._lr_t, self._eps_t, self.beta1, self.beta2, coupled, keep, p.data,
-                         state["m"], state["v"])
+            _ADAM.on(xp)(g, self.hyper, self.beta1, self.beta2, coupled, p.data, state["m"], state["v"])
             return
         if self.weight_decay:
             if self.decoupled:
@@ -99,6 +105,7 @@ class AdamW(Adam):
     """
 
     decoupled = True
+    capturable = True
 
     def __init__(self, learning_rate: PositiveFloat = 0.001, beta1: Fraction = 0.9, beta2: Fraction = 0.999,
                  epsilon: PositiveFloat = 1e-8, weight_decay: NonNegativeFloat = 0.01):

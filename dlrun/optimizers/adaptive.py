@@ -7,14 +7,15 @@ from ..registry import optimizers
 from .base import Optimizer
 
 # GPU: each update in one launch
-_RMSPROP = Kernel("T g, T lr, T rho, T eps, T wd", "T w, T v",
-                  "T d = g + wd * w; v = rho * v + (1 - rho) * d * d; w -= lr * d / (sqrt(v) + eps);",
+# (h: the per-step values on the device, Optimizer.per_step: h[0] the learning rate)
+_RMSPROP = Kernel("T g, raw T h, T rho, T eps, T wd", "T w, T v",
+                  "T lr = h[0]; T d = g + wd * w; v = rho * v + (1 - rho) * d * d; w -= lr * d / (sqrt(v) + eps);",
                   "dlrun_rmsprop")
-_RMSPROP_MOMENTUM = Kernel("T g, T lr, T rho, T eps, T wd, T mom", "T w, T v, T b",
-                           "T d = g + wd * w; v = rho * v + (1 - rho) * d * d; b = mom * b + d / (sqrt(v) + eps); "
+_RMSPROP_MOMENTUM = Kernel("T g, raw T h, T rho, T eps, T wd, T mom", "T w, T v, T b",
+                           "T lr = h[0]; T d = g + wd * w; v = rho * v + (1 - rho) * d * d; b = mom * b + d / (sqrt(v) + eps); "
                            "w -= lr * b;", "dlrun_rmsprop_momentum")
-_ADAGRAD = Kernel("T g, T lr, T eps, T wd", "T w, T s",
-                  "T d = g + wd * w; s += d * d; w -= lr * d / (sqrt(s) + eps);", "dlrun_adagrad")
+_ADAGRAD = Kernel("T g, raw T h, T eps, T wd", "T w, T s",
+                  "T lr = h[0]; T d = g + wd * w; s += d * d; w -= lr * d / (sqrt(s) + eps);", "dlrun_adagrad")
 
 
 @optimizers.register()
@@ -34,6 +35,7 @@ class RMSProp(Optimizer):
     """
 
     elementwise = True
+    capturable = True
 
     needs_work = True
 
@@ -50,7 +52,7 @@ class RMSProp(Optimizer):
         g = p.grad
         xp = array_module(g)
         if self.fuses(xp):
-            args = (g, self.learning_rate, self.rho, self.epsilon, self.weight_decay)
+            args = (g, self.hyper, self.rho, self.epsilon, self.weight_decay)
             if self.momentum:
                 _RMSPROP_MOMENTUM.on(xp)(*args, self.momentum, p.data, state["square_avg"], state["momentum_buffer"])
             else:
@@ -94,6 +96,7 @@ class AdaGrad(Optimizer):
     """
 
     elementwise = True
+    capturable = True
 
     slots = ("sum",)
     needs_work = True
@@ -115,7 +118,7 @@ class AdaGrad(Optimizer):
         g = p.grad
         xp = array_module(g)
         if self.fuses(xp):
-            _ADAGRAD.on(xp)(g, self.learning_rate, self.epsilon, self.weight_decay, p.data, state["sum"])
+            _ADAGRAD.on(xp)(g, self.hyper, self.epsilon, self.weight_decay, p.data, state["sum"])
             return
         work = state["_work"]
         if self.weight_decay:

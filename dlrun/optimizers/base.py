@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import array_module
+from ..backend import array_module, upload
 from ..layers.base import Parameter
 from ..registry import optimizers
 
@@ -28,7 +28,9 @@ class Optimizer:
     on the CPU splits a large buffer into cache-sized blocks (views of the parameters, their
     gradient and their state), so the update's several passes hit L2 cache instead of memory.
     On GPU the built-in optimizers run their whole update as one fused kernel
-    (a ``backend.Kernel``), and blocks would only multiply launches.
+    (a ``backend.Kernel``), and blocks would only multiply launches. That kernel reads the values
+    that change between steps (:meth:`per_step`) from a small device array, ``self.hyper``,
+    which :meth:`begin_step` fills; ``capturable = True`` says so.
     """
 
     slots: tuple[str, ...] = ()
@@ -36,6 +38,11 @@ class Optimizer:
     elementwise: bool = False
     block_size: int = 1 << 17  # elements per block (0.5 MiB per float32 array)
     _flat = None  # (arena, flat state, whole-model Parameter, flat slot arrays) when setup packed the update
+    _hyper = None  # (host values, device array) of per_step(), when the update runs as a fused kernel
+    # True: the fused kernel reads every value that changes between steps from ``hyper`` (set by
+    # begin_step), so a CUDA graph may capture ``update``. Declared by each class itself: a
+    # subclass that changes the update is not capturable until it says so.
+    capturable = False
 
     def __init__(self, learning_rate: float):
         self.learning_rate = learning_rate
@@ -53,7 +60,12 @@ class Optimizer:
         """
         self.params = [(n, p) for n, p in named_params if p.trainable]
         self._flat = None
-        work = self.needs_work and not (self.params and self.fuses(array_module(self.params[0][1].data)))
+        first = self.params[0][1].data if self.params else None
+        fused = first is not None and self.fuses(array_module(first))
+        if fused:  # the per-step values the kernel reads, on the host and on the device
+            host = np.zeros(len(self.per_step()), first.dtype)
+            self._hyper = (host, array_module(first).asarray(host))
+        work = self.needs_work and not fused
         if self.elementwise and arena is not None and arena.holds([p for _, p in self.params]):
             keys = self.slots + (("_work",) if work else ())
             flat = {k: arena.zeros_like() for k in keys}
@@ -71,8 +83,35 @@ class Optimizer:
         return False
 
     def step(self) -> None:
-        """Apply one update to every trainable parameter."""
+        """Apply one update to every trainable parameter: :meth:`begin_step` on the host, then
+        :meth:`update` on the device."""
+        self.begin_step()
+        self.update()
+
+    def begin_step(self) -> None:
+        """The host's part of a step: count it, and where the update runs as a fused kernel,
+        copy the values that change from step to step (:meth:`per_step`: the learning rate a
+        schedule sets, Adam's bias corrections) into a small device array the kernel reads, so
+        that the device's part reads nothing from Python and can be captured in a CUDA graph
+        (see :mod:`dlrun.training.capture`)."""
         self.iterations += 1
+        if self._hyper is not None:
+            host, device = self._hyper
+            host[:] = self.per_step()
+            upload(device, host)
+
+    def per_step(self) -> tuple:
+        """The values of this step that the fused kernel reads from the device array ``hyper``
+        (the built-ins: the learning rate first)."""
+        return (self.learning_rate,)
+
+    @property
+    def hyper(self):
+        """The device array of :meth:`per_step`'s values (None unless the update is fused)."""
+        return None if self._hyper is None else self._hyper[1]
+
+    def update(self) -> None:
+        """The device's part of a step (after :meth:`begin_step`): every parameter updated."""
         if self._flat is not None:
             arena, state, whole, _ = self._flat
             arena.adopt()

@@ -7,9 +7,11 @@ from ..registry import optimizers
 from .base import Optimizer
 
 # GPU: the whole update in one launch
-_PLAIN = Kernel("T g, T lr, T wd", "T w", "w -= lr * (g + wd * w);", "dlrun_sgd")
-_MOMENTUM = Kernel("T g, T lr, T wd, T mom, bool nesterov", "T w, T v",
-                   "T d = g + wd * w; v = mom * v + d; w -= lr * (nesterov ? d + mom * v : v);", "dlrun_sgd_momentum")
+# (h: the per-step values on the device, Optimizer.per_step: h[0] the learning rate)
+_PLAIN = Kernel("T g, raw T h, T wd", "T w", "T lr = h[0]; w -= lr * (g + wd * w);", "dlrun_sgd")
+_MOMENTUM = Kernel("T g, raw T h, T wd, T mom, bool nesterov", "T w, T v",
+                   "T lr = h[0]; T d = g + wd * w; v = mom * v + d; w -= lr * (nesterov ? d + mom * v : v);",
+                   "dlrun_sgd_momentum")
 
 
 @optimizers.register()
@@ -28,6 +30,7 @@ class SGD(Optimizer):
     """
 
     elementwise = True
+    capturable = True
 
     def __init__(self, learning_rate: PositiveFloat = 0.01, momentum: Fraction = 0.0,
                  nesterov: bool = False, weight_decay: NonNegativeFloat = 0.0):
@@ -67,7 +70,7 @@ class SGD(Optimizer):
 
     def _update_fused(self, xp, g, state, p) -> None:
         if self.momentum:
-            _MOMENTUM.on(xp)(g, self.learning_rate, self.weight_decay, self.momentum, self.nesterov, p.data,
+            _MOMENTUM.on(xp)(g, self.hyper, self.weight_decay, self.momentum, self.nesterov, p.data,
                              state["velocity"])
         else:
-            _PLAIN.on(xp)(g, self.learning_rate, self.weight_decay, p.data)
+            _PLAIN.on(xp)(g, self.hyper, self.weight_decay, p.data)

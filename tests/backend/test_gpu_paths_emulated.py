@@ -239,11 +239,13 @@ def test_the_emulator_enforces_cupy_calling_conventions():
 
     sgd = next(k for k in KERNELS if k.name == "dlrun_sgd")
     run = Emulated(sgd, EMULATORS["dlrun_sgd"], Counter())
-    w, g = np.ones(4, np.float32), np.ones(4, np.float32)
-    run(g, 0.5, 0.0, w)
+    w, g, h = np.ones(4, np.float32), np.ones(4, np.float32), np.array([0.5], np.float32)
+    run(g, h, 0.0, w)
     np.testing.assert_array_equal(w, 0.5)
     with pytest.raises(TypeError, match="g is float64, but type T is float32"):
-        run(g.astype(np.float64), 0.5, 0.0, w)
+        run(g.astype(np.float64), h, 0.0, w)
+    with pytest.raises(TypeError, match="h is raw: it takes an array"):
+        run(g, 0.5, 0.0, w)
     with pytest.raises(TypeError, match="2 arguments, expected 3 or 4"):
         run(g, 0.5)
     relu = Emulated(next(k for k in KERNELS if k.name == "dlrun_relu"), EMULATORS["dlrun_relu"], Counter())
