@@ -462,6 +462,10 @@ class FakeCupy(types.ModuleType):
                                           using_allocator=_using_allocator,
                                           get_current_stream=lambda: _NULL_STREAM,
                                           runtime=types.SimpleNamespace(is_hip=False))
+        # a strided view of a device array is a device array (numpy's as_strided drops the subclass)
+        as_strided = np.lib.stride_tricks.as_strided
+        self.lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(
+            as_strided=lambda x, *args, **kwargs: _dev(as_strided(x, *args, **kwargs))))
 
     def __getattr__(self, name):
         attr = getattr(np, name)

@@ -91,6 +91,10 @@ class TrainSettings:
             tensorboard extra), e.g. [csv, tensorboard].
         log_every_n_steps: also write the training loss of every Nth optimizer step to TensorBoard
             (step_loss; Lightning's log_every_n_steps); null writes per epoch only.
+        cuda_graph: on the GPU, record the training step once in a CUDA graph and replay it for
+            every batch of the full batch size, which saves the launch cost of each kernel (see
+            docs/performance.md). auto: where the step can be captured; true: the same, but
+            refuse to train when it cannot; false: never. Results are the same either way.
     """
 
     epochs: PositiveInt = 10
@@ -110,6 +114,7 @@ class TrainSettings:
     monitor: str | None = None
     loggers: list[Literal["csv", "tensorboard"]] = ("csv",)  # (a tuple: a default is never shared)
     log_every_n_steps: PositiveInt | None = None
+    cuda_graph: Literal["auto"] | bool = "auto"
 
 
 # the top-level keys, in the order a resolved config lists them

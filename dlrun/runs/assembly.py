@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..metrics import monitor
-from ..training import controls
+from ..training import capture, controls
 from .. import metrics, parallel
 from ..backend import get_backend
 from ..config import Config
@@ -92,6 +92,17 @@ def check_parts(trainer: Trainer, n: int, world, config: Config) -> None:
                       config.locate("train.batch_size"))
 
 
+def check_cuda_graph(trainer: Trainer, config: Config) -> None:
+    """A ConfigError when ``train.cuda_graph: true`` asks for a CUDA graph that the step cannot
+    have, saying why."""
+    if config.train.cuda_graph is not True:
+        return
+    why = capture.blocker(trainer.training_step, trainer.controls)
+    if why is not None:
+        raise ConfigError(f"train.cuda_graph is true, but the training step cannot be captured in a CUDA graph: {why}; "
+                          f"set it to auto (capture where possible) or false", config.locate("train.cuda_graph"))
+
+
 def assemble(config: Config, fitted: Preprocessing | None = None) -> Assembly:
     """Every part of a run, built and checked before any file is written (see the module docstring).
     ``fitted``: the preprocessing a resumed run recorded (else it is fitted on the training split)."""
@@ -112,13 +123,14 @@ def assemble(config: Config, fitted: Preprocessing | None = None) -> Assembly:
     trainer = Trainer(model, loss, config.build("optimizer"), config.build("regularizer"),
                       config.train.batch_size, config.train.shuffle, config.seed, config.train.drop_last,
                       config.train.accumulate_batches,
-                      metrics.build(config.train.metrics, loss, outputs, config.locate))
+                      metrics.build(config.train.metrics, loss, outputs, config.locate), config.train.cuda_graph)
     check_batch_memory(model, trainer.epoch_batches(len(ds.x))[0], config.locate("train.batch_size"))
     check_parts(trainer, len(ds.x), world, config)
     has_val = ds.x_val is not None and len(ds.x_val) > 0
+    trainer.controls = controls.from_config(config, has_val, trainer.classification, trainer.tracker.modes)
+    check_cuda_graph(trainer, config)
     watched = monitor.of_run(config, has_val, trainer.classification, trainer.tracker.modes)
     trainer.monitor = watched
-    trainer.controls = controls.from_config(config, has_val, trainer.classification, trainer.tracker.modes)
     warned = scale_warning(ds)
     return Assembly(config, ds, trainer, trainer.controls, watched, [warned] if warned else [])
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import parallel
 from ..backend import threads
-from ..training import controls, position
+from ..training import capture, controls, position
 from . import checkpoint, rundir, snapshot, tensorboard
 from ..config import Config, config_from_dict
 from ..config.source import parse_yaml
@@ -157,6 +157,8 @@ def _summary(config: Config, ds: Dataset, trainer: Trainer, run_dir: Path, histo
                     "epochs": trainer.epoch, "seconds": round(seconds, 4), "seed": config.seed,
                     "device": config.device, "parameters": trainer.model.num_parameters,
                     "best": writer.best, **extra})
+    if config.device == "gpu":  # whether the step ran as a CUDA graph (train.cuda_graph)
+        summary["cuda_graph"] = capture.status(trainer.training_step)
     ckpt = run_dir / "checkpoints" / "last.npz"
     try:
         rundir.write_json(run_dir / "summary.json", summary)

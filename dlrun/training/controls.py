@@ -31,6 +31,8 @@ class GradientClipping(Callback):
         clip_value: the largest absolute gradient entry; null turns value clipping off.
     """
 
+    capturable = True  # device work alone, with constant arguments: a CUDA graph may record it
+
     def __init__(self, clip_norm: float | None = None, clip_value: float | None = None):
         self.clip_norm, self.clip_value = clip_norm, clip_value
         self.last_norm = None  # the global norm before norm clipping, as a device scalar

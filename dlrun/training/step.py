@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 
 from .accumulate import GradAccumulator
+from .capture import StepGraph
 from ..backend import array_module
 from ..model.contract import defined_at, mismatch
 from ..errors import ContractError
@@ -52,10 +53,12 @@ class TrainingStep:
         owner: what the callbacks' ``on_after_backward`` receives (the trainer).
         first_check: the observer of the first step (:class:`dlrun.training.step.FirstStep`): what the
             loss, the regularizers and the optimizer return is checked on it, once.
+        cuda_graph: ``"auto"`` captures the step in a CUDA graph where it can be
+            (:mod:`dlrun.training.capture`), True the same but a failed capture raises, False never.
     """
 
     def __init__(self, model, loss, optimizer, regularizer=None, accumulate: int = 1, tracker=None, owner=None,
-                 first_check: StepObserver | None = None):
+                 first_check: StepObserver | None = None, cuda_graph="auto"):
         self.model, self.loss, self.optimizer, self.tracker, self.owner = model, loss, optimizer, tracker, owner
         self.classification = getattr(loss, "task", "classification") == "classification"
         self.accumulator = GradAccumulator(model) if accumulate > 1 else None
@@ -73,17 +76,26 @@ class TrainingStep:
         self.count = 0  # optimizer steps taken
         self.observers: list[StepObserver] = []
         self.first_check = first_check  # None once the first step has passed it
+        # the step's CUDA graph (GPU only); None runs every step the ordinary way
+        self.graph = StepGraph(self, cuda_graph) if cuda_graph is not False and model.backend.name == "gpu" else None
 
-    def __call__(self, xb, yb, callbacks=(), window=None, sums=None, part=None):
+    def __call__(self, xb, yb, callbacks=(), window=None, sums=None, part=None, *, captured=False):
         """One step on a device batch; returns ``(batch loss × batch size, correct predictions)``
         as device scalars (nothing is read back to the host, so on GPU the step never waits for
         it). ``window``: with gradient accumulation, the batch's ``(share, first, last)`` in its
         step's window (:func:`dlrun.training.accumulate.windows`); the optimizer steps after a window's
         last batch. ``sums``: the epoch's metric sums on the device, which the step adds to.
         ``part``: in a data-parallel run, the fraction of the global batch that ``xb`` is on this
-        rank (None: the whole batch, one process)."""
+        rank (None: the whole batch, one process). ``captured``: the call a CUDA graph records
+        (:mod:`dlrun.training.capture`), which leaves the host's part of the optimizer's step and
+        the count to each replay."""
         if self.observers or self.first_check is not None:
             return self.observed(xb, yb, callbacks, window, sums, part=part)
+        graph = self.graph
+        if graph is not None and window is None and part is None and not captured:
+            score = graph(xb, yb, callbacks, sums)
+            if score is not None:
+                return score
         model, loss = self.model, self.loss
         out = model.forward(xb, yb)
         score = self.score(out, yb, sums)
@@ -99,6 +111,9 @@ class TrainingStep:
             reg.add_gradient(p.data, p.grad)
         for cb in callbacks:
             cb.on_after_backward(self.owner)
+        if captured:
+            self.optimizer.update()
+            return score
         self.optimizer.step()
         self.count += 1
         return score

@@ -45,10 +45,14 @@ class Trainer:
             :mod:`dlrun.training.accumulate`).
         metrics: :class:`~dlrun.metrics.Metric` instances, set up (``dlrun.metrics.build``),
             recorded for the training and validation data as train_NAME and val_NAME.
+        cuda_graph: capture the training step in a CUDA graph on the GPU: ``"auto"`` where it
+            can be, True the same but a failed capture raises, False never (see
+            :mod:`dlrun.training.capture`).
     """
 
     def __init__(self, model: Sequential, loss, optimizer, regularizer=None, batch_size: int | None = 32,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, accumulate: int = 1, metrics=()):
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, accumulate: int = 1, metrics=(),
+                 cuda_graph="auto"):
         self.model = model
         self.loss = loss
         self.optimizer = optimizer
@@ -65,7 +69,7 @@ class Trainer:
         self.tracker = Tracker(metrics, self.backend)
         # the one training step (what fit, the non-finite replay, dlrun time and dlrun check run)
         self.training_step = TrainingStep(model, loss, optimizer, regularizer, accumulate, self.tracker, self,
-                                          FirstStep(model, loss))
+                                          FirstStep(model, loss), cuda_graph)
         self.classification = self.training_step.classification
         # a data-parallel run's ranks (dlrun.parallel), None in one process: each rank trains on
         # its part of every global batch and validates on its part of the validation data
