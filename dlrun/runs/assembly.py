@@ -99,8 +99,8 @@ def check_cuda_graph(trainer: Trainer, config: Config) -> None:
         return
     why = capture.blocker(trainer.training_step, trainer.controls)
     if why is not None:
-        raise ConfigError(f"train.cuda_graph is true, but the training step cannot be captured in a CUDA graph: {why}; "
-                          f"set it to auto (capture where possible) or false", config.locate("train.cuda_graph"))
+        raise ConfigError(f"true, but the training step cannot be captured in a CUDA graph: {why}; set "
+                          f"train.cuda_graph to auto (capture where possible) or false", config.locate("train.cuda_graph"))
 
 
 def assemble(config: Config, fitted: Preprocessing | None = None) -> Assembly:
