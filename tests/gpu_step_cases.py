@@ -1,5 +1,6 @@
 """The training steps that the GPU tests queue, shared by tests/backend/test_gpu.py (on a device)
-and tests/backend/test_gpu_step_host_reads.py (on the CPU stand-in for CuPy).
+and tests/backend/test_gpu_step_host_reads.py and tests/training/test_cuda_graph.py (on the CPU
+stand-in for CuPy); :func:`train_steps` trains a case with or without its CUDA graph.
 
 Between them the cases hold every model part the step has a GPU branch for, and every
 registered loss, optimizer, regularizer and ``train.metrics`` metric, with gradient clipping:
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dlrun import metrics, registry
+from dlrun.backend import to_host
 from dlrun.model import Sequential
 from dlrun.training.controls import GradientClipping
 from dlrun.training.trainer import Trainer
@@ -122,3 +124,44 @@ def covered() -> dict[str, set]:
         if getattr(registry.losses.build(c.loss), "task", "classification") == "classification":
             seen["metrics"].add("accuracy")  # every classification step counts the correct predictions
     return seen
+
+
+STEPS = 7  # train_steps: the first (checked) step, WARMUP ordinary ones, the capture and replays; then a short batch
+
+
+def train_steps(case, gpu, graph=True, steps=STEPS):
+    """``steps`` steps of a case with a learning rate that changes every step (as a per-step
+    schedule sets it), then one smaller batch; everything the steps leave behind."""
+    c = STEP_CASES[case]
+    trainer, callbacks = c.build(gpu)
+    step = trainer.training_step
+    if not graph:
+        step.graph = None
+    sums = trainer.tracker.zeros()
+    rng = np.random.default_rng(0)
+    trainer.fast_mode(True)
+    scores = []
+    for k in range(steps + 1):
+        trainer.optimizer.learning_rate *= 0.8
+        x, y = c.batch(rng)
+        if k == steps:
+            x, y = x[:11], y[:11]  # an epoch's last, smaller batch: the ordinary step
+        total, correct = step(gpu.asarray(x), gpu.asarray(y), callbacks, sums=sums)
+        scores.append((to_host(total), to_host(correct)))
+    trainer.fast_mode(False)
+    weights = {n: to_host(a) for n, a in trainer.model.state_arrays().items()}
+    state = {n: to_host(a) for n, a in trainer.optimizer.state_dict().items()}
+    return trainer, weights, state, scores, None if sums is None else to_host(sums)
+
+
+def same_training(a, b):
+    """Two results of :func:`train_steps` hold the same bits."""
+    (_, w0, s0, scores0, sums0), (_, w1, s1, scores1, sums1) = a, b
+    assert w0.keys() == w1.keys() and s0.keys() == s1.keys()
+    for k in w0:
+        np.testing.assert_array_equal(w1[k], w0[k], err_msg=k)
+    for k in s0:
+        np.testing.assert_array_equal(s1[k], s0[k], err_msg=f"optimizer {k}")
+    for (t0, c0), (t1, c1) in zip(scores0, scores1):
+        assert t1 == t0 and c1 == c0
+    np.testing.assert_array_equal(sums1, sums0)

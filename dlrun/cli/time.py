@@ -60,6 +60,10 @@ def time_cmd(
                                         + (r.metrics.forward if r.metrics else 0.0)),
               _ms(sum(p.backward or 0 for p in r.layers) + r.loss.backward + r.optimizer), _ms(total), "100.0%")
     t.add_row("whole step", "", "", "", _ms(r.step), "")
+    if r.plain_step is not None:  # GPU: as training runs it, unobserved (queued back to back)
+        t.add_row("whole step, unobserved", "", "", "", _ms(r.plain_step), "")
+    if r.graph_step is not None:
+        t.add_row("whole step, CUDA graph", "", "", "", _ms(r.graph_step), "")
     notes = []
     if any(p.backward is None for p in r.layers):
         notes.append("backward '-': skipped in training (no earlier layer has parameters that train)")
@@ -67,6 +71,8 @@ def time_cmd(
     if swapped:
         notes.append(f"rows in execution order: {', '.join(swapped)} (a ReLU just before a MaxPool2D runs on "
                      "the smaller pooled map, with the same result: docs/performance.md)")
+    if r.cuda_graph is not None:
+        notes.append(f"CUDA graph (train.cuda_graph): {r.cuda_graph}")
     if not r.finite:
         notes.append("the loss became NaN or inf during these steps (the rate or the data?): NaN arithmetic can be "
                      "slower or faster than the real one")

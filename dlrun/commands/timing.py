@@ -3,7 +3,9 @@
 Runs real training steps (the trainer's fast path: reused buffers, no input gradient for the
 first trainable layer) on a config's model and data, timing each layer's forward and backward,
 the loss and the optimizer step separately, with device synchronisation after each part on GPU.
-Times are medians over the timed batches, after untimed warm-up batches.
+Times are medians over the timed batches, after untimed warm-up batches. On GPU the report adds
+the mean time of a whole step as training runs it, the ordinary way and replayed as a CUDA graph
+(:mod:`dlrun.training.capture`), and whether the step was captured.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import numpy as np
 from ..runs.assembly import assemble
 from ..config import Config
 from ..errors import UsageError
+from ..training import capture
 from ..training.step import StepObserver
 
 
@@ -45,6 +48,11 @@ class TimingReport:
     order: tuple[int, ...] = ()   # the model's execution order (Sequential.order): the rows' order
     finite: bool = True           # False when the loss became NaN or inf during the timed steps
     metrics: PartTiming | None = None  # train.metrics' sums, when the config has any
+    cuda_graph: str | None = None  # GPU: "captured" or "not captured: why" (train.cuda_graph)
+    # GPU: mean seconds of a whole unobserved step, the ordinary way and as a CUDA graph's replay
+    # (None where it is not captured)
+    plain_step: float | None = None
+    graph_step: float | None = None
 
     @property
     def parts_total(self) -> float:
@@ -124,6 +132,10 @@ def time_config(config: Config, batches: int = 20, warmup: int = 2) -> TimingRep
         for b, s in enumerate(starts):
             clock.keep = b >= warmup
             step.observed(x[s:s + bs], y[s:s + bs], sums=sums, observers=[clock])
+        graph = plain = None
+        if backend.name == "gpu":
+            plain = _whole_steps(step, x, y, starts, bs, sums, backend, graph=False)
+            graph = _whole_steps(step, x, y, starts, bs, sums, backend, graph=True) if step.graph is not None else None
     finally:
         trainer.fast_mode(False)
         np.seterr(**saved)
@@ -135,6 +147,26 @@ def time_config(config: Config, batches: int = 20, warmup: int = 2) -> TimingRep
             for k, (layer, shape) in enumerate(zip(layers, model.order_shapes))]
     metrics = (PartTiming(f"metrics {', '.join(trainer.tracker.names)}", None, med(clock.metric), None)
                if clock.metric else None)
+    status = capture.status(step) if backend.name == "gpu" else None
     return TimingReport(rows, PartTiming(f"loss {type(loss).__name__}", None, med(clock.loss_f), med(clock.loss_b)),
                         med(clock.opt), med(clock.steps), batches, bs, backend.name, model.order, bool(clock.finite),
-                        metrics)
+                        metrics, status, plain, graph if status == "captured" else None)
+
+
+def _whole_steps(step, x, y, starts, bs, sums, backend, graph: bool) -> float:
+    """Mean seconds of a whole training step run as training runs it (no observer), with or
+    without its CUDA graph: the steps are queued back to back and the device synchronised once."""
+    kept = step.graph
+    if not graph:
+        step.graph = None
+    try:
+        for s in starts[:capture.WARMUP + 1]:  # (with the graph: the warm-up steps and the capture)
+            step(x[s:s + bs], y[s:s + bs], sums=sums)
+        backend.synchronize()
+        t0 = time.perf_counter()
+        for s in starts:
+            step(x[s:s + bs], y[s:s + bs], sums=sums)
+        backend.synchronize()
+        return (time.perf_counter() - t0) / len(starts)
+    finally:
+        step.graph = kept

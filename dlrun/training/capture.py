@@ -83,6 +83,30 @@ def status(step) -> str:
     return "not captured: train.cuda_graph is false"
 
 
+def _arrays_of(step) -> list:
+    """Every array the step's parts hold in their attributes (and in the lists, tuples, dicts and
+    scratch-buffer pools there)."""
+    found = []
+
+    def walk(v, depth):
+        if hasattr(v, "shape") and hasattr(v, "dtype") and hasattr(v, "data"):
+            found.append(v)
+        elif depth < 3 and isinstance(v, (list, tuple)):
+            for a in v:
+                walk(a, depth + 1)
+        elif depth < 3 and isinstance(v, dict):
+            for a in v.values():
+                walk(a, depth + 1)
+        elif depth < 3 and hasattr(v, "_arrays"):  # a BufferPool
+            walk(v._arrays, depth + 1)
+
+    parts = [*step.model.run_order, step.loss, step.optimizer, *getattr(step.tracker, "metrics", ())]
+    for part in parts:
+        for v in getattr(part, "__dict__", {}).values():
+            walk(v, 0)
+    return found
+
+
 class StepGraph:
     """The CUDA graph of one training step and what it needs around each replay.
 
@@ -102,6 +126,7 @@ class StepGraph:
         self.replays = 0
         self._pools = []  # every capture's memory pool: arrays from it may outlive its graph
         self._seen: dict = {}
+        self._keep = []
         self._checked = None  # (callbacks, blocker) last decided
 
     @property
@@ -158,6 +183,7 @@ class StepGraph:
         backend = step.model.backend
         x, y = xb.copy(), yb.copy()  # the static inputs (copies: the batch may be a view of the data)
         s = None if sums is None else sums.copy()
+        before = _arrays_of(step)
         opt.begin_step()  # the host's part of this step, outside the graph
         try:
             graph = backend.capture(lambda: step(x, y, callbacks, sums=s, captured=True))
@@ -169,6 +195,9 @@ class StepGraph:
                                     f"false to train without a CUDA graph") from e
             return None
         self._pools.append(graph.pool)
+        # the arrays the step's parts held around the capture, which the graph may read or write:
+        # kept alive with it, so that their memory is never handed to anything else
+        self._keep = before + _arrays_of(step)
         self.graph, self.key, self.inputs, self.why_not = graph, key, (x, y, s), None
         self.bound = self._bound_now()
         return self._launch(sums)

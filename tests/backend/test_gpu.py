@@ -16,7 +16,7 @@ from dlrun.backend import get_backend, gpu_available, to_host
 from dlrun.gradcheck.inputs import joined, joined_shape
 from dlrun.model import Sequential
 from conftest import CONFIGS
-from gpu_step_cases import STEP_CASES
+from gpu_step_cases import STEP_CASES, STEPS, same_training, train_steps
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")]
@@ -438,3 +438,37 @@ def test_every_metric_sums_on_the_gpu_as_on_the_cpu(binary):
                 tracker.add(sums, b.asarray(z[lo:hi]), b.asarray(y[lo:hi]), loss)
             values[device] = tracker.results(sums, "")[name]
         assert values["gpu"] == pytest.approx(values["cpu"], rel=1e-12), name
+
+
+@pytest.mark.parametrize("case", list(STEP_CASES))
+def test_the_captured_step_trains_exactly_as_the_ordinary_step_on_the_device(case):
+    """CUDA graph replays (train.cuda_graph) against the ordinary step: the same bits, with a
+    learning rate that changes every step and a short last batch."""
+    gpu = get_backend("gpu")
+    plain = train_steps(case, gpu, graph=False)
+    graphed = train_steps(case, gpu)
+    graph = graphed[0].training_step.graph
+    assert graph.status == "captured" and graph.replays == STEPS - 3
+    same_training(plain, graphed)
+
+
+@pytest.mark.parametrize("config,overrides", [
+    ("spiral.yaml", ["train.epochs=40"]),
+    ("iris.yaml", ["train.epochs=6", "train.batch_size=16", "train.schedule={type: cosine}",
+                   "train.schedule_interval=step", "train.clip_norm=1.0", "train.metrics=[f1]"]),
+    ("moons_dropout.yaml", ["train.epochs=4"]),
+])
+def test_a_run_trains_the_same_with_and_without_its_cuda_graph_on_the_device(config, overrides, tmp_path):
+    from dlrun.config import load_config
+    from dlrun.runs.run import train
+
+    results = {}
+    for graph in ("false", "auto"):
+        c = load_config(CONFIGS / config, overrides=["device=gpu", f"train.cuda_graph={graph}", *overrides])
+        results[graph] = train(c, runs_dir=tmp_path / graph)
+    plain, graphed = results["false"], results["auto"]
+    assert graphed.summary["cuda_graph"] == "captured", graphed.summary["cuda_graph"]
+    assert [r["train_loss"] for r in graphed.history.rows] == [r["train_loss"] for r in plain.history.rows]
+    w0, w1 = plain.trainer.model.state_arrays(), graphed.trainer.model.state_arrays()
+    for k in w0:
+        np.testing.assert_array_equal(to_host(w1[k]), to_host(w0[k]), err_msg=k)

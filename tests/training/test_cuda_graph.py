@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import dlrun.backend.backend as backend_module
+from dlrun.commands.timing import time_config
 from dlrun.config import load_config
 from dlrun.errors import NonFiniteError, TrainingError
 from dlrun.layers.linear import Linear
@@ -27,64 +28,24 @@ from dlrun.training import capture
 from dlrun.training.hooks import Callback
 from conftest import CONFIGS, run_cli
 from device_emulation import CaptureError, FAKE_CUPY, HostRead, emulated_gpu
-from gpu_step_cases import STEP_CASES
+from gpu_step_cases import STEP_CASES, STEPS, same_training, train_steps
 from kernel_emulation import emulate
-
-STEPS = 7  # the first (checked) step, WARMUP ordinary ones, the capture and replays; then a short batch
-
-
-def _train(case, gpu, graph=True, steps=STEPS):
-    """``steps`` steps of a case with a learning rate that changes every step (as a per-step
-    schedule sets it), then one smaller batch; everything the steps leave behind."""
-    c = STEP_CASES[case]
-    trainer, callbacks = c.build(gpu)
-    step = trainer.training_step
-    if not graph:
-        step.graph = None
-    sums = trainer.tracker.zeros()
-    rng = np.random.default_rng(0)
-    trainer.fast_mode(True)
-    scores = []
-    for k in range(steps + 1):
-        trainer.optimizer.learning_rate *= 0.8
-        x, y = c.batch(rng)
-        if k == steps:
-            x, y = x[:11], y[:11]  # an epoch's last, smaller batch: the ordinary step
-        total, correct = step(gpu.asarray(x), gpu.asarray(y), callbacks, sums=sums)
-        scores.append((np.array(total), np.array(correct)))
-    trainer.fast_mode(False)
-    weights = {n: np.array(a) for n, a in trainer.model.state_arrays().items()}
-    state = {n: np.array(a) for n, a in trainer.optimizer.state_dict().items()}
-    return trainer, weights, state, scores, None if sums is None else np.array(sums)
-
-
-def _same(a, b):
-    (_, w0, s0, scores0, sums0), (_, w1, s1, scores1, sums1) = a, b
-    assert w0.keys() == w1.keys() and s0.keys() == s1.keys()
-    for k in w0:
-        np.testing.assert_array_equal(w1[k], w0[k], err_msg=k)
-    for k in s0:
-        np.testing.assert_array_equal(s1[k], s0[k], err_msg=f"optimizer {k}")
-    for (t0, c0), (t1, c1) in zip(scores0, scores1):
-        assert t1 == t0 and c1 == c0
-    np.testing.assert_array_equal(sums1, sums0)
-
 
 @pytest.mark.parametrize("case", list(STEP_CASES))
 def test_the_captured_step_trains_exactly_as_the_ordinary_step(case, monkeypatch):
     with emulated_gpu(monkeypatch) as gpu, emulate(monkeypatch):
-        plain = _train(case, gpu, graph=False)
+        plain = train_steps(case, gpu, graph=False)
         forwards = []
         monkeypatch.setattr(type(plain[0].model), "forward",
                             lambda self, *a, real=type(plain[0].model).forward: forwards.append(1) or real(self, *a))
-        graphed = _train(case, gpu)
+        graphed = train_steps(case, gpu)
     graph = graphed[0].training_step.graph
     assert graph.status == "captured", graph.status
     replays = STEPS - 1 - capture.WARMUP
     assert graph.replays == replays
     # the model's Python ran for the ordinary steps and the capture only: the replays are the graph alone
     assert len(forwards) == STEPS + 1 - replays + 1 - 1  # (the first step's forward is the checked one)
-    _same(plain, graphed)
+    same_training(plain, graphed)
 
 
 def test_a_python_scalar_baked_into_the_captured_step_makes_the_replays_drift(monkeypatch):
@@ -99,11 +60,11 @@ def test_a_python_scalar_baked_into_the_captured_step_makes_the_replays_drift(mo
     case = "AdamW"
     with emulated_gpu(monkeypatch) as gpu, emulate(monkeypatch):
         monkeypatch.setattr(Adam, "_update", baked)
-        plain = _train(case, gpu, graph=False)
-        graphed = _train(case, gpu)
+        plain = train_steps(case, gpu, graph=False)
+        graphed = train_steps(case, gpu)
     assert graphed[0].training_step.graph.status == "captured"
     with pytest.raises(AssertionError):
-        _same(plain, graphed)
+        same_training(plain, graphed)
 
 
 @pytest.mark.parametrize("fault", ["host copy", "host read"])
@@ -119,12 +80,12 @@ def test_a_step_that_needs_the_host_is_not_captured_and_still_trains_right(fault
 
     with emulated_gpu(monkeypatch) as gpu, emulate(monkeypatch):
         monkeypatch.setattr(SGD, "_update_fused", needs_host)
-        plain = _train("Hinge", gpu, graph=False)
-        graphed = _train("Hinge", gpu)
+        plain = train_steps("Hinge", gpu, graph=False)
+        graphed = train_steps("Hinge", gpu)
         status = graphed[0].training_step.graph.status
         assert status.startswith("not captured: the capture failed"), status
         assert ("CaptureError" if fault == "host copy" else "HostRead") in status
-        _same(plain, graphed)
+        same_training(plain, graphed)
         trainer, callbacks = STEP_CASES["Hinge"].build(gpu)
         trainer.training_step.graph.mode = True  # train.cuda_graph: true
         x, y = STEP_CASES["Hinge"].batch(np.random.default_rng(0))
@@ -238,3 +199,14 @@ def test_a_non_finite_loss_is_named_the_same_with_the_graph(monkeypatch, tmp_pat
             _fit(monkeypatch, "iris.yaml", overrides + [f"train.cuda_graph={graph}"], tmp_path / graph)
         errors.append(str(e.value).replace(str(tmp_path / graph), "RUNS"))
     assert errors[0] == errors[1] and "epoch 1, batch 8:" in errors[0]  # (captured at batch 4)
+
+
+def test_dlrun_time_on_the_gpu_says_whether_the_step_was_captured_and_times_it_both_ways(monkeypatch):
+    with emulated_gpu(monkeypatch) as gpu, emulate(monkeypatch):
+        monkeypatch.setattr(backend_module, "_gpu", gpu)
+        r = run_cli("time", str(CONFIGS / "spiral.yaml"), "--device", "gpu", "--batches", "3", process=False)
+        assert r.code == 0, r.err
+        report = time_config(load_config(CONFIGS / "iris.yaml", overrides=["device=gpu"]), batches=3)
+    assert "whole step, unobserved" in r.out and "whole step, CUDA graph" in r.out
+    assert "CUDA graph (train.cuda_graph): captured" in r.out
+    assert report.cuda_graph == "captured" and report.graph_step > 0 and report.plain_step > 0
