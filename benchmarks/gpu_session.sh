@@ -60,8 +60,9 @@ if has memory; then
   $PY benchmarks/gpu_memory.py --workload mlp_gpu 2>&1
 fi
 if has time; then
-  echo "== dlrun time (gpu): digits_cnn and the GPU-sized benchmark networks"
-  $PY -m dlrun time configs/digits_cnn.yaml --device gpu 2>&1 | tail -18
+  echo "== dlrun time (gpu): digits_cnn and the GPU-sized benchmark networks; a whole step with and without its CUDA graph"
+  $PY -m dlrun time configs/spiral.yaml --device gpu 2>&1 | tail -14
+  $PY -m dlrun time configs/digits_cnn.yaml --device gpu 2>&1 | tail -20
   $PY - "$WORK" <<'PY'
 import sys, numpy as np
 w = sys.argv[1]
