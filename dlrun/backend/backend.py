@@ -113,6 +113,7 @@ class Backend:
             try:
                 result = call()
             except BaseException:
+                _FAILED_POOLS.append(pool)  # what the call allocated may still be referenced: its memory stays reserved
                 side.end_capture()  # the half-captured graph is dropped
                 raise
             graph = side.end_capture()
@@ -195,6 +196,7 @@ def _whole_rows(a, indices, values) -> bool:
 
 
 CPU = Backend("cpu", np)
+_FAILED_POOLS: list = []  # the memory pools of captures that raised
 _CPU_ZEROS = {t: t(0) for t in (np.float64, np.float32, np.int64)}
 _gpu: Backend | None = None
 
