@@ -15,7 +15,9 @@ Collectives of a run, and who calls them:
   gradient buffer summed over the ranks, with two spare elements that carry the SIGINT/SIGTERM
   flags, so that every rank stops after the same batch;
 * each epoch (:meth:`World.sum_host`): the loss, correct-prediction and metric sums of training,
-  then of validation; the running statistics of per-rank layers broadcast from rank 0;
+  then of validation; the running statistics of per-rank layers broadcast from rank 0; a model
+  that draws random numbers (Dropout): every rank's generator states gathered on rank 0
+  (:meth:`World.gather`), for its checkpoints, then also when training stops inside an epoch;
 * a synchronised BatchNorm (``sync: true``): its batch statistics over the ranks.
 
 A rank that raises once training is under way cannot tell the others, which wait inside a
@@ -131,6 +133,10 @@ class World:
 
     def broadcast(self, arrays) -> None:
         """Rank 0's values of these device arrays on every rank, in place."""
+
+    def gather(self, value) -> list | None:
+        """Every rank's ``value`` (small, JSON-like), in rank order, on rank 0; None on the others."""
+        return [value]
 
     def first(self, found: tuple | None) -> tuple[int, str] | None:
         """(rank, text) of the first ``found`` (an (order, text) pair or None) over the ranks, by
@@ -267,6 +273,9 @@ class MPIWorld(World):
 
     def fresh_seed(self) -> int:
         return self._seed
+
+    def gather(self, value) -> list | None:
+        return self.comm.gather(value, root=0)
 
     def first(self, found: tuple | None) -> tuple[int, str] | None:
         every = [(f[0], r, f[1]) for r, f in enumerate(self.comm.allgather(found)) if f is not None]

@@ -16,7 +16,9 @@ it). From them (numpy ``SeedSequence`` children, so the streams are independent 
 
 A data-parallel run (``mpiexec -n K``) draws the same initial weights and shuffling on every rank;
 rank r > 0 draws its layers' runtime numbers from child r of each layer's stream (rank 0 from
-the stream itself, as one process), and resumes them from SeedSequence([run seed, step, r]).
+the stream itself, as one process). Its checkpoints hold every rank's generator states, so a
+resume on K ranks continues each rank's streams; a resume on another number of ranks continues
+rank 0's, and rank r > 0 draws from SeedSequence([run seed, step, r]).
 
 Every stream above is made here, and only here.
 """
@@ -25,6 +27,18 @@ from __future__ import annotations
 import numpy as np
 
 _INITIAL, _LAYERS, _SHUFFLE = range(3)
+
+
+def generator_state(gen) -> dict | None:
+    """A numpy Generator's bit-generator state (JSON-ready), or None for other generators (CuPy's
+    expose none)."""
+    return gen.bit_generator.state if isinstance(gen, np.random.Generator) else None
+
+
+def layer_states(layers) -> dict:
+    """``{"i": state}`` of the runtime generator of each layer ``model[i]`` that has made one (what
+    checkpoints record, and what :func:`generator_state` gives for it)."""
+    return {str(i): generator_state(layer.rng_made) for i, layer in enumerate(layers) if layer.rng_made is not None}
 
 
 def fresh_seed() -> int:
@@ -73,6 +87,7 @@ def data_stream(seed: int | None) -> np.random.Generator:
 def resumed_layer_streams(seed: int, step: int, layers: int, rank: int = 0) -> list[np.random.SeedSequence]:
     """Fresh, deterministic layer generators for a run resumed at ``step`` on a device whose
     generators have no state to save (CuPy), and for ranks other than 0 of a data-parallel run
-    (checkpoints hold rank 0's): reproducible, though not the stream an uninterrupted run would
-    have drawn."""
+    whose checkpoint holds no states for them (written on another number of ranks, or by a
+    dlrun that kept rank 0's alone): reproducible, though not the stream an uninterrupted run
+    would have drawn."""
     return np.random.SeedSequence([seed, step] + ([rank] if rank else [])).spawn(layers)

@@ -78,10 +78,11 @@ def train_cmd(
     verbosity = QUIET if quiet else VERBOSE if verbose else NORMAL
     with RichProgress(out, cfg.train.epochs, verbosity=verbosity) if world.writes else nullcontext() as progress:
         shown = [progress] if world.writes else []
+        # (a warning while training: with the status line taken down)
+        warn = _warn if progress is None else (lambda text: progress.aside(lambda: _warn(text)))
         if resume is not None:
-            result = run.resume(resume, cfg, ckpt, callbacks=shown)
-        else:  # (a warning while training: with the status line taken down)
-            warn = _warn if progress is None else (lambda text: progress.aside(lambda: _warn(text)))
+            result = run.resume(resume, cfg, ckpt, callbacks=shown, warn=warn)
+        else:
             result = run.train(cfg, runs_dir, callbacks=shown, init_from=init_from, warn=warn)
     if not world.writes:
         return

@@ -127,7 +127,9 @@ _META = {
     "step": (_count, "a non-negative integer"),
     "plugins": (lambda v: _dicts(v) and all(isinstance(x.get("path"), str) for x in v), "a list of plugin records"),
     "controls": (lambda v: _dicts(v) and all(isinstance(x.get("state"), dict) for x in v), "a list of control states"),
-    "rng": (lambda v: isinstance(v, dict) and isinstance(v.get("layers", {}) or {}, dict), "a mapping of generator states"),
+    "rng": (lambda v: isinstance(v, dict) and isinstance(v.get("layers", {}) or {}, dict)
+            and (v.get("ranks") is None or (_dicts(v["ranks"]) and len(v["ranks"]) > 1)),
+            "a mapping of generator states"),
     "best": (lambda v: v is None or isinstance(v, dict), "null or a mapping"),
     "preprocess": (lambda v: isinstance(v, dict), "a mapping"),
 }

@@ -363,20 +363,22 @@ def config_edited(run_dir: str | Path, ckpt: checkpoint.Checkpoint) -> bool:
     return recorded_file != ckpt.meta.get("config")
 
 
-def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, callbacks=()) -> RunResult:
+def resume(run_dir: str | Path, config: Config, ckpt: checkpoint.Checkpoint, callbacks=(), warn=None) -> RunResult:
     """Continue a run in its own directory from ``last.npz`` up to ``config.train.epochs``; a run
     that trained all its epochs but whose ending was lost (no summary.json) is finished: its
-    summary.json and a best.npz that was not written are written, and nothing is trained."""
+    summary.json and a best.npz that was not written are written, and nothing is trained.
+    ``warn(text)`` is called before training when the run cannot continue exactly as it would
+    have (layers that draw random numbers, resumed on another number of ranks)."""
     run_dir = Path(run_dir)
     world = parallel.current()
     if not world.writes:  # another rank of several: rank 0 locks and writes the run directory
-        return _resume(run_dir, config, ckpt, callbacks, world)
+        return _resume(run_dir, config, ckpt, callbacks, world, warn)
     with world.preparing(), rundir.RunLock(run_dir):  # one process trains in a run directory at a time
         rundir.remove_temporary_files(run_dir)  # (left by a write that was killed; none is live now)
-        return _resume(run_dir, config, ckpt, callbacks, world)
+        return _resume(run_dir, config, ckpt, callbacks, world, warn)
 
 
-def _resume(run_dir: Path, config: Config, ckpt: checkpoint.Checkpoint, callbacks, world) -> RunResult:
+def _resume(run_dir: Path, config: Config, ckpt: checkpoint.Checkpoint, callbacks, world, warn=None) -> RunResult:
     with world.preparing():
         position.check_split(ckpt.meta.get("config"), config)
         config.split_shares = ckpt.meta.get("split_shares", "per_class")  # the run's own split (data.split)
@@ -389,7 +391,9 @@ def _resume(run_dir: Path, config: Config, ckpt: checkpoint.Checkpoint, callback
         run = assemble(config, fitted)
         logs = loggers(config) if world.writes else []
         ds, trainer = run.data, run.trainer
-        snapshot.restore(trainer, ckpt, config.seed, config.frozen)
+        note = snapshot.restore(trainer, ckpt, config.seed, config.frozen)
+        if note and warn is not None and world.writes:
+            warn(note)
         if trainer.epoch >= config.train.epochs and (trainer.position is not None or _finished(run_dir, trainer.epoch)):
             raise UsageError(f"{run_dir} has already trained {trainer.epoch} of {config.train.epochs} epochs; "
                              f"raise the total to continue, e.g. --set train.epochs={trainer.epoch + 10}")

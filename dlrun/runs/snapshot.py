@@ -4,8 +4,9 @@ A checkpoint records every parameter and declared layer state, the optimizer's b
 count, the epoch and step, the RNG states (the trainer's shuffling generator and each layer's
 ``rng``, as JSON), the resolved config, the dlrun version, and every plugin file with the
 sha256 of its source. Restoring all of it makes a resumed CPU run bit-identical to one that
-never stopped. On GPU, CuPy generators expose no state: layer generators are re-seeded from
-the run seed and the step on resume (deterministic, but a different stream).
+never stopped; a data-parallel run's checkpoints hold every rank's layer generators, so that a
+resume on as many ranks is too. On GPU, CuPy generators expose no state: layer generators are
+re-seeded from the run seed and the step on resume (deterministic, but a different stream).
 """
 from __future__ import annotations
 
@@ -28,11 +29,6 @@ from ..registry.plugins import loaded_files, source_hash
 from ..training.position import EpochPosition
 from ..training.hooks import Callback
 from ..training.trainer import Trainer
-
-
-def rng_state(gen) -> dict | None:
-    """A numpy Generator's bit-generator state (JSON-ready), or None for other generators."""
-    return gen.bit_generator.state if isinstance(gen, np.random.Generator) else None
 
 
 def plugin_records(config: Config) -> list[dict]:
@@ -76,8 +72,9 @@ def capture(trainer: Trainer, config: Config, extra: dict | None = None) -> tupl
             "input_shape": list(model.input_shape), "dtype": str(model.dtype),
             "device": model.backend.name,
             "rng": {"shuffle": state["shuffle"],
-                    "layers": {str(i): rng_state(layer.rng_made) for i, layer in enumerate(model.layers)
-                               if layer.rng_made is not None}},
+                    "layers": seeding.layer_states(model.layers),
+                    # several ranks: each rank's, gathered when the epoch ended or training stopped
+                    **({"ranks": trainer.rank_states} if trainer.rank_states is not None else {})},
             "position": state["position"].to_meta() if state["position"] is not None else None,
             "plugins": plugin_records(config),
             "controls": state["controls"], **(extra or {})}
@@ -113,9 +110,14 @@ def load_weights(model, ckpt: checkpoint.Checkpoint) -> None:
     model.load_state_arrays(ckpt.model, ckpt.path, ckpt.meta)
 
 
-def restore(trainer: Trainer, ckpt: checkpoint.Checkpoint, seed: int, frozen=()) -> None:
+def restore(trainer: Trainer, ckpt: checkpoint.Checkpoint, seed: int, frozen=()) -> str | None:
     """Put a trainer back into the state a checkpoint recorded: weights, optimizer, counters, RNGs.
-    ``frozen``: the resumed config's ``trainable: false`` layers (see :func:`frozen_changed`)."""
+    ``frozen``: the resumed config's ``trainable: false`` layers (see :func:`frozen_changed`).
+
+    Returns a warning when layers that draw random numbers cannot continue every stream: the
+    checkpoint was written on another number of ranks (each rank of a data-parallel run draws
+    its own); rank 0 then continues the recorded streams and every other rank draws fresh ones
+    (:func:`dlrun.seeding.resumed_layer_streams`)."""
     load_weights(trainer.model, ckpt)
     opt = trainer.optimizer
     wanted = set(opt.state_dict())
@@ -140,18 +142,34 @@ def restore(trainer: Trainer, ckpt: checkpoint.Checkpoint, seed: int, frozen=())
     trainer.load_state_dict({"epoch": meta["epoch"], "step": meta["step"], "position": position,
                              "shuffle": position.shuffle if position is not None else rng.get("shuffle"),
                              "optimizer": ckpt.optimizer, "controls": meta.get("controls")})
-    states = rng.get("layers") or {}
-    layers = trainer.model.layers
-    rank = trainer.model.world.rank  # the checkpoint holds rank 0's generators
-    reseed = seeding.resumed_layer_streams(seed, trainer.step, len(layers), rank)
+    model = trainer.model
+    layers, world = model.layers, model.world
+    ranks = rng.get("ranks")  # several ranks: each rank's states (older checkpoints hold rank 0's alone)
+    recorded = len(ranks) if ranks is not None else 1
+    states = ranks[world.rank] if recorded == world.size and ranks is not None else rng.get("layers") or {}
+    if world.writes and recorded == world.size:  # what a checkpoint records until the ranks next gather theirs
+        trainer.rank_states = ranks
+    own = world.rank == 0 or recorded == world.size  # else: ranks the checkpoint holds no states for
+    reseed = seeding.resumed_layer_streams(seed, trainer.step, len(layers), world.rank)
     for i, layer in enumerate(layers):
         state = states.get(str(i))
-        if b.xp is not np or rank:  # a CuPy generator has no exportable state: a fresh, deterministic stream
+        if b.xp is not np or not own:  # a CuPy generator has no exportable state: a fresh, deterministic stream
             layer.seed_rng(reseed[i])
         elif state is not None and layer.rng is not None:
             layer.rng.bit_generator.state = state
         # else: no generator made before the checkpoint; the one the model's seed makes later
         # draws what it would have drawn in an uninterrupted run
+    drawing = [f"{model.label(i)} {type(layer).__name__}" for i, layer in enumerate(layers) if layer.stochastic]
+    if recorded == world.size or not drawing or b.xp is not np:
+        return None
+    held = f"{recorded} ranks" if recorded > 1 else "one process (or rank 0 alone)"
+    fresh = ("rank 1" if world.size == 2 else f"ranks 1 to {world.size - 1}") if world.size > 1 else None
+    return (f"{ckpt.path} holds the random generator states of {held} and the run resumes on "
+            f"{f'{world.size} ranks' if world.size > 1 else 'one process'}: {', '.join(drawing)} continue"
+            f"{'s' if len(drawing) == 1 else ''} rank 0's streams"
+            + (f", {fresh} draw{'s' if world.size == 2 else ''} fresh ones from the run seed and step {trainer.step}"
+               if fresh else "")
+            + "; reproducible, but not the random numbers the run would have drawn on its own number of ranks")
 
 
 def frozen_changed(recorded: dict | None, frozen) -> str | None:

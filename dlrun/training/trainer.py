@@ -74,6 +74,11 @@ class Trainer:
         # a data-parallel run's ranks (dlrun.parallel), None in one process: each rank trains on
         # its part of every global batch and validates on its part of the validation data
         self.world = self.training_step.world
+        # several ranks, a model that draws random numbers: every rank's layer generator states
+        # (seeding.layer_states), gathered on rank 0 when an epoch ends or training stops, for
+        # its checkpoints (a resume on as many ranks continues every rank's streams)
+        self.rank_states: list[dict] | None = None
+        self._draws = self.world is not None and any(layer.stochastic for layer in model.layers)
         self.controls: list = []  # the train: controls (clipping, schedule, early stopping): their state is the trainer's
         self._sums = None  # the epoch's metric sums on the device, which train_step adds to
         # the last batch's (loss × batch size as a device scalar, batch size), for callbacks that
@@ -268,6 +273,8 @@ class Trainer:
                     row.update(self.tracker.results(self._sums, "train_"))
                     row.update(self.tracker.results(m.get("metrics"), "val_"))
                 history.rows.append(row)
+                if self._draws:  # (before the callbacks: the checkpoint writer among them)
+                    self._gather_states()
                 stop = False
                 for cb in callbacks:
                     stop = bool(cb.on_epoch_end(epoch, row)) or stop
@@ -282,6 +289,8 @@ class Trainer:
                 self.position = guard.kept(EpochPosition(epoch, done, batches, n, bs, shuffle_state, float(loss_sum),
                                                          int(correct), time.perf_counter() - t0,
                                                          *self.tracker.position(self._sums)))
+                if self._draws:  # (the states the position stands at: the epoch's start when it was undone)
+                    self._gather_states()
             raise
         except BaseException as e:  # code raised inside an epoch: back to where it started (or resumed)
             if in_batches and not isinstance(e, NonFiniteError):  # (the replay has put its state back)
@@ -329,6 +338,11 @@ class Trainer:
         if sums is not None:
             self._sums = self.backend.asarray(total[2:])
         return self.backend.xp.float64(total[0]), self.backend.xp.int64(round(total[1]))
+
+    def _gather_states(self) -> None:
+        """Every rank's layer generator states, in rank order, into ``rank_states`` on rank 0
+        (one collective)."""
+        self.rank_states = self.world.gather(seeding.layer_states(self.model.layers))
 
     def _share_state(self) -> None:
         """Rank 0's layer state (per-rank running statistics) on every rank, as PyTorch DDP

@@ -175,6 +175,83 @@ def test_resume_with_another_number_of_ranks(tmp_path, cli):
     assert_same_run(only_run(tmp_path / "straight"), b)
 
 
+# each rank draws its own dropout masks: a resume continues every rank's generators
+DROPOUT = MLP.replace("  - ReLU\n", "  - ReLU\n  - {type: Dropout, rate: 0.3}\n")
+
+
+def assert_identical_run(one: Path, two: Path) -> None:
+    """The same weights and optimizer state, bit for bit, and the same metrics.csv (but the times)."""
+    a, b = weights(one), weights(two)
+    assert a.keys() == b.keys() and a
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
+    ra, rb = rows(one), rows(two)
+    assert [{k: v for k, v in r.items() if k != "seconds"} for r in ra] == \
+        [{k: v for k, v in r.items() if k != "seconds"} for r in rb]
+
+
+@pytest.mark.slow
+def test_a_resumed_run_with_dropout_continues_every_ranks_masks(tmp_path, cli):
+    """Two epochs on two ranks, or one and a resume on two ranks: bit-identical. The checkpoint
+    holds each rank's generator states; one written without them (an older dlrun) still resumes,
+    as does one resumed on another number of ranks, each with a one-line warning."""
+    config = write(tmp_path / "c.yaml", DROPOUT)
+    p = mpirun("train", config, "--runs-dir", tmp_path / "straight", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    p = mpirun("train", config, "--set", "train.epochs=1", "--runs-dir", tmp_path / "a", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    a = only_run(tmp_path / "a")
+    meta = checkpoint.read(a / "checkpoints" / "last.npz").meta
+    ranks = meta["rng"]["ranks"]
+    assert len(ranks) == 2 and ranks[0] == meta["rng"]["layers"] and ranks[1] != ranks[0]
+    shutil.copytree(a, tmp_path / "b" / a.name)
+    shutil.copytree(a, tmp_path / "c" / a.name)
+    p = mpirun("train", "--resume", a, "--set", "train.epochs=2", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "warning" not in p.stderr, p.stderr
+    assert_identical_run(only_run(tmp_path / "straight"), a)
+    # a checkpoint without the other ranks' states: rank 1 draws fresh masks, and says so
+    b = only_run(tmp_path / "b")
+    old = checkpoint.read(b / "checkpoints" / "last.npz")
+    del old.meta["rng"]["ranks"]
+    checkpoint.save(old.path, old.model, old.optimizer, {k: v for k, v in old.meta.items() if k != "format"})
+    p = mpirun("train", "--resume", b, "--set", "train.epochs=2", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    warned = [line for line in p.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1, p.stderr
+    assert "holds the random generator states of one process (or rank 0 alone) and the run resumes on 2 ranks: " \
+           "model[2] Dropout continues rank 0's streams, rank 1 draws fresh ones from the run seed and step " in warned[0]
+    assert not np.array_equal(weights(b)["model/0.weight"], weights(a)["model/0.weight"])
+    # on another number of ranks: one process continues rank 0's masks
+    c = only_run(tmp_path / "c")
+    r = cli("train", "--resume", c, "--set", "train.epochs=2", cwd=tmp_path)
+    assert r.code == 0, r.err
+    assert "holds the random generator states of 2 ranks and the run resumes on one process: model[2] Dropout " \
+           "continues rank 0's streams; reproducible" in r.err
+
+
+@pytest.mark.slow
+def test_a_run_with_dropout_stopped_inside_an_epoch_resumes_bit_identical(tmp_path):
+    config = write(tmp_path / "c.yaml", DROPOUT.replace("epochs: 2", "epochs: 100000").replace("validation_split: 0.2, ", ""))
+    proc = start("train", config, "--runs-dir", tmp_path / "runs", cwd=tmp_path)
+    run = _wait_for_rows(tmp_path / "runs", proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    meta = checkpoint.read(run / "checkpoints" / "last.npz").meta
+    assert len(meta["rng"]["ranks"]) == 2
+    done = meta["epoch"] + (1 if meta.get("position") else 0)
+    p = mpirun("train", "--resume", run, "--set", f"train.epochs={done}", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    p = mpirun("train", config, "--set", f"train.epochs={done}", "--runs-dir", tmp_path / "straight", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    # the weights bit for bit; the stopped epoch's loss within rounding (its sums so far were
+    # added over the ranks when it stopped, a straight run adds them when the epoch ends)
+    one, two = weights(only_run(tmp_path / "straight")), weights(run)
+    assert one.keys() == two.keys() and all(np.array_equal(one[k], two[k]) for k in one)
+    assert_same_run(only_run(tmp_path / "straight"), run)
+
+
 LONG = MLP.replace("epochs: 2", "epochs: 100000").replace("validation_split: 0.2, ", "")
 
 
