@@ -22,16 +22,30 @@ Collectives of a run, and who calls them:
 
 A rank that raises once training is under way cannot tell the others, which wait inside a
 collective: it names itself and the error in one line and aborts the whole run (MPI_Abort), as
-ChainerMN's global exception hook does. A rank killed outright is reported by the launcher, which
-stops the others at once.
+ChainerMN's global exception hook does.
+
+A rank that ends without a word (killed, crashed, exited) cannot say so. MPICH's ``mpiexec``
+kills the other ranks itself at once (SIGKILL) and prints which process ended and how: always for
+a rank ended by a signal, and for one that exited unless ``-disable-auto-cleanup`` is given. Where
+the launcher leaves them running (with that option it sends them SIGUSR1, which MPICH catches
+and nothing acts on; other launchers send nothing) the others would wait in their next
+collective for ever: each rank *watches* the processes of the ranks on its machine (a daemon
+thread, every quarter second), and once one has ended while this rank has waited in one
+collective for two seconds, the lowest living rank of the machine reports it
+(:attr:`World.on_lost`, a :class:`LostRank`) and aborts the run. A machine lost as a whole is
+left to the launcher.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import signal
+import sys
+import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -58,6 +72,30 @@ def launched() -> tuple[int, int, str | None]:
     return 0, 1, None
 
 
+# the watch: how often it looks at the other ranks' processes, and how long this rank must wait
+# in one collective with a rank gone before it stops the run (a collective that can complete, does)
+WATCH_SECONDS = 0.25
+STUCK_SECONDS = 2.0
+
+
+@dataclass
+class LostRank:
+    """A rank whose process ended while the others waited for it in a collective.
+
+    Attributes:
+        rank: the rank that ended, of ``size``.
+        how: 'killed by SIGKILL, signal 9', 'exited with code 3', or 'its process is gone'.
+        where: where training stood on the reporting rank ('epoch 2, after batch 14 of 20'), or None.
+        run_dir: rank 0's run directory, or None before the ranks started training.
+    """
+
+    rank: int
+    size: int
+    how: str
+    where: str | None
+    run_dir: str | None
+
+
 class RankError(DlrunError):
     """An error that another rank met; every rank raises it together, rank 0 reports it."""
 
@@ -77,6 +115,9 @@ class World:
         self.started = False    # the start's collective has run: training collectives may follow
         self.seconds = 0.0      # spent in the gradients' allreduce (the scaling benchmark reads it)
         self.steps = 0
+        self.run_dir: str | None = None  # rank 0's run directory, once the ranks started
+        self.at = None          # () -> where training stands ('epoch 2, after batch 14 of 20'), for a report
+        self.on_lost = None     # (LostRank) -> None: reports a rank that ended (the command line prints it)
 
     @property
     def writes(self) -> bool:
@@ -169,10 +210,20 @@ class MPIWorld(World):
         self.MPI = MPI
         self.comm = MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self.local_rank = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank).Get_rank()
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)  # the ranks on this machine
+        self.local_rank = node.Get_rank()
         # rank 0's fresh seed, sent while every rank is here (later a rank may be elsewhere)
         self._seed = self.comm.bcast(seeding.fresh_seed() if self.rank == 0 else None, root=0)
         self.nccl = None
+        # the watch (see the module docstring): this machine's ranks and their processes
+        mine = (self.rank, os.getpid(), _born(os.getpid()))
+        # (those whose process this one cannot see, another process namespace, are left to the launcher)
+        self._neighbours = [(r, pid, born) for r, pid, born in node.allgather(mine)
+                            if r == self.rank or born is None or _born(pid) == born]
+        node.Free()
+        self._calls = 0         # collectives entered
+        self._waiting = False   # inside one now
+        self._watch()
 
     def use_gpu(self, backend) -> None:
         """Each rank on the GPU of its local rank, gradients over NCCL: rank 0 makes the
@@ -197,7 +248,9 @@ class MPIWorld(World):
         self.started = True
         said = None if error is None else (str(error).splitlines()[0] if str(error) else type(error).__name__,
                                            getattr(error, "exit_code", 1))
-        every = self.comm.allgather((digest, said, run_dir))
+        with self._collective():
+            every = self.comm.allgather((digest, said, run_dir))
+        self.run_dir = every[0][2]
         failed = [(r, s) for r, (_, s, _) in enumerate(every) if s is not None]
         if failed:
             if error is not None:
@@ -216,7 +269,53 @@ class MPIWorld(World):
             raise e
         return every[0][2]
 
+    @contextmanager
+    def _collective(self):
+        """While this rank waits in a collective (what the watch looks at)."""
+        self._calls += 1
+        self._waiting = True
+        try:
+            yield
+        finally:
+            self._waiting = False
+
+    def _watch(self) -> None:
+        """Start the watch (see the module docstring)."""
+        if len(self._neighbours) < 2:
+            return
+        threading.Thread(target=self._watching, name="dlrun-watch", daemon=True).start()
+
+    def _watching(self) -> None:
+        seen = None  # (collectives entered, when) as this rank was first seen waiting with a rank gone
+        while True:
+            time.sleep(WATCH_SECONDS)
+            ended = {r: how for r, pid, born in self._neighbours
+                     if r != self.rank and (how := _ended(pid, born)) is not None}
+            if not ended or not self._waiting:
+                seen = None
+                continue
+            now = time.monotonic()
+            if seen is None or seen[0] != self._calls:
+                seen = (self._calls, now)
+                continue
+            if now - seen[1] < STUCK_SECONDS:
+                continue
+            reporter = min(r for r, _, _ in self._neighbours if r not in ended)
+            if self.rank == reporter:
+                if self.on_lost is not None:
+                    lost = min(ended)
+                    self.on_lost(LostRank(lost, self.size, ended[lost], self.at() if self.at is not None else None,
+                                          self.run_dir))
+            else:  # the reporting rank stops every rank; should it not, this one does
+                time.sleep(5.0)
+            self.abort(1)
+            return
+
     def sum_gradients(self, flat, loose=()) -> None:
+        with self._collective():
+            self._sum_gradients(flat, loose)
+
+    def _sum_gradients(self, flat, loose) -> None:
         t0 = time.perf_counter()
         if self.nccl is not None and not isinstance(flat, np.ndarray):
             # on GPUs NCCL sums the buffer; the flags travel on the host beside it, so that the
@@ -254,35 +353,86 @@ class MPIWorld(World):
 
     def sum_host(self, values: np.ndarray) -> np.ndarray:
         values = np.ascontiguousarray(values, dtype=np.float64)
-        self.comm.Allreduce(self.MPI.IN_PLACE, values, op=self.MPI.SUM)
+        with self._collective():
+            self.comm.Allreduce(self.MPI.IN_PLACE, values, op=self.MPI.SUM)
         return values
 
     def sum_device(self, a):
-        self._sum_array(a)
+        with self._collective():
+            self._sum_array(a)
         return a
 
     def broadcast(self, arrays) -> None:
-        for a in arrays:
-            if isinstance(a, np.ndarray):
-                self.comm.Bcast(a, root=0)
-            elif self.nccl is not None:
-                self.nccl.bcast(a.data.ptr, a.size, self._types[a.dtype], 0, self._stream.ptr)
-            else:
-                host = self.comm.bcast(a.get() if self.rank == 0 else None, root=0)
-                a.set(host)
+        with self._collective():
+            for a in arrays:
+                if isinstance(a, np.ndarray):
+                    self.comm.Bcast(a, root=0)
+                elif self.nccl is not None:
+                    self.nccl.bcast(a.data.ptr, a.size, self._types[a.dtype], 0, self._stream.ptr)
+                else:
+                    host = self.comm.bcast(a.get() if self.rank == 0 else None, root=0)
+                    a.set(host)
 
     def fresh_seed(self) -> int:
         return self._seed
 
     def gather(self, value) -> list | None:
-        return self.comm.gather(value, root=0)
+        with self._collective():
+            return self.comm.gather(value, root=0)
 
     def first(self, found: tuple | None) -> tuple[int, str] | None:
-        every = [(f[0], r, f[1]) for r, f in enumerate(self.comm.allgather(found)) if f is not None]
+        with self._collective():
+            every = [(f[0], r, f[1]) for r, f in enumerate(self.comm.allgather(found)) if f is not None]
         return min(every)[1:] if every else None
 
     def abort(self, code: int) -> None:
+        # the rank has said what happened: MPICH's own line about the abort would only repeat it
+        sys.stderr.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
         self.comm.Abort(code)
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's name (state first), or None."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _born(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot; None without /proc): a process id
+    used again by a new process is told apart by it."""
+    fields = _stat(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def _ended(pid: int, born: str | None) -> str | None:
+    """How the process ``pid`` (started at ``born``) ended, or None while it runs."""
+    if born is None:  # no /proc: only whether it is there
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return "its process is gone"
+        except OSError:
+            pass
+        return None
+    fields = _stat(pid)
+    if fields is None or len(fields) < 20 or fields[19] != born:
+        return "its process is gone"
+    if fields[0] not in "ZX":
+        return None
+    status = int(fields[49]) if len(fields) > 49 and fields[49].isdigit() else None  # as waitpid reports it
+    if status is not None and os.WIFSIGNALED(status):
+        n = os.WTERMSIG(status)
+        try:
+            return f"killed by {signal.Signals(n).name}, signal {n}"
+        except ValueError:  # (a real-time signal)
+            return f"killed by signal {n}"
+    if status is not None and os.WIFEXITED(status):
+        return f"exited with code {os.WEXITSTATUS(status)}"
+    return "its process ended"
 
 
 _WORLD: list[World] = []

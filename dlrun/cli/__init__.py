@@ -10,7 +10,7 @@ import io
 import os
 import sys
 import traceback
-
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -27,6 +27,8 @@ from ..backend import threads
 from ..signals import Stopped, stop_on_signals
 from ..errors import ConfigErrors, DlrunError, Interrupted, UsageError
 from ..registry.plugins import blame
+from ..runs import checkpoint
+from ..training.position import EpochPosition
 
 # click's plain help layout: it shows a flag as a flag (``--proba``), where typer's panels print
 # ``--proba <bool>`` for every boolean option, --help included
@@ -140,6 +142,33 @@ def fail(e: DlrunError) -> int:
     return e.exit_code
 
 
+_kept: list[io.StringIO] = []  # a rank of several: what it has said so far (written when it ends)
+
+
+def report_lost(lost: parallel.LostRank) -> None:
+    """Report a rank of a data-parallel run that ended while the others waited for it (called by
+    the watch of :mod:`dlrun.parallel`, in its thread, before it stops every rank): what this
+    rank has said so far, then one line naming the rank, then the checkpoint to resume from."""
+    where = f" during {lost.where}" if lost.where else ""
+    lines = [f"error: rank {lost.rank} of {lost.size} ended ({lost.how}){where}; stopping all ranks"]
+    if lost.run_dir is not None:
+        lines.append(_resume_from(Path(lost.run_dir), lost.size))
+    said = _kept[0].getvalue() if _kept else ""
+    sys.stderr.write(said + "\n".join(lines) + "\n")
+    sys.stderr.flush()
+
+
+def _resume_from(run_dir: Path, ranks: int) -> str:
+    """Where a run stopped by a lost rank resumes: its last checkpoint (written whole, or not at all)."""
+    path = run_dir / "checkpoints" / "last.npz"
+    try:
+        meta = checkpoint.read_meta(path)
+        at = EpochPosition.from_meta(meta.get("position"), str(path)) or f"epoch {meta['epoch']}"
+    except (DlrunError, KeyError, OSError):
+        return "no checkpoint was written, so the run cannot be resumed (its metrics.csv keeps the epochs run)"
+    return f"the last checkpoint ({at}) is {path}; resume with: mpiexec -n {ranks} dlrun train --resume {run_dir}"
+
+
 from . import catalog, check, configs, evaluate, gradcheck, plot, predict, runs, time, train  # noqa: E402,F401  (commands register on import)
 
 
@@ -156,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     # one of several ranks (mpiexec): what it reports is decided when it ends (see _rank_ends)
     kept, shown = io.StringIO(), err.file
     err.file = kept
+    _kept[:] = [kept]
     try:
         _main(args)
     except SystemExit as e:

@@ -15,7 +15,7 @@ from ..config import load_config
 from ..errors import UsageError
 from ..registry.plugins import load_plugins
 from .progress import NORMAL, QUIET, VERBOSE, RichProgress
-from . import app, err, out, THREADS, use_threads
+from . import app, err, out, report_lost, THREADS, use_threads
 from .catalog import PLUGIN
 
 SET_HELP = "Override a config key by its dotted path, e.g. train.epochs=5 or model[0].units=64 (repeatable)."
@@ -51,6 +51,7 @@ def train_cmd(
     rank 0 writes the run directory and prints."""
     use_threads(threads_)
     world = parallel.join()  # one process, or a rank of several (mpiexec)
+    world.on_lost = report_lost  # a rank that ends while the others wait for it: one line, every rank stops
     with world.preparing():  # an error here reaches every rank: they stop together
         if quiet and verbose:
             raise UsageError("give --quiet or --verbose, not both")

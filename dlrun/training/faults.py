@@ -258,6 +258,13 @@ class StopOnSignal(Callback):
     def on_train_begin(self, trainer):
         self.every = getattr(trainer, "accumulate", 1)  # steps end windows of this many batches
         self.world = getattr(trainer, "world", None)
+        if self.world is not None:  # (what a report of a rank that ended says)
+            self.world.at = self.where
+
+    def where(self) -> str:
+        """Where training stands: 'epoch 2, after batch 14 of 20'."""
+        return f"epoch {self.epoch}, after batch {self.batch} of {self.batches}" if self.batch else \
+            f"epoch {self.epoch}, before its first batch"
 
     def received(self, signum: int) -> None:
         """A SIGINT or SIGTERM arrived (from :func:`catch_signals`)."""

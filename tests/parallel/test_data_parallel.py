@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlrun.runs import checkpoint
+from dlrun.runs import checkpoint, listing, rundir
 from conftest import ROOT, _environment, write
 
 MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
@@ -33,8 +33,10 @@ def mpirun(*args, ranks: int = 2, cwd: Path, timeout: float = 60, env: dict | No
                           timeout=timeout)
 
 
-def start(*args, ranks: int = 2, cwd: Path, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([MPIEXEC, "-n", str(ranks), sys.executable, "-m", "dlrun", *map(str, args)], cwd=cwd,
+def start(*args, ranks: int = 2, cwd: Path, env: dict | None = None, launcher=()) -> subprocess.Popen:
+    """``mpiexec [LAUNCHER OPTIONS] -n RANKS python -m dlrun ARGS``, running."""
+    return subprocess.Popen([MPIEXEC, *launcher, "-n", str(ranks), sys.executable, "-m", "dlrun", *map(str, args)],
+                            cwd=cwd,
                             env=_environment({**THREADS, **(env or {})}), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -319,9 +321,22 @@ def _rank_pid(mpiexec_pid: int, rank: int) -> int:
     pytest.fail(f"rank {rank} not found")
 
 
+def _after_kill(run: Path, cli, tmp_path: Path) -> None:
+    """The run directory of a run whose rank was killed: listed as failed, its last checkpoint
+    whole, and a resume from it runs."""
+    assert listing.read_run(run).status == listing.FAILED
+    for path in (run / "checkpoints").glob("*.npz"):  # (a write cut short leaves a temporary file, never these)
+        checkpoint.read(path)
+    epoch = checkpoint.read(run / "checkpoints" / "last.npz").meta["epoch"]
+    assert epoch >= 1
+    r = cli("train", "--resume", run, "--set", f"train.epochs={epoch + 1}", cwd=tmp_path)
+    assert r.code == 0, r.err
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the rank's process in /proc")
-def test_a_killed_rank_stops_the_run_within_seconds(tmp_path):
+def test_a_killed_rank_stops_the_run_within_seconds(tmp_path, cli):
+    """MPICH's mpiexec kills the other ranks itself at once (SIGKILL), and names the process."""
     config = write(tmp_path / "c.yaml", LONG.replace("train: {", "train: {checkpoint_every: 1, "))
     proc = start("train", config, "--runs-dir", tmp_path / "runs", cwd=tmp_path)
     run = _wait_for_rows(tmp_path / "runs", proc)
@@ -329,7 +344,8 @@ def test_a_killed_rank_stops_the_run_within_seconds(tmp_path):
     out, err = proc.communicate(timeout=30)  # rank 0 is stopped: no hang (a hang fails here)
     assert proc.returncode != 0
     assert "signal 9" in out + err or "Killed" in out + err  # the launcher names the process that died
-    assert checkpoint.read(run / "checkpoints" / "last.npz").meta["epoch"] >= 1  # the last checkpoint is whole
+    assert "Traceback" not in err
+    _after_kill(run, cli, tmp_path)
 
 
 PLUGIN = """\
@@ -364,9 +380,49 @@ def test_a_rank_that_raises_stops_every_rank_with_one_line(tmp_path):
     config = write(tmp_path / "c.yaml", LONG.replace("  - ReLU\n", "  - ReLU\n  - Trap\n"))
     p = mpirun("train", config, "--plugin", plugin, "--runs-dir", tmp_path / "runs", cwd=tmp_path, timeout=60)
     assert p.returncode == 1  # (rank 0 waited for rank 1 in the gradients' sum: it was stopped, no hang)
-    ours = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    ours = p.stderr.strip().splitlines()  # (no line of MPI's own about the abort)
     assert len(ours) == 1 and ours[0].startswith("error: rank 1: ") and "disk on fire" in ours[0], p.stderr
     assert "trap.py" in ours[0]  # the plugin's line, as in one process
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", ["1", "0"])
+def test_a_rank_that_ends_without_a_word_is_named_by_the_rank_that_waits_for_it(tmp_path, cli, victim):
+    """A rank's process ends in the middle of an epoch (os._exit: no exception, no message), and
+    the launcher leaves the other running (mpiexec -disable-auto-cleanup sends it SIGUSR1): the
+    lowest living rank says which rank ended and how, in one line, and stops every rank; the run
+    directory keeps its last checkpoint, which the next line names."""
+    plugin = write(tmp_path / "trap.py", PLUGIN.format(what="ends its process", action="os._exit(3)")
+                   .replace('self.calls == 5 and os.environ.get("PMI_RANK") == "1"',
+                            f'self.calls == 30 and os.environ.get("PMI_RANK") == "{victim}"'))  # (epoch 3)
+    config = write(tmp_path / "c.yaml", LONG.replace("  - ReLU\n", "  - ReLU\n  - Trap\n"))
+    proc = start("train", config, "--plugin", plugin, "--runs-dir", tmp_path / "runs", cwd=tmp_path,
+                 launcher=["-disable-auto-cleanup"])
+    out, err = proc.communicate(timeout=60)  # within seconds: a hang fails here
+    assert proc.returncode != 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 2, err  # no traceback, no line of MPI's own
+    assert re.fullmatch(rf"error: rank {victim} of 2 ended \((exited with code 3|its process is gone)\) during "
+                        r"epoch \d+, after batch \d+ of 12; stopping all ranks", lines[0]), err
+    run = only_run(tmp_path / "runs")
+    epoch = checkpoint.read(run / "checkpoints" / "last.npz").meta["epoch"]
+    assert lines[1] == (f"the last checkpoint (epoch {epoch}) is {run}/checkpoints/last.npz; resume with: "
+                        f"mpiexec -n 2 dlrun train --resume {run}")
+    owner = rundir.in_use(run)  # (rank 0 may still be ending as mpiexec returns)
+    if owner is not None:
+        _gone(owner)
+    assert listing.read_run(run).status == listing.FAILED
+
+
+def _gone(pid: int, deadline: float = 20) -> None:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"process {pid} did not end")
 
 
 @pytest.mark.slow

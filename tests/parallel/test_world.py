@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,31 @@ def test_launched_reads_the_launchers_variables(monkeypatch):
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")
     assert parallel.launched() == (3, 4, "OMPI_COMM_WORLD_SIZE")
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_the_watch_tells_how_a_process_ended():
+    """What a rank's watch says of another rank's process: nothing while it runs; how it ended
+    while the launcher has not collected it; gone after, or when its id names a newer process."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        born = parallel._born(child.pid)
+        assert born is not None and parallel._ended(child.pid, born) is None
+        assert parallel._ended(child.pid, str(int(born) + 1)) == "its process is gone"  # the id used again
+        os.kill(child.pid, signal.SIGKILL)
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, not yet collected
+        assert parallel._ended(child.pid, born) == "killed by SIGKILL, signal 9"
+    finally:
+        child.kill()
+        child.wait()
+    assert parallel._ended(child.pid, born) == "its process is gone"
+    child = subprocess.Popen([sys.executable, "-c", "import os, sys; sys.stdin.read(); os._exit(3)"],
+                             stdin=subprocess.PIPE)
+    born = parallel._born(child.pid)
+    child.stdin.close()  # it exits now
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+    assert parallel._ended(child.pid, born) == "exited with code 3"
+    child.wait()
 
 
 @pytest.mark.parametrize("n,size", [(7, 2), (25, 3), (2, 2), (128, 8)])
