@@ -142,7 +142,23 @@ def fail(e: DlrunError) -> int:
     return e.exit_code
 
 
-_kept: list[io.StringIO] = []  # a rank of several: what it has said so far (written when it ends)
+class _Kept(io.StringIO):
+    """What a rank of several says on stderr, kept until it ends (:func:`_rank_ends` decides
+    what is shown); rank 0's warnings (``shown``: its stderr) are shown at once, as in one process."""
+
+    def __init__(self, shown=None):
+        super().__init__()
+        self.shown = shown
+
+    def write(self, text: str) -> int:
+        if self.shown is not None and text.startswith("warning:"):
+            self.shown.write(text)
+            self.shown.flush()
+            return len(text)
+        return super().write(text)
+
+
+_kept: list[_Kept] = []  # a rank of several: what it has said so far (written when it ends)
 
 
 def report_lost(lost: parallel.LostRank) -> None:
@@ -183,7 +199,8 @@ def main(argv: list[str] | None = None) -> None:
         _main(args)
         return
     # one of several ranks (mpiexec): what it reports is decided when it ends (see _rank_ends)
-    kept, shown = io.StringIO(), err.file
+    shown = err.file
+    kept = _Kept(shown if rank == 0 else None)
     err.file = kept
     _kept[:] = [kept]
     try:
