@@ -34,6 +34,8 @@ class EpochPosition:
         seconds: wall-clock seconds spent on the batches done.
         metrics: the metrics of train.metrics with every option ('top_k_accuracy(k=5)'), and
             metric_sums their sums over the batches done (:class:`dlrun.metrics.Tracker`).
+        rank_sums: in a data-parallel run, each rank's share of those sums, in rank order:
+            ``[loss_sum, correct, *metric_sums]`` (a resume on as many ranks continues each).
     """
 
     epoch: int
@@ -47,9 +49,13 @@ class EpochPosition:
     seconds: float
     metrics: tuple = ()
     metric_sums: tuple = ()
+    rank_sums: tuple = ()
 
     def to_meta(self) -> dict:
-        return asdict(self)
+        meta = asdict(self)
+        if not self.rank_sums:  # (one process)
+            del meta["rank_sums"]
+        return meta
 
     def __str__(self) -> str:
         return f"batch {self.batches_done} of {self.batches} of epoch {self.epoch}"

@@ -216,11 +216,11 @@ class Trainer:
                 order = self.shuffle_rng.permutation(n) if self.shuffle else None
                 order_d = self.backend.asarray(order) if order is not None else None
                 loss_sum, correct = self.backend.zero(np.float64), self.backend.zero(np.int64)  # fresh: += is in place on GPU
-                own = start if world is None or world.rank == 0 else None  # (several ranks: rank 0 holds the sums so far)
+                own = _so_far(start, world)  # a resumed epoch: the sums of its batches done that this rank holds
                 if own is not None:
-                    loss_sum, correct = loss_sum + start.loss_sum, correct + start.correct
+                    loss_sum, correct = loss_sum + own[0], correct + own[1]
                 if tracked:  # (skipped without metrics: spiral's 1000 one-batch epochs felt the calls, +2.5%)
-                    self._sums = self.tracker.zeros(own.metric_sums if own is not None else None)
+                    self._sums = self.tracker.zeros(own[2] if own is not None else None)
                 guard.mark(shuffle_state, start)
                 in_batches = True
                 start = None
@@ -283,12 +283,14 @@ class Trainer:
                     break
         except Interrupted as e:
             if not e.immediate and done and self.epoch < epoch:  # stopped between two batches of ``epoch``
+                shares = ()
                 if world is not None:  # every rank stopped after the same batch: the sums so far, over them
+                    shares = self._gather_sums(loss_sum, correct)  # (each rank's own: a resume on as many continues them)
                     loss_sum, correct = self._sum_over_ranks(loss_sum, correct)
                 # where a checkpoint continues from (the epoch's start when the state there is not finite)
                 self.position = guard.kept(EpochPosition(epoch, done, batches, n, bs, shuffle_state, float(loss_sum),
                                                          int(correct), time.perf_counter() - t0,
-                                                         *self.tracker.position(self._sums)))
+                                                         *(self.tracker.position(self._sums) or ((), ())), shares))
                 if self._draws:  # (the states the position stands at: the epoch's start when it was undone)
                     self._gather_states()
             raise
@@ -327,6 +329,13 @@ class Trainer:
             idx = slice(s + part.start, min(s + part.stop, used))
             idx = idx if order_d is None else order_d[idx]
             yield xd[idx], yd[idx], plan[b] if plan else None, share
+
+    def _gather_sums(self, loss_sum, correct) -> tuple:
+        """Each rank's loss, correct-prediction and metric sums, in rank order, on rank 0 (() on the
+        others; one collective)."""
+        sums = self._sums
+        mine = [float(loss_sum), float(correct), *(self.backend.to_host(sums).tolist() if sums is not None else [])]
+        return tuple(self.world.gather(mine) or ())
 
     def _sum_over_ranks(self, loss_sum, correct):
         """The loss, correct-prediction and metric sums of every rank's part, added up (one
@@ -390,6 +399,21 @@ class Trainer:
     def predict(self, x, batch_size: int | None = None) -> np.ndarray:
         """Raw model outputs for ``x`` (host array), in evaluation mode."""
         return predict(self.model, x, batch_size or self.batch_size)
+
+
+def _so_far(start: EpochPosition | None, world) -> tuple | None:
+    """(loss sum, correct predictions, metric sums) of a resumed epoch's batches done that this
+    rank continues from, or None. Several ranks: each its own share when the position holds one
+    per rank (it stopped on as many: the epoch's sums then add up in the order of a run that never
+    stopped); else rank 0 holds the whole sums and the others start from nothing."""
+    if start is None:
+        return None
+    if world is not None and len(start.rank_sums) == world.size:
+        mine = start.rank_sums[world.rank]
+        return mine[0], round(mine[1]), mine[2:] if start.metrics else None
+    if world is not None and world.rank != 0:
+        return None
+    return start.loss_sum, start.correct, start.metric_sums if start.metrics else None
 
 
 def _parts(world, bs: int, used: int, batches: int) -> list[tuple[slice, float]]:

@@ -242,16 +242,14 @@ def test_a_run_with_dropout_stopped_inside_an_epoch_resumes_bit_identical(tmp_pa
     assert proc.returncode == 128 + signal.SIGTERM, err
     meta = checkpoint.read(run / "checkpoints" / "last.npz").meta
     assert len(meta["rng"]["ranks"]) == 2
-    done = meta["epoch"] + (1 if meta.get("position") else 0)
+    done = meta["epoch"] + (1 if meta.get("position") else 0)  # (at an epoch's end once in 12 batches)
     p = mpirun("train", "--resume", run, "--set", f"train.epochs={done}", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     p = mpirun("train", config, "--set", f"train.epochs={done}", "--runs-dir", tmp_path / "straight", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
-    # the weights bit for bit; the stopped epoch's loss within rounding (its sums so far were
-    # added over the ranks when it stopped, a straight run adds them when the epoch ends)
-    one, two = weights(only_run(tmp_path / "straight")), weights(run)
-    assert one.keys() == two.keys() and all(np.array_equal(one[k], two[k]) for k in one)
-    assert_same_run(only_run(tmp_path / "straight"), run)
+    if meta.get("position"):  # each rank continues its own sums of the stopped epoch
+        assert len(meta["position"]["rank_sums"]) == 2
+    assert_identical_run(only_run(tmp_path / "straight"), run)
 
 
 LONG = MLP.replace("epochs: 2", "epochs: 100000").replace("validation_split: 0.2, ", "")
