@@ -350,6 +350,8 @@ class _Generator:
         self._g = np.random.default_rng(seed)
 
     def __getattr__(self, name):
+        if name.startswith("__") or name == "_g":  # (copy.deepcopy probes for hooks before _g exists)
+            raise AttributeError(name)
         draw = _wrap(name, getattr(self._g, name))
 
         def call(*args, **kwargs):

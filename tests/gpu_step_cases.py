@@ -129,9 +129,10 @@ def covered() -> dict[str, set]:
 STEPS = 7  # train_steps: the first (checked) step, WARMUP ordinary ones, the capture and replays; then a short batch
 
 
-def train_steps(case, gpu, graph=True, steps=STEPS):
+def train_steps(case, gpu, graph=True, steps=STEPS, middle=None):
     """``steps`` steps of a case with a learning rate that changes every step (as a per-step
-    schedule sets it), then one smaller batch; everything the steps leave behind."""
+    schedule sets it), then one smaller batch; everything the steps leave behind. ``middle(trainer)``
+    is called after half the steps."""
     c = STEP_CASES[case]
     trainer, callbacks = c.build(gpu)
     step = trainer.training_step
@@ -142,6 +143,8 @@ def train_steps(case, gpu, graph=True, steps=STEPS):
     trainer.fast_mode(True)
     scores = []
     for k in range(steps + 1):
+        if middle is not None and k == steps // 2:
+            middle(trainer)
         trainer.optimizer.learning_rate *= 0.8
         x, y = c.batch(rng)
         if k == steps:

@@ -148,12 +148,14 @@ class StepGraph:
                 tuple((layer.training, layer.buffers.enabled, layer.needs_input_grad) for layer in model.run_order))
 
     def _bound_now(self) -> tuple:
-        """The arrays a replay updates in place: the parameters and gradients, the optimizer's
-        state, the layers' state (running statistics)."""
+        """What a replay updates in place: the parameters and gradients, the optimizer's state,
+        the layers' state (running statistics) and random generators (a restore rebinds them)."""
         step = self.step
         arrays = [a for _, p in step.model.named_parameters() for a in (p.data, p.grad)]
         arrays += step.optimizer.buffers()
-        arrays += [getattr(layer, s, None) for layer in step.model.layers for s in getattr(layer, "state", ())]
+        for layer in step.model.layers:
+            arrays += [getattr(layer, s, None) for s in getattr(layer, "state", ())]
+            arrays.append(getattr(layer, "rng", None))
         return tuple(map(id, arrays))
 
     def __call__(self, xb, yb, callbacks, sums):

@@ -11,6 +11,7 @@ the ordinary one. tests/backend/test_gpu.py compares the two on a real device.
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,25 @@ def test_the_captured_step_trains_exactly_as_the_ordinary_step(case, monkeypatch
     assert graph.replays == replays
     # the model's Python ran for the ordinary steps and the capture only: the replays are the graph alone
     assert len(forwards) == STEPS + 1 - replays + 1 - 1  # (the first step's forward is the checked one)
+    same_training(plain, graphed)
+
+
+@pytest.mark.parametrize("what", ["state", "rng"])
+def test_state_that_a_restore_rebinds_is_captured_again(what, monkeypatch):
+    """The non-finite guard's restore puts new arrays and generators into the layers (running
+    statistics, Dropout's generator): the graph, which still points at the old ones, is replaced."""
+    def rebind(trainer):
+        for layer in trainer.model.layers:
+            for a in layer.state if what == "state" else ():
+                setattr(layer, a, copy.deepcopy(getattr(layer, a)))
+            if layer.stochastic and what == "rng":
+                layer.rng = copy.deepcopy(layer.rng)
+
+    case = "mlp+batchnorm+dropout, Adam, L2, clip_norm"
+    with emulated_gpu(monkeypatch) as gpu, emulate(monkeypatch):
+        plain = train_steps(case, gpu, graph=False, steps=12, middle=rebind)
+        graphed = train_steps(case, gpu, steps=12, middle=rebind)
+    assert graphed[0].training_step.graph.replays == 12 - 1 - 2 * capture.WARMUP - 1  # captured twice
     same_training(plain, graphed)
 
 
