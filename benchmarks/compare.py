@@ -1,13 +1,14 @@
 """Time one workload on several versions of dlrun, alternating processes, to measure a change.
 
-    python benchmarks/compare.py cnn HEAD~2 HEAD~1 WORKTREE [--rounds 5] [--repeats 5] [--threads 2]
+    python benchmarks/compare.py cnn HEAD~2 HEAD~1 WORKTREE [--rounds 5] [--repeats 5] [--threads 2] [--clock cpu]
 
 Each version is a git revision (checked out into a temporary worktree, removed afterwards) or
 ``WORKTREE`` for the files as they are now. A round runs every version once, each in its own
 process (``benchmarks/worker.py`` of that version, so that version's dlrun), one untimed warm-up
 then ``--repeats`` timed fits. Versions alternate within each round, so a slow spell of the
 machine hits all of them rather than one. Prints, per version, the median and the minimum over
-all timed fits, and the change of each against the first version.
+all timed fits, and the change of each against the first version. ``--clock cpu`` compares the
+processes' CPU time instead of wall time (steadier on a machine shared with other work).
 """
 from __future__ import annotations
 
@@ -41,7 +42,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="compare wall time (default) or process CPU time (steadier on a busy machine at 1 thread)")
     args = ap.parse_args(argv)
+    key = "times" if args.clock == "wall" else "cpu_times"
     with tempfile.TemporaryDirectory(prefix="dlrun-compare-") as tmp:
         roots = {}
         try:
@@ -59,8 +63,8 @@ def main(argv=None) -> int:
                     if not res.get("available"):
                         print(f"{v}: {res.get('reason')}", file=sys.stderr)
                         return 1
-                    times[v] += [t * 1e3 for t in res["times"]]
-                    print(f"round {r + 1}/{args.rounds} {v:12s} {statistics.median(res['times']) * 1e3:8.1f} ms",
+                    times[v] += [t * 1e3 for t in res[key]]
+                    print(f"round {r + 1}/{args.rounds} {v:12s} {statistics.median(res[key]) * 1e3:8.1f} ms",
                           flush=True)
         finally:
             for v, root in roots.items():
@@ -69,7 +73,8 @@ def main(argv=None) -> int:
                                    capture_output=True)
     first = args.versions[0]
     m0, n0 = statistics.median(times[first]), min(times[first])
-    print(f"\n{args.workload}: {args.rounds} rounds x {args.repeats} fits per version, {args.threads} threads (ms)")
+    print(f"\n{args.workload}: {args.rounds} rounds x {args.repeats} fits per version, {args.threads} threads "
+          f"({args.clock} time, ms)")
     print(f"{'version':14s} {'median':>8s} {'min':>8s} {'vs ' + first:>18s}")
     for v, ts in times.items():
         m, n = statistics.median(ts), min(ts)

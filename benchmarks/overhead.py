@@ -7,10 +7,11 @@ loss dispatch, buffer lookups, accuracy, the optimizer's bookkeeping, the per-ep
 guard and history row (one batch per epoch, as in the spiral). A second figure separates the
 per-epoch part: ``fit`` for 1000 one-batch epochs against 1000 bare ``train_step`` calls.
 
-    python benchmarks/overhead.py [--runs 15] [--graph-nodes 20]
+    python benchmarks/overhead.py [--runs 15] [--graph-nodes 20] [--clock cpu]
 
 Minimum over runs, interleaved in one process; figures depend on the machine (compare rows
-measured in the same invocation, or the dlrun/numpy ratio).
+measured in the same invocation, or the dlrun/numpy ratio). ``--clock cpu`` times the process's
+CPU time instead of wall time: on a machine shared with other work it is much less disturbed.
 
 A third figure is what a graph model costs per node over the same chain written as a list: a
 chain of ``--graph-nodes`` tiny nodes (Linear with one unit and ReLU, alternating, then a Linear
@@ -69,17 +70,17 @@ def chain_trainer(nodes: int, named: bool):
     return t, x, y
 
 
-def graph_overhead(nodes: int, runs: int, steps: int = 2000) -> None:
+def graph_overhead(nodes: int, runs: int, steps: int = 2000, clock=time.perf_counter) -> None:
     """Per-step time of the same chain as a list and as a graph; the difference per node."""
     (tc, xc, yc), (tg, xg, yg) = chain_trainer(nodes, False), chain_trainer(nodes, True)
     assert type(tc.model).__name__ == "Sequential" and type(tg.model).__name__ == "Graph"
     chain_t, graph_t = [], []
     for _ in range(runs):
         for t, x, y, into in ((tc, xc, yc, chain_t), (tg, xg, yg, graph_t)):
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(steps):
                 t.train_step(x, y)
-            into.append(time.perf_counter() - t0)
+            into.append(clock() - t0)
     c, g = (min(t) * 1e6 / steps for t in (chain_t, graph_t))
     print(f"# graph executor, a chain of {nodes} nodes on 3 samples, {steps} steps, min of {runs}")
     print(f"as a list (Sequential)   {c:7.1f} us/step")
@@ -91,7 +92,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--graph-nodes", type=int, default=20, help="nodes of the graph-versus-list chain (0: skip)")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="time wall time (default) or the process's CPU time (steadier on a busy machine)")
     args = ap.parse_args()
+    cpu = args.clock == "cpu"
+    clock = time.process_time if cpu else time.perf_counter
     w = tiny_spiral()
     run_dlrun, _ = bench_dlrun.prepare(w)
     run_numpy = bench_numpy.prepare(w)
@@ -99,27 +104,28 @@ def main() -> None:
     xd, yd = trainer.to_device(x, y)
     fit_t, loop_t, dl_t, np_t = [], [], [], []
     for _ in range(args.runs):
-        dl_t.append(run_dlrun()[0])
-        np_t.append(run_numpy()[0])
+        dl_t.append(run_dlrun()[cpu])  # (wall seconds, CPU seconds, loss)
+        np_t.append(run_numpy()[cpu])
         trainer.epoch = 0
-        t0 = time.perf_counter()
+        t0 = clock()
         trainer.fit(xd, yd, epochs=epochs)
-        fit_t.append(time.perf_counter() - t0)
+        fit_t.append(clock() - t0)
         trainer.fast_mode(True)
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(epochs):
             trainer.train_step(xd, yd)
-        loop_t.append(time.perf_counter() - t0)
+        loop_t.append(clock() - t0)
         trainer.fast_mode(False)
     us = 1e6 / epochs
     d, n, f, s = (min(t) * us for t in (dl_t, np_t, fit_t, loop_t))
-    print(f"# framework overhead, spiral shrunk to 2-1-3 on {len(x)} samples, {epochs} steps, min of {args.runs}")
+    print(f"# framework overhead, spiral shrunk to 2-1-3 on {len(x)} samples, {epochs} steps, min of {args.runs}"
+          f"{', CPU time' if cpu else ''}")
     print(f"dlrun fit           {d:7.1f} us/step")
     print(f"hand-written numpy  {n:7.1f} us/step   (the same numpy calls, nothing around them)")
     print(f"dlrun overhead      {d - n:7.1f} us/step   (dlrun/numpy {d / n:.2f})")
     print(f"  of which per epoch {f - s:6.1f} us      (fit {f:.1f} vs bare train_step loop {s:.1f} us/step)")
     if args.graph_nodes:
-        graph_overhead(args.graph_nodes, args.runs)
+        graph_overhead(args.graph_nodes, args.runs, clock=clock)
 
 
 if __name__ == "__main__":

@@ -53,23 +53,23 @@ class SoftmaxCrossEntropy(Loss):
             y = y.astype(np.int64)
         if _EXP.on(xp) is not None:  # GPU
             return self._forward_fused(xp, z, y)
-        n, c = z.shape
-        w = self._pooled  # the pool's arrays for the last batch shape: one tuple compare, no lookup
-        if not (self.buffers.enabled and w is not None and w.key == (n, c, z.dtype, y.dtype)):
+        w = self._pooled  # the pool's arrays for the last logits seen: in the training loop z is
+        # the last layer's reused buffer, so the same array (its shape and dtype with it) and its views
+        if not (w is not None and z is w.z and y.dtype is w.label_dtype and self.buffers.enabled):
+            n, c = z.shape
             w = self.buffers.group(("sce", n, c, z.dtype, y.dtype), lambda: _Work(n, c, z.dtype, y.dtype))
             self._pooled = w if self.buffers.enabled else None
-        self._work = w
-        m, s = w.m, w.s
-        if z is not w.z:  # in the training loop z is the last layer's reused buffer: its views are kept
-            w.z, w.z_cols = z, [z[:, j] for j in range(c)] if c <= _FEW_CLASSES else []
+            w.z, w.z_cols = z, [z[:, j] for j in range(c)] if w.few else []
             w.z_flat = z.reshape(-1) if z.flags.c_contiguous else None  # a copy would go stale
-        if c <= _FEW_CLASSES:  # CPU: C-1 ufunc calls over columns beat one axis-1 reduction
+        self._work = w
+        m, s, n = w.m, w.s, w.n
+        if w.few:  # CPU: C-1 ufunc calls over columns beat one axis-1 reduction
             _fold(np.maximum, w.z_cols, m)
         else:
             z.max(axis=1, out=m)
         p = np.subtract(z, w.m_col, out=w.p)
         np.exp(p, out=p)
-        if c <= _FEW_CLASSES:
+        if w.few:
             _fold(np.add, w.p_cols, s)
         else:
             p.sum(axis=1, out=s)
@@ -83,13 +83,13 @@ class SoftmaxCrossEntropy(Loss):
         zy = (w.z_flat if w.z_flat is not None else z.reshape(-1)).take(w.flat, out=w.zy)
         eps = self.label_smoothing
         if eps:  # -Σ_j t_j log p_j = lse - (1 - ε)·z_y - (ε/C)·Σ_j z_j
-            np.multiply(z.sum(axis=1, out=w.zsum), eps / c, out=w.zsum)
+            np.multiply(z.sum(axis=1, out=w.zsum), eps / w.c, out=w.zsum)
             s -= w.zsum
             s -= np.multiply(zy, 1.0 - eps, out=w.zsum)
         else:
             s -= zy
         self._scored = (z, y)
-        self._wy = self.sample_weights(y, z, out=w.wy)
+        self._wy = None if self.class_weights is None else self.sample_weights(y, z, out=w.wy)
         if self._wy is not None:  # each sample's loss and gradient row count w[y_i] times
             s *= self._wy
             w.r *= self._wy
@@ -104,7 +104,7 @@ class SoftmaxCrossEntropy(Loss):
         w = self._work
         if w is None or self._scored[0] is not z or self._scored[1] is not y:
             return super().count_correct(z, y)
-        if np.count_nonzero(np.equal(w.p_flat, w.ones, out=w.at_max)) == len(w.m):
+        if np.count_nonzero(np.equal(w.p_flat, w.ones, out=w.at_max)) == w.n:
             return np.count_nonzero(np.equal(w.zy, w.m, out=w.right))
         return super().count_correct(z, y)
 
@@ -176,7 +176,7 @@ class _Work:
         self.ones, self.at_max, self.right = np.ones(n * c, dtype), np.empty(n * c, bool), np.empty(n, bool)
         self.flat = np.empty(n, label_dtype)
         self.row_starts = np.arange(0, n * c, c, dtype=label_dtype)
-        self.key = (n, c, np.dtype(dtype), np.dtype(label_dtype))
+        self.n, self.c, self.few, self.label_dtype = n, c, c <= _FEW_CLASSES, np.dtype(label_dtype)
         self.z, self.z_cols, self.z_flat = None, [], None  # views of the last logits seen
 
 

@@ -66,25 +66,26 @@ class Adam(Optimizer):
             coupled = 0.0 if self.decoupled else self.weight_decay
             _ADAM.on(xp)(g, self.hyper, self.beta1, self.beta2, coupled, p.data, state["m"], state["v"])
             return
+        w = p.data  # a local: `p.data -= g` would also call Parameter.__setattr__
+        f = w.dtype.type  # hyperparameters as the tensors' scalars (see Optimizer)
         if self.weight_decay:
             if self.decoupled:
-                p.data *= 1.0 - self.learning_rate * self.weight_decay
+                w *= f(1.0 - self.learning_rate * self.weight_decay)
             else:
-                self._add_decay(g, p.data, self.weight_decay, state["_work"])
+                self._add_decay(g, w, f(self.weight_decay), state["_work"])
         m, v = state["m"], state["v"]
         # m ← β1·m + (1−β1)·g written as β1·(m − g) + g: in place, no temporary array
         m -= g
-        m *= self.beta1
+        m *= f(self.beta1)
         m += g
         g *= g  # g is free from here on (the next backward rewrites it): reuse it as scratch
         v -= g
-        v *= self.beta2
+        v *= f(self.beta2)
         v += g
         xp.sqrt(v, out=g)
-        g += self._eps_t
+        g += f(self._eps_t)
         xp.divide(m, g, out=g)
-        g *= self._lr_t
-        w = p.data  # a local: `p.data -= g` would also call Parameter.__setattr__
+        g *= f(self._lr_t)
         w -= g
 
 

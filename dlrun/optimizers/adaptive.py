@@ -59,25 +59,26 @@ class RMSProp(Optimizer):
                 _RMSPROP.on(xp)(*args, p.data, state["square_avg"])
             return
         work = state["_work"]
+        w = p.data  # a local: `p.data -= g` would also call Parameter.__setattr__
+        f = w.dtype.type  # hyperparameters as the tensors' scalars (see Optimizer)
         if self.weight_decay:
-            self._add_decay(g, p.data, self.weight_decay, work)
+            self._add_decay(g, w, f(self.weight_decay), work)
         v = state["square_avg"]
         xp.multiply(g, g, out=work)
         # v ← ρ·v + (1−ρ)·g² as ρ·(v − g²) + g²: in place
         v -= work
-        v *= self.rho
+        v *= f(self.rho)
         v += work
         xp.sqrt(v, out=work)
-        work += self.epsilon
+        work += f(self.epsilon)
         g /= work
         if self.momentum:
             b = state["momentum_buffer"]
-            b *= self.momentum
+            b *= f(self.momentum)
             b += g
-            xp.multiply(b, self.learning_rate, out=g)
+            xp.multiply(b, f(self.learning_rate), out=g)
         else:
-            g *= self.learning_rate
-        w = p.data  # a local: `p.data -= g` would also call Parameter.__setattr__
+            g *= f(self.learning_rate)
         w -= g
 
 
@@ -121,14 +122,15 @@ class AdaGrad(Optimizer):
             _ADAGRAD.on(xp)(g, self.hyper, self.epsilon, self.weight_decay, p.data, state["sum"])
             return
         work = state["_work"]
+        w = p.data  # a local: `p.data -= g` would also call Parameter.__setattr__
+        f = w.dtype.type  # hyperparameters as the tensors' scalars (see Optimizer)
         if self.weight_decay:
-            self._add_decay(g, p.data, self.weight_decay, work)
+            self._add_decay(g, w, f(self.weight_decay), work)
         s = state["sum"]
         xp.multiply(g, g, out=work)
         s += work
         xp.sqrt(s, out=work)
-        work += self.epsilon
+        work += f(self.epsilon)
         g /= work
-        g *= self.learning_rate
-        w = p.data  # a local: `p.data -= g` would also call Parameter.__setattr__
+        g *= f(self.learning_rate)
         w -= g

@@ -31,6 +31,11 @@ class Optimizer:
     (a ``backend.Kernel``), and blocks would only multiply launches. That kernel reads the values
     that change between steps (:meth:`per_step`) from a small device array, ``self.hyper``,
     which :meth:`begin_step` fills; ``capturable = True`` says so.
+
+    On the CPU the built-ins pass their hyperparameters to numpy as scalars of the tensors' dtype
+    (``w.dtype.type(self.momentum)``): a Python float meets a float32 array as a float32 anyway
+    (numpy's promotion rules), so the result is the same, but numpy takes a slower path for it,
+    about half a microsecond more per call, which on a small network is most of the update.
     """
 
     slots: tuple[str, ...] = ()
@@ -38,6 +43,7 @@ class Optimizer:
     elementwise: bool = False
     block_size: int = 1 << 17  # elements per block (0.5 MiB per float32 array)
     _flat = None  # (arena, flat state, whole-model Parameter, flat slot arrays) when setup packed the update
+    _flat_parts: list = []  # what update runs on then: [(state, Parameter)], the flat arrays or their blocks
     _hyper = None  # (host values, device array) of per_step(), when the update runs as a fused kernel
     # True: the fused kernel reads every value that changes between steps from ``hyper`` (set by
     # begin_step), so a CUDA graph may capture ``update``. Declared by each class itself: a
@@ -69,7 +75,9 @@ class Optimizer:
         if self.elementwise and arena is not None and arena.holds([p for _, p in self.params]):
             keys = self.slots + (("_work",) if work else ())
             flat = {k: arena.zeros_like() for k in keys}
-            self._flat = (arena, flat, Parameter(arena.data, arena.grad), [flat[s] for s in self.slots])
+            whole = Parameter(arena.data, arena.grad)
+            self._flat = (arena, flat, whole, [flat[s] for s in self.slots])
+            self._flat_parts = self._parts("*", flat, whole)  # the flat arrays are never replaced
             self.state = {n: {k: arena.view(f, p) for k, f in flat.items()} for n, p in self.params}
             return
         self.state = {n: {s: array_module(p.data).zeros_like(p.data) for s in self.slots} for n, p in self.params}
@@ -113,12 +121,13 @@ class Optimizer:
     def update(self) -> None:
         """The device's part of a step (after :meth:`begin_step`): every parameter updated."""
         if self._flat is not None:
-            arena, state, whole, _ = self._flat
-            arena.adopt()
-            self._apply("*", state, whole)
+            self._flat[0].adopt()
+            for state, p in self._flat_parts:
+                self._update(state, p)
             return
         for name, p in self.params:
-            self._apply(name, self.state[name], p)
+            for state, part in self._parts(name, self.state[name], p):
+                self._update(state, part)
 
     def buffers(self) -> list:
         """The distinct arrays holding this optimizer's state (the flat ones when flat)."""
@@ -126,12 +135,12 @@ class Optimizer:
             return self._flat[3]
         return [slots[s] for slots in self.state.values() for s in self.slots]
 
-    def _apply(self, key: str, state: dict, p) -> None:
+    def _parts(self, key: str, state: dict, p) -> list:
+        """``[(state, Parameter)]`` that ``_update`` runs on for parameter ``p``: ``p`` itself, or
+        cache-sized blocks of it (an elementwise update of a large host array)."""
         if self.elementwise and p.data.size > self.block_size and isinstance(p.data, np.ndarray):
-            for part_state, part in self._blocks(key, state, p):
-                self._update(part_state, part)
-        else:
-            self._update(state, p)
+            return self._blocks(key, state, p)
+        return [(state, p)]
 
     def _blocks(self, key: str, state: dict, p) -> list:
         """(state views, Parameter of views) per block of ``p``; rebuilt if a layer replaced an array."""

@@ -48,21 +48,22 @@ class SGD(Optimizer):
             self._update_fused(xp, g, state, p)
             return
         w = p.data  # a local: `p.data -= g` would also call Parameter.__setattr__
+        f = w.dtype.type  # hyperparameters as the tensors' scalars (see Optimizer)
         if self.weight_decay:
-            self._add_decay(g, w, self.weight_decay, state["_work"])
+            self._add_decay(g, w, f(self.weight_decay), state["_work"])
         if not self.momentum:
-            g *= self.learning_rate
+            g *= f(self.learning_rate)
             w -= g
             return
         v = state["velocity"]
-        v *= self.momentum
+        v *= f(self.momentum)
         v += g
         if self.nesterov:  # step = g + momentum·v
-            xp.multiply(v, self.momentum, out=state["_work"])
+            xp.multiply(v, f(self.momentum), out=state["_work"])
             g += state["_work"]
-            g *= self.learning_rate
+            g *= f(self.learning_rate)
         else:  # step = v; v is state, so scale it into g
-            xp.multiply(v, self.learning_rate, out=g)
+            xp.multiply(v, f(self.learning_rate), out=g)
         w -= g
 
     def fuses(self, xp) -> bool:

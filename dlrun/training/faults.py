@@ -53,6 +53,8 @@ class NonFiniteGuard:
         # the usual case: every weight is in the model's flat buffer, checked with one dot
         self._one_flat = len(self._params) == 1 and self._params[0].ndim == 1
         self.states, self.rngs = {}, {}
+        self._copies = None  # [(snapshot, live array)] of every mark, listed once
+        self._optim_from = None  # the optimizer's state arrays the copies were listed for
 
     def _optim(self) -> list:
         opt = self.trainer.optimizer
@@ -75,12 +77,15 @@ class NonFiniteGuard:
             self._arena.adopt()
         optim = self._optim()
         b = t.backend
-        if self.params is None or len(self.optim) != len(optim):  # a plugin may add state lazily
-            self.params = [b.host_buffer(a.shape, a.dtype) for a in self._params]
+        if self._copies is None or optim is not self._optim_from and (
+                len(optim) != len(self.optim) or any(a is not c for a, c in zip(optim, self._optim_from))):
+            # first mark, or a plugin optimizer's state arrays changed (added lazily, replaced)
+            if self.params is None:
+                self.params = [b.host_buffer(a.shape, a.dtype) for a in self._params]
             self.optim = [b.host_buffer(a.shape, a.dtype) for a in optim]
-        for dst, src in zip(self.params, self._params):
-            b.copy_out(dst, src)
-        for dst, src in zip(self.optim, optim):
+            self._copies = list(zip(self.params + self.optim, self._params + optim))
+        self._optim_from = optim
+        for dst, src in self._copies:
             b.copy_out(dst, src)
         if self._stateful:
             self.states, self.rngs = {}, {}  # rngs: only layers that draw random numbers (copies are slow)
@@ -93,7 +98,7 @@ class NonFiniteGuard:
                     pass
         # the trainer's counters; its arrays (weights, optimizer buffers) are copied above, into
         # buffers kept across epochs, so a mark allocates nothing
-        self.counters = t.state_dict(("step", "learning_rate"))
+        self.counters = {"step": t.step, "learning_rate": t.optimizer.learning_rate}  # (as Trainer.state_dict)
         self.iterations = t.optimizer.iterations  # (the optimizer's own counter, beside its buffers)
 
     def restore(self, rewind_shuffle: bool = False):

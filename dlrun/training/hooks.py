@@ -32,6 +32,13 @@ class Callback:
         (the control comes before the display in the list) or, for a restore, after training."""
 
 
+def listening(callbacks, hook: str) -> list:
+    """The callbacks whose ``hook`` (a :class:`Callback` method name) does something: those that
+    override the base class's, which does nothing. Per-batch hooks are called on these alone."""
+    base = getattr(Callback, hook)
+    return [cb for cb in callbacks if getattr(getattr(cb, hook, None), "__func__", None) is not base]
+
+
 @dataclass(frozen=True)
 class Event:
     """What a training control did, as data for whoever reports it (``dlrun train`` prints one

@@ -18,7 +18,7 @@ from ..errors import Interrupted, NonFiniteError
 from ..model import Sequential
 from .accumulate import windows
 from ..metrics import Tracker
-from .hooks import Event, History
+from .hooks import Event, History, listening
 from .position import EpochPosition
 from .faults import NonFiniteGuard
 from .step import FirstStep, TrainingStep, penalty
@@ -195,6 +195,8 @@ class Trainer:
         if start is not None:
             start.check(n, bs, batches, self.shuffle, "--resume", self.tracker.described)
         step = self.training_step
+        # the per-batch hooks, called on the callbacks that do something in them
+        after_backward, batch_end = listening(callbacks, "on_after_backward"), listening(callbacks, "on_batch_end")
         tracked = bool(self.tracker.metrics)
         fast = False
         epoch = done = 0
@@ -238,16 +240,17 @@ class Trainer:
                         idx = order_d[lo:hi] if order_d is not None else slice(lo, hi)
                         xb, yb = xd[idx], yd[idx]
                     if parts is None:
-                        batch_loss, batch_correct = step(xb, yb, callbacks, plan[b - first] if plan else None, self._sums)
+                        batch_loss, batch_correct = step(xb, yb, after_backward, plan[b - first] if plan else None,
+                                                         self._sums)
                     else:  # (several ranks: this rank's part of the batch)
-                        batch_loss, batch_correct = step(xb, yb, callbacks, plan[b - first] if plan else None,
+                        batch_loss, batch_correct = step(xb, yb, after_backward, plan[b - first] if plan else None,
                                                          self._sums, parts[b][1])
                     self.batch_score = batch_loss, len(yb)
                     loss_sum += batch_loss
                     if classify:  # regression scores 0: adding it would still be a launch on GPU
                         correct += batch_correct
                     done = b + 1
-                    for cb in callbacks:
+                    for cb in batch_end:
                         cb.on_batch_end(epoch, done)
                 if world is not None:  # the epoch's sums over every rank's part (one collective)
                     loss_sum, correct = self._sum_over_ranks(loss_sum, correct)
@@ -259,7 +262,7 @@ class Trainer:
                     fast = self.fast_mode(False)
                 if not healthy:  # replay the epoch to name the first non-finite value
                     error = guard.diagnose(epoch, self._epoch_batches(xd, yd, order_d, bs, used, first, parts),
-                                           callbacks, first)
+                                           after_backward, first)
                     self.position = guard.position  # the state kept: where the epoch started or resumed
                     raise error
                 self.epoch = epoch
