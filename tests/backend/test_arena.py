@@ -174,3 +174,35 @@ def test_the_guard_snapshots_optimizer_state_created_after_the_first_epoch():
     guard.restore()
     for name, slots in trainer.optimizer.state.items():
         np.testing.assert_array_equal(slots["velocity"], saved[name], err_msg=name)
+
+
+class RebindingState(LazyState):
+    """A plugin optimizer that replaces its state arrays every step instead of writing into them."""
+
+    def step(self):
+        self.iterations += 1
+        for name, p in self.params:
+            old = self.state.get(name, {}).get("velocity", np.zeros_like(p.data))
+            self.state[name] = {"velocity": old * 0.9 + p.grad}
+            p.data -= self.learning_rate * self.state[name]["velocity"]
+
+
+def test_the_guard_snapshots_the_optimizer_state_arrays_that_are_current_at_each_mark():
+    from dlrun.training.faults import NonFiniteGuard
+
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((12, 3)).astype(np.float32), rng.integers(0, 3, 12)
+    trainer = Trainer(model(), registry.losses.build("SoftmaxCrossEntropy"), RebindingState(), batch_size=12, seed=0)
+    guard = NonFiniteGuard(trainer)
+    trainer.train_step(x, y)
+    guard.mark()
+    trainer.train_step(x, y)  # new velocity arrays, as many as before
+    guard.mark()  # must copy these, not the arrays of the first mark
+    saved = {n: s["velocity"].copy() for n, s in trainer.optimizer.state.items()}
+    weights = [p.data.copy() for _, p in trainer.model.named_parameters()]
+    trainer.train_step(x, y)
+    guard.restore()
+    for name, slots in trainer.optimizer.state.items():
+        np.testing.assert_array_equal(slots["velocity"], saved[name], err_msg=name)
+    for (name, p), w in zip(trainer.model.named_parameters(), weights):
+        np.testing.assert_array_equal(p.data, w, err_msg=name)

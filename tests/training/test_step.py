@@ -104,3 +104,33 @@ def test_the_trainer_state_round_trips():
             t.train_step(xb, yb)
     for (n, p), (_, q) in zip(a.model.named_parameters(), b.model.named_parameters()):
         assert np.array_equal(p.data, q.data), n
+
+
+def test_per_batch_hooks_reach_every_callback_that_does_something_in_them():
+    from dlrun.training.hooks import Callback, listening
+
+    calls = []
+
+    class Counts(Callback):  # overrides both per-batch hooks
+        def on_after_backward(self, trainer):
+            calls.append("after_backward")
+
+        def on_batch_end(self, epoch, batch):
+            calls.append(f"batch_end {epoch}.{batch}")
+
+    class Quiet(Callback):  # the base class's hooks only
+        pass
+
+    class Duck:  # not a Callback: every hook its own
+        def __getattr__(self, name):
+            return lambda *a: calls.append(f"duck {name}") if name in ("on_batch_end", "on_after_backward") else None
+
+    assigned = Quiet()
+    assigned.on_batch_end = lambda epoch, batch: calls.append("assigned")  # set on the instance
+    quiet, counts, duck = Quiet(), Counts(), Duck()
+    assert listening([quiet, counts, duck, assigned], "on_batch_end") == [counts, duck, assigned]
+    assert listening([quiet, counts, duck, assigned], "on_after_backward") == [counts, duck]
+    (x, y), t = _batches()[0], _trainer()
+    t.fit(np.concatenate([x, x]), np.concatenate([y, y]), epochs=1, callbacks=[quiet, counts, duck, assigned])
+    assert calls == [c for b in (1, 2) for c in ("after_backward", "duck on_after_backward", f"batch_end 1.{b}",
+                                                  "duck on_batch_end", "assigned")]
