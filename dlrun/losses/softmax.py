@@ -59,7 +59,7 @@ class SoftmaxCrossEntropy(Loss):
             n, c = z.shape
             w = self.buffers.group(("sce", n, c, z.dtype, y.dtype), lambda: _Work(n, c, z.dtype, y.dtype))
             self._pooled = w if self.buffers.enabled else None
-            w.z, w.z_cols = z, [z[:, j] for j in range(c)] if w.few else []
+            w.z, w.z_cols = z, _Columns(z) if w.few else None
             w.z_flat = z.reshape(-1) if z.flags.c_contiguous else None  # a copy would go stale
         self._work = w
         m, s, n = w.m, w.s, w.n
@@ -171,22 +171,30 @@ class _Work:
         self.wy, self.wn, self.wt = (np.empty(n, dtype) for _ in range(3))  # class weights' w[y], w[y]/N, scratch
         self.p, self.d = np.empty((n, c), dtype), np.empty((n, c), dtype)
         self.m_col, self.r_col = self.m[:, None], self.r[:, None]
-        self.p_cols = [self.p[:, j] for j in range(c)]
+        self.p_cols = _Columns(self.p)
         self.d_flat, self.p_flat = self.d.reshape(-1), self.p.reshape(-1)
         self.ones, self.at_max, self.right = np.ones(n * c, dtype), np.empty(n * c, bool), np.empty(n, bool)
         self.flat = np.empty(n, label_dtype)
         self.row_starts = np.arange(0, n * c, c, dtype=label_dtype)
         self.n, self.c, self.few, self.label_dtype = n, c, c <= _FEW_CLASSES, np.dtype(label_dtype)
-        self.z, self.z_cols, self.z_flat = None, [], None  # views of the last logits seen
+        self.z, self.z_cols, self.z_flat = None, None, None  # views of the last logits seen
 
 
-def _fold(ufunc, cols: list, out):
+class _Columns:
+    """The column views of an (N, C) array, split as a fold takes them: the first two and the rest."""
+
+    def __init__(self, a):
+        cols = [a[:, j] for j in range(a.shape[1])]
+        self.first, self.second, self.rest = cols[0], cols[1] if len(cols) > 1 else None, cols[2:]
+
+
+def _fold(ufunc, cols: _Columns, out):
     """ufunc folded over the columns (C-1 cheap calls instead of one axis-1 reduction)."""
-    if len(cols) == 1:
-        out[...] = cols[0]
+    if cols.second is None:
+        out[...] = cols.first
         return
-    ufunc(cols[0], cols[1], out=out)
-    for col in cols[2:]:
+    ufunc(cols.first, cols.second, out=out)
+    for col in cols.rest:
         ufunc(out, col, out=out)
 
 

@@ -82,7 +82,8 @@ class Trainer:
         self.controls: list = []  # the train: controls (clipping, schedule, early stopping): their state is the trainer's
         self._sums = None  # the epoch's metric sums on the device, which train_step adds to
         # the last batch's (loss × batch size as a device scalar, batch size), for callbacks that
-        # log a step's loss (reading it waits for the device: they read it every few steps)
+        # log a step's loss in on_batch_end (reading it waits for the device: they read it every
+        # few steps); set while a callback listens there
         self.batch_score = None
         self.monitor = None  # the metric the run watches (a metrics.monitor.Monitor), for its display
         self._listeners: list = []  # the callbacks of the last fit: they hear the controls' events
@@ -245,13 +246,14 @@ class Trainer:
                     else:  # (several ranks: this rank's part of the batch)
                         batch_loss, batch_correct = step(xb, yb, after_backward, plan[b - first] if plan else None,
                                                          self._sums, parts[b][1])
-                    self.batch_score = batch_loss, len(yb)
                     loss_sum += batch_loss
                     if classify:  # regression scores 0: adding it would still be a launch on GPU
                         correct += batch_correct
                     done = b + 1
-                    for cb in batch_end:
-                        cb.on_batch_end(epoch, done)
+                    if batch_end:
+                        self.batch_score = batch_loss, len(yb)
+                        for cb in batch_end:
+                            cb.on_batch_end(epoch, done)
                 if world is not None:  # the epoch's sums over every rank's part (one collective)
                     loss_sum, correct = self._sum_over_ranks(loss_sum, correct)
                     self._share_state()
