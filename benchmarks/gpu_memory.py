@@ -71,6 +71,7 @@ def ledger_class(cupy):
 
 def dlrun_side(w, steps: int) -> dict:
     import cupy
+    from dlrun.training import capture
 
     pool = cupy.get_default_memory_pool()
     led = ledger_class(cupy)()
@@ -91,7 +92,7 @@ def dlrun_side(w, steps: int) -> dict:
         row[1] += 1
         row[2] = phase
     return {"peak_live": led.peak, "peak_phase": led.peak_phase, "end_live": end_live,
-            "pool_held": pool.total_bytes(), "by_site": sorted(by_site.items(), key=lambda kv: -kv[1][0]),
+            "pool_held": pool.total_bytes() + capture.pool_bytes(), "graph_pools": capture.pool_bytes(), "by_site": sorted(by_site.items(), key=lambda kv: -kv[1][0]),
             "params": sum(int(p.data.nbytes) for _, p in trainer.model.named_parameters()), "data": int(x.nbytes + y.nbytes)}
 
 

@@ -26,14 +26,16 @@ def rss_mib(who=resource.RUSAGE_SELF) -> float:
 
 
 def gpu_memory_mib(lib: str) -> float:
-    """Peak device memory: torch's max allocated; CuPy's pool size (the pool keeps what it took)."""
+    """Peak device memory: torch's max allocated; CuPy's pool size (the pool keeps what it took),
+    with the pools of dlrun's CUDA graphs of the training step."""
     if lib == "torch":
         import torch
 
         return torch.cuda.max_memory_allocated() / 2**20
     import cupy
+    from dlrun.training import capture
 
-    return cupy.get_default_memory_pool().total_bytes() / 2**20
+    return (cupy.get_default_memory_pool().total_bytes() + capture.pool_bytes()) / 2**20
 
 
 def gemm_gpu(lib: str, n: int = 8192, samples: int = 5) -> dict:

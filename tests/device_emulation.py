@@ -445,6 +445,12 @@ class _MemoryPool:
     def malloc(self, size):
         return None
 
+    def free_all_blocks(self):
+        pass
+
+    def total_bytes(self):
+        return 0
+
 
 @contextmanager
 def _using_allocator(allocator=None):
@@ -458,6 +464,7 @@ class FakeCupy(types.ModuleType):
         super().__init__("cupy_emulated")
         self.ndarray = DeviceArray
         self.asnumpy = _asnumpy
+        self.get_default_memory_pool = _MemoryPool
         self.random = types.SimpleNamespace(default_rng=_Generator)
         self.cuda = types.SimpleNamespace(Device=_Device, alloc_pinned_memory=_Pinned, Stream=_Stream,
                                           MemoryPool=_MemoryPool,

@@ -117,6 +117,9 @@ class Backend:
                 side.end_capture()  # the half-captured graph is dropped
                 raise
             graph = side.end_capture()
+        # the blocks the ordinary steps before it used and no array holds any more go back to the
+        # device: from now on the graph's own pool holds the step's temporaries
+        self.xp.get_default_memory_pool().free_all_blocks()
         return Captured(graph, pool, result)
 
     def synchronize(self) -> None:
@@ -160,7 +163,8 @@ class Backend:
 
 class Captured:
     """A captured CUDA graph (:meth:`Backend.capture`): ``result`` is what the captured call
-    returned (device arrays the graph writes into on every replay)."""
+    returned (device arrays the graph writes into on every replay); ``pool`` the memory pool of
+    what the call allocated (``pool.total_bytes()``: the device memory it holds)."""
 
     def __init__(self, graph, pool, result):
         self.graph, self.pool, self.result = graph, pool, result  # the pool keeps the graph's memory reserved

@@ -25,9 +25,18 @@ updates were replaced (a restore that rebinds them).
 """
 from __future__ import annotations
 
+import weakref
+
 from ..errors import TrainingError
 
 WARMUP = 2  # ordinary steps of a batch shape before it is captured
+_GRAPHS = weakref.WeakSet()  # every StepGraph alive, for pool_bytes
+
+
+def pool_bytes() -> int:
+    """The device memory that the memory pools of the CUDA graphs alive hold (beside CuPy's
+    default pool, which holds everything else)."""
+    return sum(p.total_bytes() for g in list(_GRAPHS) for p in g._pools)
 
 
 def _ours(obj) -> bool:
@@ -127,6 +136,7 @@ class StepGraph:
         self._pools = []  # every capture's memory pool: arrays from it may outlive its graph
         self._seen: dict = {}
         self._keep = []
+        _GRAPHS.add(self)
         self._checked = None  # (callbacks, blocker) last decided
 
     @property
@@ -185,7 +195,6 @@ class StepGraph:
         backend = step.model.backend
         x, y = xb.copy(), yb.copy()  # the static inputs (copies: the batch may be a view of the data)
         s = None if sums is None else sums.copy()
-        before = _arrays_of(step)
         opt.begin_step()  # the host's part of this step, outside the graph
         try:
             graph = backend.capture(lambda: step(x, y, callbacks, sums=s, captured=True))
@@ -197,9 +206,9 @@ class StepGraph:
                                     f"false to train without a CUDA graph") from e
             return None
         self._pools.append(graph.pool)
-        # the arrays the step's parts held around the capture, which the graph may read or write:
+        # the arrays the step's parts hold after the capture, which the graph reads or writes:
         # kept alive with it, so that their memory is never handed to anything else
-        self._keep = before + _arrays_of(step)
+        self._keep = _arrays_of(step)
         self.graph, self.key, self.inputs, self.why_not = graph, key, (x, y, s), None
         self.bound = self._bound_now()
         return self._launch(sums)
