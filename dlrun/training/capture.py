@@ -195,6 +195,7 @@ class StepGraph:
         backend = step.model.backend
         x, y = xb.copy(), yb.copy()  # the static inputs (copies: the batch may be a view of the data)
         s = None if sums is None else sums.copy()
+        before = _arrays_of(step)
         opt.begin_step()  # the host's part of this step, outside the graph
         try:
             graph = backend.capture(lambda: step(x, y, callbacks, sums=s, captured=True))
@@ -206,9 +207,10 @@ class StepGraph:
                                     f"false to train without a CUDA graph") from e
             return None
         self._pools.append(graph.pool)
-        # the arrays the step's parts hold after the capture, which the graph reads or writes:
-        # kept alive with it, so that their memory is never handed to anything else
-        self._keep = _arrays_of(step)
+        # the arrays the step's parts held before and after the capture, which the graph may read
+        # or write: kept alive with it, so that their memory is never handed to anything else
+        # (Backend.capture gives the default pool's other unused blocks back to the device)
+        self._keep = before + _arrays_of(step)
         self.graph, self.key, self.inputs, self.why_not = graph, key, (x, y, s), None
         self.bound = self._bound_now()
         return self._launch(sums)
