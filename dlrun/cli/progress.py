@@ -260,6 +260,8 @@ class RichProgress(Callback):
         if best is None or not kept or (self.verbosity >= VERBOSE and best["epoch"] != epochs):
             self.console.print(wrapped(f"last epoch {epochs}/{epochs}  ", self._items(s), "", width), highlight=False,
                                soft_wrap=True)
+        if self.verbosity >= VERBOSE and "cuda_graph" in s:  # a GPU run: did its step run as a CUDA graph
+            self.console.print(f"CUDA graph: {s['cuda_graph']}", highlight=False, markup=False)
 
     def status_line(self, width: int) -> Text:
         """The live line, fitted to ``width`` columns (see the module docstring)."""

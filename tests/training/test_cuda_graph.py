@@ -221,6 +221,15 @@ def test_a_non_finite_loss_is_named_the_same_with_the_graph(monkeypatch, tmp_pat
     assert errors[0] == errors[1] and "epoch 1, batch 8:" in errors[0]  # (captured at batch 4)
 
 
+def test_dlrun_train_verbose_on_the_gpu_says_whether_the_step_was_captured(monkeypatch, tmp_path):
+    with emulated_gpu(monkeypatch) as gpu, emulate(monkeypatch):
+        monkeypatch.setattr(backend_module, "_gpu", gpu)
+        r = run_cli("train", str(CONFIGS / "iris.yaml"), "--device", "gpu", "--set", "train.epochs=2", "--verbose",
+                    "--runs-dir", str(tmp_path), process=False)
+    assert r.code == 0, r.err
+    assert r.out.splitlines()[-2:-1] == ["CUDA graph: captured"]  # after the closing lines, before the run directory
+
+
 def test_dlrun_time_on_the_gpu_says_whether_the_step_was_captured_and_times_it_both_ways(monkeypatch):
     with emulated_gpu(monkeypatch) as gpu, emulate(monkeypatch):
         monkeypatch.setattr(backend_module, "_gpu", gpu)
