@@ -12,15 +12,17 @@ tests/test_kernels_compile.py compiles the CUDA source, and tests/test_gpu.py ru
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from contextlib import contextmanager
 from types import SimpleNamespace
 
 import numpy as np
 
-from dlrun.backend import Kernel
+from dlrun.backend import BlockKernel, Kernel, Launch
 from device_emulation import record_call, will_write
 from dlrun.backend.special import INV_SQRT_2PI
+from dlrun.layers.lstm import SEQUENCE_UNITS
 
 _erfc = np.vectorize(math.erfc, otypes=[np.float64])
 
@@ -93,6 +95,66 @@ class Emulated:
         self.calls[name] += 1
         self.body(v)
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+class EmulatedBlock:
+    """A block kernel's numpy emulator behind CuPy's RawKernel call, ``kernel((blocks,), (threads,), args)``.
+
+    It checks what a raw pointer cannot: each ``T*`` argument is an array of the launch's float
+    type and C-contiguous (the kernel reads it flat in C order), a ``const`` one is not written
+    (the body gets it read-only), each ``int`` a numpy int32; one block dimension, at most
+    ``max_threads_per_block`` threads. The body gets (blocks, threads, *arguments), pointers as
+    flat views; its shared arrays have the kernel's static sizes, so an index past them raises.
+    """
+
+    def __init__(self, kernel: BlockKernel, body, calls: Counter, dtype, max_threads_per_block: int = 1024):
+        self.kernel, self.body, self.calls, self.dtype = kernel, body, calls, np.dtype(dtype)
+        self.max_threads_per_block = max_threads_per_block
+        signature = re.search(r"__global__\s+void\s+(\w+)\s*\(([^)]*)\)", kernel.source)
+        assert signature and signature.group(1) == kernel.name, kernel.name
+        self.params = [" ".join(p.split()) for p in signature.group(2).split(",")]
+
+    def __call__(self, grid, block, args):
+        # while tests/device_emulation.py captures a graph: one launch, replayed with these arguments
+        will_write(*[a for p, a in zip(self.params, args) if "*" in p and not p.startswith("const")])
+        self._launch(grid, block, args)
+        record_call(self._launch, (grid, block, args), {}, None)
+
+    def _launch(self, grid, block, args):
+        name = self.kernel.name
+        if len(args) != len(self.params):
+            raise TypeError(f"{name}: {len(args)} arguments, the kernel declares {len(self.params)}")
+        if len(grid) != 1 or len(block) != 1 or grid[0] < 1 or not 0 < block[0] <= self.max_threads_per_block:
+            raise ValueError(f"{name}: launch of {grid} blocks of {block} threads")
+        values = []
+        for p, a in zip(self.params, args):
+            if "*" in p:
+                if not isinstance(a, np.ndarray) or a.dtype != self.dtype:
+                    raise TypeError(f"{name}: {p} is {getattr(a, 'dtype', type(a))}, the launch's T is {self.dtype}")
+                if not a.flags.c_contiguous:
+                    raise ValueError(f"{name}: {p} is not C-contiguous")
+                flat = a.view(np.ndarray).reshape(-1)
+                if p.startswith("const"):
+                    flat = flat.view()
+                    flat.flags.writeable = False
+                values.append(flat)
+            elif p.split()[-2:-1] == ["int"]:
+                if not isinstance(a, np.int32):
+                    raise TypeError(f"{name}: {p} is {type(a).__name__}, not a numpy int32")
+                values.append(int(a))
+            else:
+                raise AssertionError(f"{name}: the emulator does not know the parameter {p!r}")
+        self.calls[name] += 1
+        self.body(int(grid[0]), int(block[0]), *values)
+
+
+def _strided(blocks, threads, count):
+    """``for (int k = threadIdx.x; k < count; k += blockDim.x)`` in every block at once: for each
+    round of the loop, the (block, k) pairs of the threads that run it."""
+    tid = np.arange(threads)
+    for start in range(0, count, threads):
+        b, k = np.meshgrid(np.arange(blocks), start + tid[start + tid < count], indexing="ij")
+        yield b.ravel(), k.ravel()
 
 
 def _flat(a):
@@ -307,6 +369,69 @@ def _rnn_step_grad(v):
     v.d[...] = (1 - v.h * v.h) * (v.dh + v.hd)
 
 
+def _lstm_sequence(blocks, threads, z, ut, hs, cs, tc, steps, n, H):
+    G, half = 4 * H, z.dtype.type(0.5)
+    h = np.full((blocks, SEQUENCE_UNITS), np.nan, z.dtype)  # shared, unset
+    g = np.full((blocks, 4 * SEQUENCE_UNITS), np.nan, z.dtype)
+    for b, k in _strided(blocks, threads, H):
+        h[b, k] = hs[b * H + k]
+    for t in range(steps):
+        for b, j in _strided(blocks, threads, G):
+            zt = (t * n + b) * G
+            acc = np.zeros(len(b), z.dtype)
+            for k in range(H):
+                acc += ut[k * G + j] * h[b, k]
+            g[b, j] = z[zt + j] + acc
+        # __syncthreads()
+        for b, k in _strided(blocks, threads, H):
+            zt, o = (t * n + b) * G, (t * n + b) * H
+            nxt = o + n * H
+            ig = np.tanh(g[b, k] * half) * half + half
+            fg = np.tanh(g[b, k + H] * half) * half + half
+            gg = np.tanh(g[b, k + 2 * H])
+            og = np.tanh(g[b, k + 3 * H] * half) * half + half
+            z[zt + k], z[zt + k + H], z[zt + k + 2 * H], z[zt + k + 3 * H] = ig, fg, gg, og
+            c = fg * cs[o + k] + ig * gg
+            tcv = np.tanh(c)
+            hv = og * tcv
+            cs[nxt + k], tc[o + k], hs[nxt + k] = c, tcv, hv
+            h[b, k] = hv
+        # __syncthreads()
+
+
+def _lstm_sequence_grad(blocks, threads, dh, u, z, cs, tc, da, steps, n, H):
+    G = 4 * H
+    d = np.full((blocks, 4 * SEQUENCE_UNITS), np.nan, dh.dtype)  # shared, unset
+    e = np.full((blocks, SEQUENCE_UNITS), np.nan, dh.dtype)
+    dc = np.full((blocks, SEQUENCE_UNITS), np.nan, dh.dtype)
+    for b, k in _strided(blocks, threads, H):
+        dc[b, k] = 0
+    for t in range(steps - 1, -1, -1):
+        for b, k in _strided(blocks, threads, H):
+            o = (t * n + b) * H
+            hd = np.zeros(len(b), dh.dtype)
+            if t < steps - 1:
+                for j in range(G):
+                    hd += d[b, j] * u[j * H + k]
+            e[b, k] = dh[o + k] + hd
+        # __syncthreads()
+        for b, k in _strided(blocks, threads, H):
+            o, r = (t * n + b) * H, (t * n + b) * G + k
+            ig, fg, gg, og = z[r], z[r + H], z[r + 2 * H], z[r + 3 * H]
+            tcv, ek = tc[o + k], e[b, k]
+            dct = dc[b, k] + ek * og * (1 - tcv * tcv)
+            di = dct * gg * ((1 - ig) * ig)
+            df = dct * cs[o + k] * ((1 - fg) * fg)
+            dg = dct * ig * ((1 - gg) * (gg + 1))
+            dout = ek * tcv * ((1 - og) * og)
+            dc[b, k] = dct * fg
+            d[b, k], d[b, k + H], d[b, k + 2 * H], d[b, k + 3 * H] = di, df, dg, dout
+            da[r], da[r + H], da[r + 2 * H], da[r + 3 * H] = di, df, dg, dout
+        # __syncthreads()
+
+
+BLOCK_EMULATORS = {"dlrun_lstm_sequence": _lstm_sequence, "dlrun_lstm_sequence_grad": _lstm_sequence_grad}
+
 EMULATORS = {
     "dlrun_relu": _relu, "dlrun_relu_grad": _relu_grad, "dlrun_gelu": _gelu, "dlrun_gelu_grad": _gelu_grad,
     "dlrun_dropout": _dropout, "dlrun_l2_grad": _l2_grad, "dlrun_l1_grad": _l1_grad,
@@ -323,24 +448,32 @@ EMULATORS = {
 
 
 @contextmanager
-def emulate(monkeypatch):
-    """Within it, every Kernel runs its numpy emulator on numpy arrays (and on those of
-    tests/device_emulation.py's stand-in for CuPy); yields the call counts."""
+def emulate(monkeypatch, max_threads_per_block: int = 1024):
+    """Within it, every Kernel and BlockKernel runs its numpy emulator on numpy arrays (and on
+    those of tests/device_emulation.py's stand-in for CuPy); yields the call counts. A block
+    kernel reports ``max_threads_per_block`` as its compiled limit."""
     calls: Counter = Counter()
-    real_on = Kernel.on
+    real_on, real_block_on = Kernel.on, BlockKernel.on
+
+    def emulated(xp):
+        return xp is np or getattr(xp, "__name__", "") == "cupy_emulated"
 
     def on(self, xp):
-        if xp is np or getattr(xp, "__name__", "") == "cupy_emulated":
-            return Emulated(self, EMULATORS[self.name], calls)
-        return real_on(self, xp)
+        return Emulated(self, EMULATORS[self.name], calls) if emulated(xp) else real_on(self, xp)
+
+    def block_on(self, xp, dtype):
+        if emulated(xp):
+            return Launch(EmulatedBlock(self, BLOCK_EMULATORS[self.name], calls, dtype, max_threads_per_block))
+        return real_block_on(self, xp, dtype)
 
     with monkeypatch.context() as m:
         m.setattr(Kernel, "on", on)
+        m.setattr(BlockKernel, "on", block_on)
         yield calls
 
 
 def import_all_modules() -> None:
-    """Import every dlrun module, so every kernel is declared in backend.KERNELS."""
+    """Import every dlrun module, so every kernel is declared in backend.KERNELS and BLOCK_KERNELS."""
     import importlib
     import pkgutil
 

@@ -10,7 +10,8 @@ from .backend import CPU, DEVICES, Backend, Captured, array_module, get_backend,
 from .memory import ensure_fits, format_bytes, host_memory_available
 
 __all__ = ["CPU", "DEVICES", "Backend", "Captured", "upload", "array_module", "get_backend", "gpu_available", "to_host", "ensure_fits",
-           "format_bytes", "host_memory_available", "KERNELS", "Kernel", "out_args"]
+           "format_bytes", "host_memory_available", "KERNELS", "Kernel", "out_args", "BLOCK_KERNELS",
+           "BlockKernel", "Launch"]
 
 KERNELS: list = []  # every elementwise kernel dlrun declares, in import order
 
@@ -47,3 +48,63 @@ class Kernel:
 def out_args(buffer) -> tuple:
     """A fused kernel's output argument: a reused buffer, or none (the kernel then allocates)."""
     return () if buffer is None else (buffer,)
+
+
+BLOCK_KERNELS: list = []  # every block kernel dlrun declares, in import order
+_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+
+
+class BlockKernel:
+    """A CUDA kernel written in full (a ``cupy.RawKernel``), declared once and built on first GPU use.
+
+    Where an elementwise kernel cannot hold the work (threads that cooperate through shared
+    memory and barriers, a loop over time steps inside one launch), the source is a complete
+    ``extern "C" __global__`` function named ``name``, written for a float type ``T``: it is
+    built once per dtype with ``typedef float T;`` or ``typedef double T;`` ahead of it. Every
+    source sits in :data:`BLOCK_KERNELS`, so a test compiles each for both floats with NVRTC.
+    """
+
+    def __init__(self, source: str, name: str):
+        if any(k.name == name for k in BLOCK_KERNELS + KERNELS):
+            raise ValueError(f"a kernel named {name!r} is already declared")
+        self.source, self.name = source, name
+        self._built: dict = {}
+        BLOCK_KERNELS.append(self)
+
+    def __repr__(self) -> str:
+        return f"BlockKernel({self.name!r})"
+
+    def code(self, dtype) -> str:
+        """The CUDA source for float type ``dtype`` (float32 or float64)."""
+        return f"typedef {_CTYPES[np.dtype(dtype)]} T;\n" + self.source
+
+    def on(self, xp, dtype):
+        """A :class:`Launch` of the kernel for ``dtype`` when ``xp`` is CuPy, else None."""
+        if xp is np:
+            return None
+        key = np.dtype(dtype)
+        if key not in self._built:
+            self._built[key] = xp.RawKernel(self.code(key), self.name)
+        return Launch(self._built[key])
+
+
+class Launch:
+    """Runs a built block kernel: ``blocks`` blocks of threads for ``work`` items each.
+
+    The block is ``work`` rounded up to whole warps of 32, but never more threads than the
+    compiled kernel allows (``max_threads_per_block``, which its registers decide): a kernel
+    launched through here must loop over its items with a stride of ``blockDim.x``. Python ints
+    among the arguments are passed as 32-bit ``int``, as the kernels declare them.
+    """
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def threads(self, work: int) -> int:
+        """The threads per block for ``work`` items a block."""
+        limit = self.kernel.max_threads_per_block
+        return min(-(-max(work, 1) // 32) * 32, limit // 32 * 32 if limit >= 32 else limit)
+
+    def __call__(self, blocks: int, work: int, *args) -> None:
+        args = tuple(np.int32(a) if isinstance(a, int) else a for a in args)
+        self.kernel((blocks,), (self.threads(work),), args)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import Kernel
+from ..backend import BlockKernel, Kernel
 from .initializers import Initializer
 from ..registry.options import PositiveInt
 from ..registry import layers
@@ -39,6 +39,91 @@ _STEP_GRAD = Kernel("T dh, T hd, T tc, T c_prev, raw T z, int32 H", "T dc, raw T
     d[r + 2 * H] = dct * ig * (((T)1 - gg) * (gg + (T)1));
     dc = dct * fg;
 """, "dlrun_lstm_step_grad")
+
+# The whole sequence in one launch each way on the GPU, for up to SEQUENCE_UNITS units: block b
+# runs sample b through every step, its threads over the gates' rows (forward) or the units
+# (backward), h_{t−1} (or the next step's gate errors) in shared memory, the recurrent product
+# summed in the kernel, one unit at a time, where the per-step path calls cuBLAS. Barriers: after
+# the rows are summed (the reads of shared h or d end before they are overwritten) and after the
+# new h or d is written (before the next step reads it). The arrays are C-contiguous, time-major:
+# z (T, N, 4H) as in the per-step path, ut = Uᵀ (H, 4H) so that a warp reads consecutive rows,
+# hs and cs (T + 1, N, H), tc (T, N, H). Above SEQUENCE_UNITS (shared memory, and a block holds
+# the 4H rows), each step takes the kernels above.
+SEQUENCE_UNITS = 256
+_SEQUENCE = BlockKernel(f"#define LIMIT {SEQUENCE_UNITS}\n" + r"""
+extern "C" __global__ void dlrun_lstm_sequence(T* z, const T* ut, T* hs, T* cs, T* tc,
+                                               const int steps, const int n, const int H) {
+    __shared__ T h[LIMIT];
+    __shared__ T g[4 * LIMIT];
+    const int G = 4 * H;
+    const long long b = blockIdx.x;
+    for (int k = threadIdx.x; k < H; k += blockDim.x) h[k] = hs[b * H + k];
+    __syncthreads();
+    for (int t = 0; t < steps; ++t) {
+        T* zt = z + ((long long)t * n + b) * G;
+        for (int j = threadIdx.x; j < G; j += blockDim.x) {
+            T acc = 0;
+            for (int k = 0; k < H; ++k) acc += ut[(long long)k * G + j] * h[k];
+            g[j] = zt[j] + acc;
+        }
+        __syncthreads();
+        const long long o = ((long long)t * n + b) * H, next = o + (long long)n * H;
+        for (int k = threadIdx.x; k < H; k += blockDim.x) {
+            const T ig = tanh(g[k] * (T)0.5) * (T)0.5 + (T)0.5;
+            const T fg = tanh(g[k + H] * (T)0.5) * (T)0.5 + (T)0.5;
+            const T gg = tanh(g[k + 2 * H]);
+            const T og = tanh(g[k + 3 * H] * (T)0.5) * (T)0.5 + (T)0.5;
+            zt[k] = ig; zt[k + H] = fg; zt[k + 2 * H] = gg; zt[k + 3 * H] = og;
+            const T c = fg * cs[o + k] + ig * gg;
+            const T tcv = tanh(c);
+            const T hv = og * tcv;
+            cs[next + k] = c; tc[o + k] = tcv; hs[next + k] = hv;
+            h[k] = hv;
+        }
+        __syncthreads();
+    }
+}
+""", "dlrun_lstm_sequence")
+# Backward, t from T − 1 down to 0: e = dh_t + da_{t+1} U (U (4H, H): a warp reads consecutive
+# units), then the step kernel's formulas; d holds da_{t+1} and becomes da_t, written to da
+# (T, N, 4H) too; e and dc (the error of c, carried) are each thread's own units.
+_SEQUENCE_GRAD = BlockKernel(f"#define LIMIT {SEQUENCE_UNITS}\n" + r"""
+extern "C" __global__ void dlrun_lstm_sequence_grad(const T* dh, const T* u, const T* z, const T* cs,
+                                                    const T* tc, T* da, const int steps, const int n,
+                                                    const int H) {
+    __shared__ T d[4 * LIMIT];
+    __shared__ T e[LIMIT];
+    __shared__ T dc[LIMIT];
+    const int G = 4 * H;
+    const long long b = blockIdx.x;
+    for (int k = threadIdx.x; k < H; k += blockDim.x) dc[k] = 0;
+    for (int t = steps - 1; t >= 0; --t) {
+        const long long o = ((long long)t * n + b) * H;
+        for (int k = threadIdx.x; k < H; k += blockDim.x) {
+            T hd = 0;
+            if (t < steps - 1)
+                for (int j = 0; j < G; ++j) hd += d[j] * u[(long long)j * H + k];
+            e[k] = dh[o + k] + hd;
+        }
+        __syncthreads();
+        const T* zt = z + ((long long)t * n + b) * G;
+        T* dt = da + ((long long)t * n + b) * G;
+        for (int k = threadIdx.x; k < H; k += blockDim.x) {
+            const T ig = zt[k], fg = zt[k + H], gg = zt[k + 2 * H], og = zt[k + 3 * H];
+            const T tcv = tc[o + k], ek = e[k];
+            const T dct = dc[k] + ek * og * ((T)1 - tcv * tcv);
+            const T di = dct * gg * (((T)1 - ig) * ig);
+            const T df = dct * cs[o + k] * (((T)1 - fg) * fg);
+            const T dg = dct * ig * (((T)1 - gg) * (gg + (T)1));
+            const T dout = ek * tcv * (((T)1 - og) * og);
+            dc[k] = dct * fg;
+            d[k] = di; d[k + H] = df; d[k + 2 * H] = dg; d[k + 3 * H] = dout;
+            dt[k] = di; dt[k + H] = df; dt[k + 2 * H] = dg; dt[k + 3 * H] = dout;
+        }
+        __syncthreads();
+    }
+}
+""", "dlrun_lstm_sequence_grad")
 
 
 @layers.register("LSTM")
@@ -114,6 +199,11 @@ class LSTM(Recurrent):
         self._cs = cs = xp.empty_like(hs)
         cs[0] = 0
         self._tc = tc = xp.empty((len(a),) + hs.shape[1:], dtype=hs.dtype)
+        run = _SEQUENCE.on(xp, a.dtype) if h <= SEQUENCE_UNITS else None
+        if run is not None:  # GPU, small h: one launch for the whole sequence
+            n = a.shape[1]
+            run(n, 4 * h, a, xp.ascontiguousarray(u.T), hs, cs, tc, len(a), n, h)
+            return
         step = _STEP.on(xp)
         if step is not None:  # GPU: two launches a step, the product and the cell
             ut, hu = u.T, xp.empty_like(a[0])
@@ -138,6 +228,11 @@ class LSTM(Recurrent):
         xp, u, h = self.xp, self.recurrent.data, self.units
         gates, cs, tc = self._gates, self._cs, self._tc
         da = xp.empty_like(gates)
+        run = _SEQUENCE_GRAD.on(xp, dh.dtype) if h <= SEQUENCE_UNITS else None
+        if run is not None:  # GPU, small h: one launch, as forward
+            n = dh.shape[1]
+            run(n, h, xp.ascontiguousarray(dh), xp.ascontiguousarray(u), gates, cs, tc, da, len(dh), n, h)
+            return da
         dc = xp.zeros_like(dh[0])
         step = _STEP_GRAD.on(xp)
         if step is not None:  # GPU: the product and the cell, as forward
