@@ -77,7 +77,7 @@ open(f"{w}/cnn.yaml", "w").write("data: {type: file, path: cnn.npz}\nmodel: [{ty
 PY
   $PY -m dlrun time "$WORK/mlp.yaml" --device gpu 2>&1 | tail -12
   $PY -m dlrun time "$WORK/cnn.yaml" --device gpu 2>&1 | tail -12
-  echo "== recurrent layers per batch: fused cells against the unfused path and the CPU"
+  echo "== recurrent layers per batch: as dlrun runs them, per-step cells, unfused, and the CPU"
   $PY benchmarks/recurrent_gpu.py 2>&1
 fi
 if has bench; then

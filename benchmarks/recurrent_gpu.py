@@ -1,6 +1,7 @@
-"""Time per batch of the recurrent layers, forward and backward, on the GPU with the fused cells
-(one kernel per time step each way, after the recurrent product) and with the unfused path (the
-CPU's array operations on CuPy), next to the CPU.
+"""Time per batch of the recurrent layers, forward and backward, on the GPU as dlrun runs them (the
+LSTM of up to 256 units: one kernel for the whole sequence each way), with the per-step fused
+cells (one kernel per time step each way, after the recurrent product) and with the unfused path
+(the CPU's array operations on CuPy), next to the CPU.
 
     python benchmarks/recurrent_gpu.py [--devices gpu,cpu] [--batch 64] [--steps 20] [--units 32]
                                        [--features 2] [--repeats 200] [--dtype float32]
@@ -9,9 +10,10 @@ The defaults are the LSTM of configs/adding_lstm.yaml. For each layer (LSTM, GRU
 path: a warm-up batch (it compiles or loads the kernels), then ``--repeats`` batches of forward
 and backward on the same input, the device synchronised before the clock starts and after it
 stops; printed as milliseconds per batch. ``--fused-only`` times only what dlrun runs; the CPU
-uses the BLAS threads ``dlrun train`` would (``--threads`` as its option). The unfused path is
-what the GPU ran before the cells were fused; it is selected here by making the cell kernels
-unavailable, which dlrun itself never does.
+uses the BLAS threads ``dlrun train`` would (``--threads`` as its option). The per-step column
+is selected here by lowering the LSTM's limit for its sequence kernels to 0 units ("=" where a
+layer has no sequence kernel: the per-step cells are what it runs), the unfused one by making the
+cell kernels unavailable; dlrun itself does neither.
 """
 from __future__ import annotations
 
@@ -23,21 +25,38 @@ import numpy as np
 
 from dlrun import registry
 from dlrun.backend import Kernel, get_backend, threads
+from dlrun.layers import lstm
 from dlrun.model import Sequential
 
 CELLS = {"LSTM": "dlrun_lstm_step", "GRU": "dlrun_gru_step", "SimpleRNN": "dlrun_rnn_step"}
+SEQUENCE = {"LSTM": lstm}  # the layers with a whole-sequence kernel, by the module holding its limit
+
+
+@contextmanager
+def per_step():
+    """The layers run their per-step cells at every size (the sequence kernels' limit set to 0 units)."""
+    limits = {name: module.SEQUENCE_UNITS for name, module in SEQUENCE.items()}
+    for module in SEQUENCE.values():
+        module.SEQUENCE_UNITS = 0
+    try:
+        yield
+    finally:
+        for name, module in SEQUENCE.items():
+            module.SEQUENCE_UNITS = limits[name]
 
 
 @contextmanager
 def unfused():
-    """The cell kernels report themselves unavailable, so the layers take their array-operation path."""
+    """Neither sequence kernels nor cell kernels: the layers take their array-operation path."""
     names = set(CELLS.values()) | {n + "_grad" for n in CELLS.values()}
     real = Kernel.on
     Kernel.on = lambda self, xp: None if self.name in names else real(self, xp)
     try:
-        yield
+        with per_step():
+            yield
     finally:
         Kernel.on = real
+
 
 
 def per_batch(name, backend, args) -> float:
@@ -78,17 +97,24 @@ def main() -> None:
     print(f"batch {args.batch}, {args.steps} steps, {args.features} features, {args.units} units, {args.dtype}, "
           f"mean of {args.repeats} batches (forward + backward), ms per batch; CPU with {blas} BLAS thread(s)")
     devices = args.devices.split(",")
-    columns = [c for d in devices for c in ([d + " fused", d + " unfused"] if d == "gpu" and not args.fused_only else [d])]
+    gpu_columns = ["gpu", "gpu per-step", "gpu unfused"]
+    columns = [c for d in devices for c in (gpu_columns if d == "gpu" and not args.fused_only else [d])]
+    print(f"(gpu: as dlrun runs it; the LSTM's sequence kernels take up to {lstm.SEQUENCE_UNITS} units)")
     print("| layer | " + " | ".join(columns) + " |")
     for name in CELLS:
         row = []
         for device in devices:
             backend = get_backend(device)
-            row.append(per_batch(name, backend, args))
+            row.append(f"{per_batch(name, backend, args):.3f}")
             if device == "gpu" and not args.fused_only:
+                if name in SEQUENCE:
+                    with per_step():
+                        row.append(f"{per_batch(name, backend, args):.3f}")
+                else:
+                    row.append("=")
                 with unfused():
-                    row.append(per_batch(name, backend, args))
-        print(f"| {name} | " + " | ".join(f"{v:.3f}" for v in row) + " |", flush=True)
+                    row.append(f"{per_batch(name, backend, args):.3f}")
+        print(f"| {name} | " + " | ".join(row) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -79,10 +79,11 @@ class BlockKernel:
         return f"typedef {_CTYPES[np.dtype(dtype)]} T;\n" + self.source
 
     def on(self, xp, dtype):
-        """A :class:`Launch` of the kernel for ``dtype`` when ``xp`` is CuPy, else None."""
-        if xp is np:
-            return None
+        """A :class:`Launch` of the kernel for ``dtype`` when ``xp`` is CuPy and ``dtype`` float32
+        or float64, else None (the caller keeps its other path)."""
         key = np.dtype(dtype)
+        if xp is np or key not in _CTYPES:
+            return None
         if key not in self._built:
             self._built[key] = xp.RawKernel(self.code(key), self.name)
         return Launch(self._built[key])
@@ -94,7 +95,8 @@ class Launch:
     The block is ``work`` rounded up to whole warps of 32, but never more threads than the
     compiled kernel allows (``max_threads_per_block``, which its registers decide): a kernel
     launched through here must loop over its items with a stride of ``blockDim.x``. Python ints
-    among the arguments are passed as 32-bit ``int``, as the kernels declare them.
+    among the arguments are passed as 32-bit ``int``, as the kernels declare them. No blocks (an
+    empty batch) is no launch: CUDA refuses a grid of 0.
     """
 
     def __init__(self, kernel):
@@ -106,5 +108,7 @@ class Launch:
         return min(-(-max(work, 1) // 32) * 32, limit // 32 * 32 if limit >= 32 else limit)
 
     def __call__(self, blocks: int, work: int, *args) -> None:
+        if blocks == 0:
+            return
         args = tuple(np.int32(a) if isinstance(a, int) else a for a in args)
         self.kernel((blocks,), (self.threads(work),), args)

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from dlrun import registry
-from dlrun.backend import KERNELS
+from dlrun.backend import BLOCK_KERNELS, KERNELS
 from dlrun.config import load_config
 from dlrun.model import Sequential
 from dlrun.runs.run import train
 from conftest import CONFIGS
-from kernel_emulation import EMULATORS, Emulated, emulate, import_all_modules
+from kernel_emulation import BLOCK_EMULATORS, EMULATORS, Emulated, emulate, import_all_modules
 
 import_all_modules()
 DTYPES = (np.float32, np.float64)
@@ -25,6 +25,7 @@ DTYPES = (np.float32, np.float64)
 
 def test_every_declared_kernel_has_an_emulator():
     assert set(EMULATORS) == {k.name for k in KERNELS}
+    assert set(BLOCK_EMULATORS) == {k.name for k in BLOCK_KERNELS}
 
 
 def _layer_run(spec, shape, x, dtype, training_buffers=False):
@@ -253,3 +254,40 @@ def test_the_emulator_enforces_cupy_calling_conventions():
         relu(np.ones((2, 3), np.float32), np.empty((1, 3), np.float32))  # CuPy: 'Out shape is mismatched'
     with pytest.raises(TypeError, match="x is float32, but type T is float64"):
         relu(np.ones((2, 3), np.float32), np.empty((2, 3), np.float64))
+
+
+def test_a_block_launch_computes_its_threads_from_the_compiled_limit():
+    from types import SimpleNamespace
+
+    from dlrun.backend import Launch
+
+    def threads(work, limit):
+        return Launch(SimpleNamespace(max_threads_per_block=limit)).threads(work)
+
+    assert threads(128, 1024) == 128 and threads(1024, 1024) == 1024 and threads(1, 1024) == 32
+    assert threads(37, 1024) == 64 and threads(4 * 257, 1024) == 1024  # whole warps, never past the limit
+    assert threads(1024, 640) == 640 and threads(1024, 700) == 672 and threads(64, 20) == 20
+
+
+def test_the_block_emulator_refuses_what_a_raw_pointer_would_misread():
+    from collections import Counter
+
+    from kernel_emulation import EmulatedBlock
+
+    seq = next(k for k in BLOCK_KERNELS if k.name == "dlrun_lstm_sequence_grad")
+    run = EmulatedBlock(seq, BLOCK_EMULATORS[seq.name], Counter(), np.float64)
+    steps, n, h = 2, 3, 4
+    args = [np.zeros((steps, n, h)), np.zeros((4 * h, h)), np.full((steps, n, 4 * h), 0.5), np.zeros((steps + 1, n, h)),
+            np.zeros((steps, n, h)), np.empty((steps, n, 4 * h)), np.int32(steps), np.int32(n), np.int32(h)]
+    run((n,), (32,), args)
+    assert np.all(args[5] == 0)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        run((n,), (32,), [args[0].transpose(1, 0, 2).copy().transpose(1, 0, 2)] + args[1:])
+    with pytest.raises(TypeError, match="float32"):
+        run((n,), (32,), [args[0].astype(np.float32)] + args[1:])
+    with pytest.raises(TypeError, match="int32"):
+        run((n,), (32,), args[:6] + [steps] + args[7:])
+    with pytest.raises(ValueError, match="threads"):
+        run((n,), (2048,), args)
+    with pytest.raises(TypeError, match="9"):
+        run((n,), (32,), args[:-1])

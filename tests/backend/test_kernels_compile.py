@@ -1,5 +1,8 @@
 """Every CUDA kernel dlrun declares compiles with NVRTC, without a GPU.
 
+Block kernels (``backend.BlockKernel``, a complete ``__global__`` function) compile from their
+own source for float32 and float64, as CuPy's RawKernel compiles them.
+
 CuPy builds an ElementwiseKernel's CUDA source from its parameters and the argument types of
 the call, then compiles it with NVRTC on first use. Here the same source comes from CuPy's own
 code generator, for float32 and float64 and for the argument kinds the kernels are called
@@ -21,7 +24,7 @@ import numpy as np
 import pytest
 
 import dlrun
-from dlrun.backend import KERNELS
+from dlrun.backend import BLOCK_KERNELS, KERNELS
 from kernel_emulation import import_all_modules
 
 cupy = pytest.importorskip("cupy")
@@ -112,6 +115,13 @@ def test_every_declared_kernel_compiles_for_both_floats_and_every_argument_kind(
             assert nvrtc_compile(source, kernel.name, variant[-1])
 
 
+@pytest.mark.parametrize("kernel", BLOCK_KERNELS, ids=lambda k: k.name)
+def test_every_block_kernel_compiles_for_both_floats(kernel):
+    for dtype in FLOATS:
+        for arch in (OLDEST, NEWEST):
+            assert nvrtc_compile(kernel.code(dtype), kernel.name, arch)
+
+
 def test_the_check_fails_on_a_broken_kernel():
     source = kernel_source("T x", "T y", "y = x * undeclared;", "dlrun_broken", {"T": np.float32}, VARIANTS[0])
     with pytest.raises(AssertionError, match='identifier "undeclared" is undefined'):
@@ -126,6 +136,9 @@ def test_every_kernel_in_the_source_is_declared_through_backend_kernel():
     root = Path(dlrun.__file__).parent
     declared = sum(len(re.findall(r"\bKernel\(\s*\"", p.read_text())) for p in root.rglob("*.py"))
     assert declared == len(KERNELS) >= 13
+    blocks = sum(len(re.findall(r"\bBlockKernel\(", p.read_text())) for p in root.rglob("*.py")
+                 if p != root / "backend" / "__init__.py")
+    assert blocks == len(BLOCK_KERNELS) >= 2
     for path in root.rglob("*.py"):
         if path != root / "backend" / "__init__.py":
             assert not re.search(r"(Elementwise|Raw|Reduction)Kernel\b", path.read_text()), path
