@@ -131,6 +131,14 @@ def record_call(f, args, kwargs, result) -> None:
     _record(replay)
 
 
+def _host_array(a) -> bool:
+    return isinstance(a, np.ndarray) and not isinstance(a, DeviceArray) and a.ndim > 0
+
+
+def _host_index(key) -> bool:
+    return any(isinstance(k, list) or _host_array(k) for k in (key if isinstance(key, tuple) else (key,)))
+
+
 def _host_data(a) -> bool:
     if isinstance(a, DeviceArray):
         return False
@@ -167,6 +175,8 @@ class DeviceArray(np.ndarray):
         return np.asarray(arr).view(DeviceArray)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if capturing() and not _capture["depth"] and any(_host_array(a) for a in inputs):
+            raise CaptureError(f"a host array passed to {ufunc.__name__} while capturing (CuPy refuses numpy arrays)")
         args = tuple(_plain(a) for a in inputs)
         out = kwargs.get("out")
         if out is not None:
@@ -200,6 +210,8 @@ class DeviceArray(np.ndarray):
     def __getitem__(self, key):
         if _is_mask(key):
             _host_read("x[mask] (CuPy reads the number of selected elements back)")
+        if capturing() and not _capture["depth"] and _host_index(key):
+            raise CaptureError("a host index array (a list or numpy array) copied to the device while capturing")
         with _inside():
             result = _dev(super().__getitem__(key))
         if capturing() and not (isinstance(result, np.ndarray) and np.shares_memory(result, self)):
@@ -211,6 +223,8 @@ class DeviceArray(np.ndarray):
         # CuPy copies a device value into place on the device (numpy would call float() on a 0-d one)
         if capturing() and isinstance(value, (np.ndarray, list, tuple)) and _host_data(value):
             raise CaptureError("a host array copied to the device while capturing")
+        if capturing() and not _capture["depth"] and _host_index(key):
+            raise CaptureError("a host index array (a list or numpy array) copied to the device while capturing")
         plain, k, v = self.view(np.ndarray), _plain_key(key), _plain(value)
         will_write(plain)
         with _inside():

@@ -124,6 +124,10 @@ def test_the_stand_in_refuses_what_a_capture_cannot_hold(monkeypatch):
                 FAKE_CUPY.asarray(np.ones(3))
             with pytest.raises(CaptureError):
                 a.set(np.ones(3))
+            with pytest.raises(CaptureError):
+                a[[0, 2]]  # CuPy copies a list index to the device
+            with pytest.raises(CaptureError):
+                a + np.ones(3)  # CuPy refuses a numpy operand
             with pytest.raises(HostRead):
                 float(a.sum())
             a *= 2  # recorded, and undone when the capture ends
