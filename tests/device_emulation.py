@@ -35,7 +35,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from dlrun.backend import Backend
+from dlrun.backend import Backend, gemm
 
 
 class HostRead(AssertionError):
@@ -72,6 +72,26 @@ _capture = {"ops": None, "saved": None, "rngs": None, "depth": 0}
 
 def capturing() -> bool:
     return _capture["ops"] is not None
+
+
+# CuPy checks the stream before every cuBLAS call and refuses one that is being captured (its
+# cublas.setStream); these products go to cuBLAS there. dlrun.backend.gemm's direct route, which a
+# captured step takes instead, runs as _direct_gemm here.
+_CUBLAS = {"matmul", "dot", "vdot", "inner", "tensordot", "einsum"}
+
+
+def _refuse_cublas(name: str) -> None:
+    if _capture["ops"] is not None and not _capture["depth"] and not _capture.get("direct"):
+        raise NotImplementedError(f"calling cuBLAS API during stream capture is currently unsupported ({name})")
+
+
+def _direct_gemm(xp, a, b, out=None):
+    """dlrun.backend.gemm.matmul on the stand-in: one recorded product, allowed while capturing."""
+    _capture["direct"] = True
+    try:
+        return FAKE_CUPY.matmul(a, b, out=out)
+    finally:
+        _capture["direct"] = False
 
 
 @contextmanager
@@ -175,6 +195,8 @@ class DeviceArray(np.ndarray):
         return np.asarray(arr).view(DeviceArray)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if ufunc is np.matmul:
+            _refuse_cublas("matmul")
         if capturing() and not _capture["depth"] and any(_host_array(a) for a in inputs):
             raise CaptureError(f"a host array passed to {ufunc.__name__} while capturing (CuPy refuses numpy arrays)")
         args = tuple(_plain(a) for a in inputs)
@@ -199,6 +221,8 @@ class DeviceArray(np.ndarray):
         return results if len(results) > 1 else results[0]
 
     def __array_function__(self, func, types, args, kwargs):
+        if func.__name__ in _CUBLAS:
+            _refuse_cublas(func.__name__)
         will_write(*[kwargs[k] for k in ("out", "dst") if isinstance(kwargs.get(k), np.ndarray)])
         if func in (np.copyto, np.put, np.place, np.putmask, np.fill_diagonal) and args:
             will_write(args[0])
@@ -268,6 +292,8 @@ class DeviceArray(np.ndarray):
     def _method(name):
         def call(self, *args, **kwargs):
             f = getattr(np.ndarray, name)
+            if name in _CUBLAS:
+                _refuse_cublas(f"x.{name}")
             if name in _IN_PLACE:
                 will_write(self)
             with _inside():
@@ -335,6 +361,8 @@ def _wrap(name, f):
     syncing = _SYNCING.get(name)
 
     def call(*args, **kwargs):
+        if name in _CUBLAS:
+            _refuse_cublas(name)
         if syncing:
             _host_read(syncing)
         if name == "where" and len(args) == 1 and not kwargs:
@@ -509,4 +537,5 @@ def emulated_gpu(monkeypatch):
     dlrun.backend.array_module looks it up there)."""
     with monkeypatch.context() as m:
         m.setitem(sys.modules, "cupy", FAKE_CUPY)
+        m.setattr(gemm, "matmul", _direct_gemm)
         yield Backend("gpu", FAKE_CUPY)

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from . import memory
+from . import gemm, memory
 from ..errors import BackendError
 
 DEVICES = ("cpu", "gpu")
@@ -21,6 +21,17 @@ class Backend:
     def __init__(self, name: str, xp):
         self.name = name
         self.xp = xp
+        self.capturing = False  # inside :meth:`capture`'s call
+        if xp is np:
+            self.matmul = np.matmul  # (the CPU's products need no detour: numpy's own, called directly)
+
+    def matmul(self, a, b, out=None):
+        """``xp.matmul(a, b, out=out)``, which layers call for their products through here: while a
+        CUDA graph is being captured, CuPy refuses cuBLAS calls, and a 1-D or 2-D product then goes
+        to cuBLAS directly (:mod:`dlrun.backend.gemm`)."""
+        if self.capturing:
+            return gemm.matmul(self.xp, a, b, out)
+        return self.xp.matmul(a, b, out=out)
 
     def __repr__(self) -> str:
         return f"Backend({self.name!r})"
@@ -110,12 +121,15 @@ class Backend:
         side.wait_event(cuda.get_current_stream().record())  # after the work queued so far
         with cuda.using_allocator(pool.malloc), side:
             side.begin_capture()
+            self.capturing = True
             try:
                 result = call()
             except BaseException:
                 _FAILED_POOLS.append(pool)  # what the call allocated may still be referenced: its memory stays reserved
                 side.end_capture()  # the half-captured graph is dropped
                 raise
+            finally:
+                self.capturing = False
             graph = side.end_capture()
         # the blocks the ordinary steps before it used and no array holds any more go back to the
         # device: from now on the graph's own pool holds the step's temporaries

@@ -117,7 +117,7 @@ class Conv2D(Layer):
             wb[:, :k] = self.weight.data.reshape(o, k)
             wb[:, k] = self.bias.data
         # (N, O, P): already NCHW order; or (O, N·P)
-        out = xp.matmul(wb, cols, out=self.buffer("gemm" if self.one_gemm else "y",
+        out = self.backend.matmul(wb, cols, out=self.buffer("gemm" if self.one_gemm else "y",
                                                   (o, n * p) if self.one_gemm else (n, o, p), x.dtype))
         if self.one_gemm:
             y = self.output_array("y", (n, o, p), x.dtype)
@@ -136,17 +136,17 @@ class Conv2D(Layer):
         gb = self.weight.grad.reshape(o, k) if self.bias is None else self.output_array("gwb", (o, k + 1), dy.dtype)
         if self.one_gemm:
             d = xp.ascontiguousarray(dy.reshape(n, o, -1).transpose(1, 0, 2)).reshape(o, -1)  # (O, N·P)
-            xp.matmul(d, cols.T, out=gb)
+            self.backend.matmul(d, cols.T, out=gb)
         else:
             d = dy.reshape(n, o, -1)  # (N, O, P)
             # batched matmul then a sum over the batch: 3-5x faster than tensordot/einsum here
-            xp.matmul(d, cols.transpose(0, 2, 1)).sum(axis=0, out=gb)
+            self.backend.matmul(d, cols.transpose(0, 2, 1)).sum(axis=0, out=gb)
         if self.bias is not None:
             self.weight.grad.reshape(o, k)[...] = gb[:, :k]
             self.bias.grad[...] = gb[:, k]
         if not self.needs_input_grad:  # first layer of a training loop: skip the matmul and col2im
             return None
-        dcols = xp.matmul(self.weight.data.reshape(o, k).T, d)  # (N, K, P) or (K, N·P)
+        dcols = self.backend.matmul(self.weight.data.reshape(o, k).T, d)  # (N, K, P) or (K, N·P)
         return unpad(col2im(xp, dcols, self.win, self.channels, n if self.one_gemm else None), self.win)
 
     # channels-last: columns (N·Ho·Wo, kh·kw·C) copied with C-long contiguous runs, one GEMM
@@ -160,7 +160,7 @@ class Conv2D(Layer):
             ("xpad_cl", x.shape, x.dtype), lambda: xp.zeros((n,) + win.padded_hw + (c,), x.dtype)))
         self._cols = im2col_channels_last(xp, xpad, win, self.buffer("cols", (n * p, k), x.dtype))
         self._w2 = self.weight.data.transpose(2, 3, 1, 0).reshape(k, o)  # a copy of W, (kh·kw·C, O)
-        out = xp.matmul(self._cols, self._w2, out=self.buffer("gemm", (n * p, o), x.dtype))
+        out = self.backend.matmul(self._cols, self._w2, out=self.buffer("gemm", (n * p, o), x.dtype))
         if self.bias is not None:
             out += self.bias.data
         y = self.output_array("y", (n, o, ho, wo), x.dtype)
@@ -172,12 +172,12 @@ class Conv2D(Layer):
         (ho, wo), (kh, kw) = win.out_hw, self.kernel_size
         d = self.output_array("d", (n * ho * wo, o), dy.dtype)
         d.reshape(n, ho, wo, o)[...] = dy.transpose(0, 2, 3, 1)
-        self.weight.grad[...] = xp.matmul(self._cols.T, d).reshape(kh, kw, c, o).transpose(3, 2, 0, 1)
+        self.weight.grad[...] = self.backend.matmul(self._cols.T, d).reshape(kh, kw, c, o).transpose(3, 2, 0, 1)
         if self.bias is not None:
-            xp.matmul(self.buffers.ones(xp, d.shape[0], dy.dtype), d, out=self.bias.grad)
+            self.backend.matmul(self.buffers.ones(xp, d.shape[0], dy.dtype), d, out=self.bias.grad)
         if not self.needs_input_grad:
             return None
-        dxp = col2im_channels_last(xp, xp.matmul(d, self._w2.T), win, c, n)
+        dxp = col2im_channels_last(xp, self.backend.matmul(d, self._w2.T), win, c, n)
         (t, _, l, _), (h, w) = win.pad, win.in_hw
         dx = self.output_array("dx", (n, c, h, w), dy.dtype)
         dx[...] = dxp[:, t:t + h, l:l + w, :].transpose(0, 3, 1, 2)

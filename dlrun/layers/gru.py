@@ -78,10 +78,10 @@ class GRU(Recurrent):
             ut = u.T
             ub = self.u_bias.data if self.u_bias is not None else xp.zeros(u.shape[0], dtype=a.dtype)
             for t in range(len(a)):
-                step(ub, hs[t], h, a[t], xp.matmul(hs[t], ut, out=us[t]), hs[t + 1])
+                step(ub, hs[t], h, a[t], self.backend.matmul(hs[t], ut, out=us[t]), hs[t + 1])
             return
         for t in range(len(a)):
-            xp.matmul(hs[t], u.T, out=us[t])
+            self.backend.matmul(hs[t], u.T, out=us[t])
             if self.u_bias is not None:
                 us[t] += self.u_bias.data
             z = a[t]  # becomes the gates r, z, n in place
@@ -107,7 +107,7 @@ class GRU(Recurrent):
             hd, carry = xp.zeros_like(dh[0]), xp.zeros_like(dh[0])  # nothing comes back from past the last step
             for t in range(len(dh) - 1, -1, -1):
                 if t < len(dh) - 1:
-                    xp.matmul(du[t + 1], uw, out=hd)
+                    self.backend.matmul(du[t + 1], uw, out=hd)
                 step(dh[t], hd, hs[t], gates[t], us[t], h, carry, da[t], du[t])
             return da, du
         for t in range(len(dh) - 1, -1, -1):
@@ -115,7 +115,7 @@ class GRU(Recurrent):
             r, z, n = g[:, :h], g[:, h:2 * h], g[:, 2 * h:]
             if t < len(dh) - 1:  # what h_t passed on to step t + 1: directly, and through u_{t+1}
                 dh[t] += dh[t + 1] * gates[t + 1][:, h:2 * h]
-                dh[t] += xp.matmul(du[t + 1], uw)
+                dh[t] += self.backend.matmul(du[t + 1], uw)
             dn = d[:, 2 * h:]
             xp.subtract(1, z, out=dn)
             dn *= dh[t]

@@ -50,7 +50,7 @@ class LargeMarginFC(Layer):
 
     def forward(self, x, y=None):
         xp = self.xp
-        f = x @ self.weight.data.T
+        f = self.backend.matmul(x, self.weight.data.T)
         self._x = x
         self._scale = None
         if self.training and y is not None:
@@ -69,10 +69,10 @@ class LargeMarginFC(Layer):
         if self._scale is not None:
             g = dy.copy()
             g[self._rows, self._cols] *= self._scale
-        self.xp.matmul(g.T, self._x, out=self.weight.grad)
+        self.backend.matmul(g.T, self._x, out=self.weight.grad)
         if not self.needs_input_grad:
             return None
-        return g @ self.weight.data
+        return self.backend.matmul(g, self.weight.data)
 
     def branch_signature(self):
         return self._positive if self._scale is not None else None

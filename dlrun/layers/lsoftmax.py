@@ -70,7 +70,7 @@ class LSoftmax(Layer):
     def forward(self, x, y=None):
         xp, m = self.xp, self.margin
         w = self.weight.data
-        f = x @ w.T
+        f = self.backend.matmul(x, w.T)
         self._x, self._margin = x, None
         if not self.training or y is None:
             return f
@@ -95,8 +95,8 @@ class LSoftmax(Layer):
 
     def backward(self, dy):
         w, x = self.weight.data, self._x
-        self.xp.matmul(dy.T, x, out=self.weight.grad)
-        dx = dy @ w
+        self.backend.matmul(dy.T, x, out=self.weight.grad)
+        dx = self.backend.matmul(dy, w)
         if self._margin is None:
             return dx
         rows, y, wy, a, b, c, dpsi, psi, beta, ok = self._margin

@@ -208,12 +208,12 @@ class LSTM(Recurrent):
         if step is not None:  # GPU: two launches a step, the product and the cell
             ut, hu = u.T, xp.empty_like(a[0])
             for t in range(len(a)):
-                step(xp.matmul(hs[t], ut, out=hu), cs[t], h, a[t], cs[t + 1], tc[t], hs[t + 1])
+                step(self.backend.matmul(hs[t], ut, out=hu), cs[t], h, a[t], cs[t + 1], tc[t], hs[t + 1])
             return
         scale, offset, _ = self._constants(a)
         for t in range(len(a)):
             z = a[t]
-            z += xp.matmul(hs[t], u.T)
+            z += self.backend.matmul(hs[t], u.T)
             z *= scale
             xp.tanh(z, out=z)
             z *= scale
@@ -239,7 +239,7 @@ class LSTM(Recurrent):
             hd = xp.zeros_like(dh[0])  # nothing comes back from past the last step
             for t in range(len(dh) - 1, -1, -1):
                 if t < len(dh) - 1:
-                    xp.matmul(da[t + 1], u, out=hd)
+                    self.backend.matmul(da[t + 1], u, out=hd)
                 step(dh[t], hd, tc[t], cs[t], gates[t], h, dc, da[t])
             return da
         _, _, k = self._constants(gates)
@@ -247,7 +247,7 @@ class LSTM(Recurrent):
             z, d = gates[t], da[t]
             i, f, g, o = z[:, :h], z[:, h:2 * h], z[:, 2 * h:3 * h], z[:, 3 * h:]
             if t < len(dh) - 1:  # the error h_t passes to step t + 1
-                dh[t] += xp.matmul(da[t + 1], u)
+                dh[t] += self.backend.matmul(da[t + 1], u)
             xp.multiply(dh[t], tc[t], out=d[:, 3 * h:])  # do
             dc += dh[t] * o * (1 - tc[t] * tc[t])
             xp.multiply(dc, g, out=d[:, :h])  # di

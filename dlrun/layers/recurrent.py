@@ -74,7 +74,7 @@ class Recurrent(Layer):
         xp = self.xp
         n, steps, _ = x.shape
         self._xt = xt = xp.ascontiguousarray(x.transpose(1, 0, 2))  # time-major: each step's rows contiguous
-        a = xp.matmul(xt, self.weight.data.T)  # every step's input projection in one product
+        a = self.backend.matmul(xt, self.weight.data.T)  # every step's input projection in one product
         if self.bias is not None:
             a += self.bias.data
         self._hs = hs = xp.empty((steps + 1, n, self.units), dtype=x.dtype)
@@ -95,15 +95,15 @@ class Recurrent(Layer):
         errors = self.steps_backward(dh)
         da, du = errors if isinstance(errors, tuple) else (errors, errors)
         da2, du2 = da.reshape(steps * n, -1), du.reshape(steps * n, -1)
-        xp.matmul(da2.T, self._xt.reshape(steps * n, -1), out=self.weight.grad)
-        xp.matmul(du2.T, self._hs[:steps].reshape(steps * n, units), out=self.recurrent.grad)
+        self.backend.matmul(da2.T, self._xt.reshape(steps * n, -1), out=self.weight.grad)
+        self.backend.matmul(du2.T, self._hs[:steps].reshape(steps * n, units), out=self.recurrent.grad)
         if self.bias is not None:
             da2.sum(axis=0, out=self.bias.grad)
         if self.u_bias is not None:
             du2.sum(axis=0, out=self.u_bias.grad)
         if not self.needs_input_grad:
             return None
-        return xp.ascontiguousarray(xp.matmul(da, self.weight.data).transpose(1, 0, 2))
+        return xp.ascontiguousarray(self.backend.matmul(da, self.weight.data).transpose(1, 0, 2))
 
     def steps(self, a, hs) -> None:  # pragma: no cover - abstract
         """Run the recurrence: from the input projections ``a`` write h_1 … h_T into ``hs``."""

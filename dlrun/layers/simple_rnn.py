@@ -45,11 +45,11 @@ class SimpleRNN(Recurrent):
         if step is not None:  # GPU: two launches a step, the product and the cell
             ut, hu = u.T, xp.empty_like(a[0])
             for t in range(len(a)):
-                step(a[t], xp.matmul(hs[t], ut, out=hu), hs[t + 1])
+                step(a[t], self.backend.matmul(hs[t], ut, out=hu), hs[t + 1])
             return
         for t in range(len(a)):
             z = a[t]
-            z += xp.matmul(hs[t], u.T)
+            z += self.backend.matmul(hs[t], u.T)
             xp.tanh(z, out=hs[t + 1])
 
     def steps_backward(self, dh):
@@ -60,13 +60,13 @@ class SimpleRNN(Recurrent):
             hd = xp.zeros_like(dh[0])  # nothing comes back from past the last step
             for t in range(len(dh) - 1, -1, -1):
                 if t < len(dh) - 1:
-                    xp.matmul(da[t + 1], u, out=hd)
+                    self.backend.matmul(da[t + 1], u, out=hd)
                 step(dh[t], hd, hs[t + 1], da[t])
             return da
         for t in range(len(dh) - 1, -1, -1):
             d = da[t]
             if t < len(dh) - 1:  # the error h_t passes to h_{t+1}
-                dh[t] += xp.matmul(da[t + 1], u)
+                dh[t] += self.backend.matmul(da[t + 1], u)
             xp.multiply(hs[t + 1], hs[t + 1], out=d)
             xp.subtract(1, d, out=d)
             d *= dh[t]

@@ -17,6 +17,12 @@ BALANCED = "balanced"
 ClassWeights = list[Annotated[float, Range(min=0)]] | Literal["balanced"] | None
 
 
+def weighted_sum(xp, values, weights):
+    """Σᵢ valuesᵢ·weightsᵢ: numpy's dot on the CPU; on the GPU a product and a sum, which a CUDA
+    graph can capture (CuPy's dot is a cuBLAS call, refused while a step is captured)."""
+    return np.dot(values, weights) if xp is np else (values * weights).sum()
+
+
 def weights_option(values) -> tuple | str | None:
     """The class_weights option as a tuple (or "balanced"); ValueError when every weight is 0
     (nothing to learn)."""

@@ -10,7 +10,7 @@ from ..backend import array_module
 from ..errors import ShapeError
 from ..registry.options import PositiveFloat
 from ..registry import losses
-from .base import ClassWeights, Loss, weights_option
+from .base import ClassWeights, Loss, weighted_sum, weights_option
 
 
 def _sigmoid(z):
@@ -142,7 +142,7 @@ class Hinge(Loss):
         per_sample = m.sum(axis=1)
         if self.class_reduction == "mean":
             per_sample /= z.shape[1]
-        return per_sample.mean() if self._wy is None else xp.dot(per_sample, self._wy) * (1.0 / len(per_sample))
+        return per_sample.mean() if self._wy is None else weighted_sum(xp, per_sample, self._wy) * (1.0 / len(per_sample))
 
     def backward(self):
         d = (self._m > 0).astype(self._m.dtype)

@@ -8,7 +8,7 @@ import numpy as np
 from ..backend import Kernel, array_module, out_args
 from ..registry.options import Range
 from ..registry import losses
-from .base import ClassWeights, Loss, weights_option
+from .base import ClassWeights, Loss, weighted_sum, weights_option
 
 _FEW_CLASSES = 16  # up to this many columns, column-wise ufuncs beat an axis-1 reduction
 # GPU: p = exp(z − m); per-sample −log p_y = log Σ exp(z − m) − (z_y − m), z_y read from the raw
@@ -122,7 +122,7 @@ class SoftmaxCrossEntropy(Loss):
         if eps:  # (1 − ε)·(lse − z_y) + ε·(lse − mean_j z_j), lse = log s + m
             nll *= 1.0 - eps
             nll += (xp.log(s) + m.reshape(-1) - z.mean(axis=1)) * eps
-        return (nll.sum() if wy is None else xp.dot(nll, wy)) * (1.0 / n)
+        return (nll.sum() if wy is None else weighted_sum(xp, nll, wy)) * (1.0 / n)
 
     def backward(self):
         if self._work is None:  # GPU
@@ -222,7 +222,7 @@ class NLL(Loss):
         self._shape, self._rows, self._y, self._dtype = z.shape, rows, y, z.dtype
         self._wy = self.sample_weights(y, z)
         picked = z[rows, y]
-        return -picked.mean() if self._wy is None else -xp.dot(picked, self._wy) * (1.0 / len(picked))
+        return -picked.mean() if self._wy is None else -weighted_sum(xp, picked, self._wy) * (1.0 / len(picked))
 
     def backward(self):
         xp = array_module(self._y)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 
+import numpy as np
+
 from .. import registry
 from ..backend import array_module
 from ..errors import ConfigError, ContractError
@@ -39,6 +41,11 @@ class GradientClipping(Callback):
 
     def on_train_begin(self, trainer):
         self.grads = [p.grad for _, p in trainer.optimizer.params]
+        # each gradient's squared norm: a dot product on the CPU (BLAS), a 1 x n by n x 1 product
+        # on the GPU (the backend's, which a captured step can take; CuPy's vdot it cannot)
+        backend = getattr(trainer, "backend", None)
+        self._squares = (lambda g: np.vdot(g, g)) if backend is None or backend.xp is np else \
+            (lambda g, mm=backend.matmul: mm(g, g))
 
     def on_after_backward(self, trainer):
         if not self.grads:
@@ -48,7 +55,8 @@ class GradientClipping(Callback):
             for g in self.grads:
                 xp.clip(g, -self.clip_value, self.clip_value, out=g)
         if self.clip_norm is not None:
-            total = sum(xp.vdot(g.ravel(), g.ravel()) for g in self.grads)
+            squares = self._squares
+            total = sum(squares(g.ravel()) for g in self.grads)
             self.last_norm = xp.sqrt(total)
             scale = xp.minimum(self.clip_norm / (self.last_norm + 1e-6), 1.0)
             for g in self.grads:

@@ -32,6 +32,12 @@ from device_emulation import CaptureError, FAKE_CUPY, HostRead, emulated_gpu
 from gpu_step_cases import STEP_CASES, STEPS, same_training, train_steps
 from kernel_emulation import emulate
 
+# batched matrix products (attention's scores and weighted values) reach cuBLAS through CuPy,
+# which refuses them while a stream is captured: such a step keeps the ordinary path
+UNCAPTURED = {"transformer pieces (attention: causal, dropout; positions, position-wise Linear, pooling), Adam":
+              "MultiHeadAttention"}
+
+
 @pytest.mark.parametrize("case", list(STEP_CASES))
 def test_the_captured_step_trains_exactly_as_the_ordinary_step(case, monkeypatch):
     with emulated_gpu(monkeypatch) as gpu, emulate(monkeypatch):
@@ -41,6 +47,11 @@ def test_the_captured_step_trains_exactly_as_the_ordinary_step(case, monkeypatch
                             lambda self, *a, real=type(plain[0].model).forward: forwards.append(1) or real(self, *a))
         graphed = train_steps(case, gpu)
     graph = graphed[0].training_step.graph
+    if case in UNCAPTURED:
+        assert graph.status.startswith("not captured: the capture failed") and UNCAPTURED[case] in graph.status
+        assert "calling cuBLAS API during stream capture" in graph.status and graph.replays == 0
+        same_training(plain, graphed)
+        return
     assert graph.status == "captured", graph.status
     replays = STEPS - 1 - capture.WARMUP
     assert graph.replays == replays
