@@ -1,5 +1,5 @@
-"""Time per batch of the recurrent layers, forward and backward, on the GPU as dlrun runs them (the
-LSTM of up to 256 units: one kernel for the whole sequence each way), with the per-step fused
+"""Time per batch of the recurrent layers, forward and backward, on the GPU as dlrun runs them (up
+to 256 units: one kernel for the whole sequence each way), with the per-step fused
 cells (one kernel per time step each way, after the recurrent product) and with the unfused path
 (the CPU's array operations on CuPy), next to the CPU.
 
@@ -11,9 +11,8 @@ path: a warm-up batch (it compiles or loads the kernels), then ``--repeats`` bat
 and backward on the same input, the device synchronised before the clock starts and after it
 stops; printed as milliseconds per batch. ``--fused-only`` times only what dlrun runs; the CPU
 uses the BLAS threads ``dlrun train`` would (``--threads`` as its option). The per-step column
-is selected here by lowering the LSTM's limit for its sequence kernels to 0 units ("=" where a
-layer has no sequence kernel: the per-step cells are what it runs), the unfused one by making the
-cell kernels unavailable; dlrun itself does neither.
+is selected here by lowering the layers' limit for their sequence kernels to 0 units, the unfused
+one by that and by making the cell kernels unavailable; dlrun itself does neither.
 """
 from __future__ import annotations
 
@@ -25,11 +24,11 @@ import numpy as np
 
 from dlrun import registry
 from dlrun.backend import Kernel, get_backend, threads
-from dlrun.layers import lstm
+from dlrun.layers import gru, lstm, simple_rnn
 from dlrun.model import Sequential
 
 CELLS = {"LSTM": "dlrun_lstm_step", "GRU": "dlrun_gru_step", "SimpleRNN": "dlrun_rnn_step"}
-SEQUENCE = {"LSTM": lstm}  # the layers with a whole-sequence kernel, by the module holding its limit
+SEQUENCE = {"LSTM": lstm, "GRU": gru, "SimpleRNN": simple_rnn}  # each layer's module holds its limit
 
 
 @contextmanager
@@ -99,7 +98,7 @@ def main() -> None:
     devices = args.devices.split(",")
     gpu_columns = ["gpu", "gpu per-step", "gpu unfused"]
     columns = [c for d in devices for c in (gpu_columns if d == "gpu" and not args.fused_only else [d])]
-    print(f"(gpu: as dlrun runs it; the LSTM's sequence kernels take up to {lstm.SEQUENCE_UNITS} units)")
+    print(f"(gpu: as dlrun runs it; the sequence kernels take up to {lstm.SEQUENCE_UNITS} units)")
     print("| layer | " + " | ".join(columns) + " |")
     for name in CELLS:
         row = []
@@ -107,11 +106,8 @@ def main() -> None:
             backend = get_backend(device)
             row.append(f"{per_batch(name, backend, args):.3f}")
             if device == "gpu" and not args.fused_only:
-                if name in SEQUENCE:
-                    with per_step():
-                        row.append(f"{per_batch(name, backend, args):.3f}")
-                else:
-                    row.append("=")
+                with per_step():
+                    row.append(f"{per_batch(name, backend, args):.3f}")
                 with unfused():
                     row.append(f"{per_batch(name, backend, args):.3f}")
         print(f"| {name} | " + " | ".join(row) + " |", flush=True)

@@ -22,7 +22,7 @@ import numpy as np
 from dlrun.backend import BlockKernel, Kernel, Launch
 from device_emulation import record_call, will_write
 from dlrun.backend.special import INV_SQRT_2PI
-from dlrun.layers.lstm import SEQUENCE_UNITS
+from dlrun.layers import gru, lstm, simple_rnn
 
 _erfc = np.vectorize(math.erfc, otypes=[np.float64])
 
@@ -371,8 +371,8 @@ def _rnn_step_grad(v):
 
 def _lstm_sequence(blocks, threads, z, ut, hs, cs, tc, steps, n, H):
     G, half = 4 * H, z.dtype.type(0.5)
-    h = np.full((blocks, SEQUENCE_UNITS), np.nan, z.dtype)  # shared, unset
-    g = np.full((blocks, 4 * SEQUENCE_UNITS), np.nan, z.dtype)
+    h = np.full((blocks, lstm.SEQUENCE_UNITS), np.nan, z.dtype)  # shared, unset
+    g = np.full((blocks, 4 * lstm.SEQUENCE_UNITS), np.nan, z.dtype)
     for b, k in _strided(blocks, threads, H):
         h[b, k] = hs[b * H + k]
     for t in range(steps):
@@ -401,9 +401,9 @@ def _lstm_sequence(blocks, threads, z, ut, hs, cs, tc, steps, n, H):
 
 def _lstm_sequence_grad(blocks, threads, dh, u, z, cs, tc, da, steps, n, H):
     G = 4 * H
-    d = np.full((blocks, 4 * SEQUENCE_UNITS), np.nan, dh.dtype)  # shared, unset
-    e = np.full((blocks, SEQUENCE_UNITS), np.nan, dh.dtype)
-    dc = np.full((blocks, SEQUENCE_UNITS), np.nan, dh.dtype)
+    d = np.full((blocks, 4 * lstm.SEQUENCE_UNITS), np.nan, dh.dtype)  # shared, unset
+    e = np.full((blocks, lstm.SEQUENCE_UNITS), np.nan, dh.dtype)
+    dc = np.full((blocks, lstm.SEQUENCE_UNITS), np.nan, dh.dtype)
     for b, k in _strided(blocks, threads, H):
         dc[b, k] = 0
     for t in range(steps - 1, -1, -1):
@@ -430,7 +430,108 @@ def _lstm_sequence_grad(blocks, threads, dh, u, z, cs, tc, da, steps, n, H):
         # __syncthreads()
 
 
-BLOCK_EMULATORS = {"dlrun_lstm_sequence": _lstm_sequence, "dlrun_lstm_sequence_grad": _lstm_sequence_grad}
+def _gru_sequence(blocks, threads, z, u, ut, ub, hs, steps, n, H):
+    G, half = 3 * H, z.dtype.type(0.5)
+    h = np.full((blocks, gru.SEQUENCE_UNITS), np.nan, z.dtype)  # shared, unset
+    g = np.full((blocks, 3 * gru.SEQUENCE_UNITS), np.nan, z.dtype)
+    for b, k in _strided(blocks, threads, H):
+        h[b, k] = hs[b * H + k]
+    for t in range(steps):
+        for b, j in _strided(blocks, threads, G):
+            r0 = (t * n + b) * G
+            acc = np.zeros(len(b), z.dtype)
+            for k in range(H):
+                acc += ut[k * G + j] * h[b, k]
+            uj = acc + ub[j]
+            u[r0 + j] = uj
+            g[b, j] = uj
+        # __syncthreads()
+        for b, k in _strided(blocks, threads, H):
+            r, nxt = (t * n + b) * G + k, ((t + 1) * n + b) * H
+            ur, uz, un = g[b, k], g[b, k + H], g[b, k + 2 * H]
+            rg = (np.tanh((z[r] + ur) * half) + 1) * half
+            zg = (np.tanh((z[r + H] + uz) * half) + 1) * half
+            ng = np.tanh(z[r + 2 * H] + rg * un)
+            z[r], z[r + H], z[r + 2 * H] = rg, zg, ng
+            hv = (h[b, k] - ng) * zg + ng
+            hs[nxt + k] = hv
+            h[b, k] = hv
+        # __syncthreads()
+
+
+def _gru_sequence_grad(blocks, threads, dh, uw, hs, g, u, da, du, steps, n, H):
+    G = 3 * H
+    e = np.full((blocks, 3 * gru.SEQUENCE_UNITS), np.nan, dh.dtype)  # shared, unset
+    err = np.full((blocks, gru.SEQUENCE_UNITS), np.nan, dh.dtype)
+    carry = np.full((blocks, gru.SEQUENCE_UNITS), np.nan, dh.dtype)
+    for b, k in _strided(blocks, threads, H):
+        carry[b, k] = 0
+    for t in range(steps - 1, -1, -1):
+        for b, k in _strided(blocks, threads, H):
+            o = (t * n + b) * H
+            hd = np.zeros(len(b), dh.dtype)
+            if t < steps - 1:
+                for j in range(G):
+                    hd += e[b, j] * uw[j * H + k]
+            err[b, k] = dh[o + k] + carry[b, k] + hd
+        # __syncthreads()
+        for b, k in _strided(blocks, threads, H):
+            o, r = (t * n + b) * H, (t * n + b) * G + k
+            rg, zg, ng = g[r], g[r + H], g[r + 2 * H]
+            dht = err[b, k]
+            dn = (1 - zg) * dht * (1 - ng * ng)
+            dr = dn * u[r + 2 * H] * (rg * (1 - rg))
+            dz = (hs[o + k] - ng) * dht * (zg * (1 - zg))
+            da[r], da[r + H], da[r + 2 * H] = dr, dz, dn
+            du[r], du[r + H], du[r + 2 * H] = dr, dz, dn * rg
+            e[b, k], e[b, k + H], e[b, k + 2 * H] = dr, dz, dn * rg
+            carry[b, k] = dht * zg
+        # __syncthreads()
+
+
+def _rnn_sequence(blocks, threads, a, ut, hs, steps, n, H):
+    h = np.full((blocks, simple_rnn.SEQUENCE_UNITS), np.nan, a.dtype)  # shared, unset
+    g = np.full((blocks, simple_rnn.SEQUENCE_UNITS), np.nan, a.dtype)
+    for b, k in _strided(blocks, threads, H):
+        h[b, k] = hs[b * H + k]
+    for t in range(steps):
+        for b, j in _strided(blocks, threads, H):
+            o = (t * n + b) * H
+            acc = np.zeros(len(b), a.dtype)
+            for k in range(H):
+                acc += ut[k * H + j] * h[b, k]
+            g[b, j] = np.tanh(a[o + j] + acc)
+        # __syncthreads()
+        for b, k in _strided(blocks, threads, H):
+            nxt = ((t + 1) * n + b) * H
+            hs[nxt + k] = g[b, k]
+            h[b, k] = g[b, k]
+        # __syncthreads()
+
+
+def _rnn_sequence_grad(blocks, threads, dh, u, hs, da, steps, n, H):
+    d = np.full((blocks, simple_rnn.SEQUENCE_UNITS), np.nan, dh.dtype)  # shared, unset
+    e = np.full((blocks, simple_rnn.SEQUENCE_UNITS), np.nan, dh.dtype)
+    for t in range(steps - 1, -1, -1):
+        for b, k in _strided(blocks, threads, H):
+            o = (t * n + b) * H
+            hd = np.zeros(len(b), dh.dtype)
+            if t < steps - 1:
+                for j in range(H):
+                    hd += d[b, j] * u[j * H + k]
+            hv = hs[o + n * H + k]
+            e[b, k] = (1 - hv * hv) * (dh[o + k] + hd)
+        # __syncthreads()
+        for b, k in _strided(blocks, threads, H):
+            o = (t * n + b) * H
+            d[b, k] = e[b, k]
+            da[o + k] = e[b, k]
+        # __syncthreads()
+
+
+BLOCK_EMULATORS = {"dlrun_lstm_sequence": _lstm_sequence, "dlrun_lstm_sequence_grad": _lstm_sequence_grad,
+                   "dlrun_gru_sequence": _gru_sequence, "dlrun_gru_sequence_grad": _gru_sequence_grad,
+                   "dlrun_rnn_sequence": _rnn_sequence, "dlrun_rnn_sequence_grad": _rnn_sequence_grad}
 
 EMULATORS = {
     "dlrun_relu": _relu, "dlrun_relu_grad": _relu_grad, "dlrun_gelu": _gelu, "dlrun_gelu_grad": _gelu_grad,

@@ -1,7 +1,7 @@
 """GRU: the gated recurrent unit, as PyTorch's nn.GRU (the reset gate after the recurrent product)."""
 from __future__ import annotations
 
-from ..backend import Kernel
+from ..backend import BlockKernel, Kernel
 from ..registry import layers
 from .recurrent import Recurrent
 
@@ -34,6 +34,87 @@ _STEP_GRAD = Kernel("T dh, T hd, T h_prev, raw T g, raw T u, int32 H", "T carry,
     e[r] = dr; e[r + H] = dz; e[r + 2 * H] = dn * rg;
     carry = dht * zg;
 """, "dlrun_gru_step_grad")
+# The whole sequence in one launch each way on the GPU, for up to SEQUENCE_UNITS units, as the
+# LSTM's (dlrun.layers.lstm): block b runs sample b through every step, its threads over the
+# gates' rows (forward) or the units (backward), h_{t−1} (or the next step's du) in shared memory,
+# the recurrent product summed in the kernel; a barrier after the sums and after the new h or du
+# is written. z, u (us: the recurrent terms, kept), da, du (T, N, 3H) and hs (T + 1, N, H) as
+# above, time-major and C-contiguous; ut = Uᵀ (H, 3H) so that a warp reads consecutive rows, U
+# (3H, H) backward so that it reads consecutive units; ub is b_u (zeros without biases). Above
+# SEQUENCE_UNITS each step takes the kernels above.
+SEQUENCE_UNITS = 256
+_SEQUENCE = BlockKernel(f"#define LIMIT {SEQUENCE_UNITS}\n" + r"""
+extern "C" __global__ void dlrun_gru_sequence(T* z, T* u, const T* ut, const T* ub, T* hs, const int steps,
+                                              const int n, const int H) {
+    __shared__ T h[LIMIT];
+    __shared__ T g[3 * LIMIT];
+    const int G = 3 * H;
+    const long long b = blockIdx.x;
+    for (int k = threadIdx.x; k < H; k += blockDim.x) h[k] = hs[b * H + k];
+    __syncthreads();
+    for (int t = 0; t < steps; ++t) {
+        T* zt = z + ((long long)t * n + b) * G;
+        T* us = u + ((long long)t * n + b) * G;
+        for (int j = threadIdx.x; j < G; j += blockDim.x) {
+            T acc = 0;
+            for (int k = 0; k < H; ++k) acc += ut[(long long)k * G + j] * h[k];
+            const T uj = acc + ub[j];
+            us[j] = uj;
+            g[j] = uj;
+        }
+        __syncthreads();
+        const long long next = ((long long)(t + 1) * n + b) * H;
+        for (int k = threadIdx.x; k < H; k += blockDim.x) {
+            const T ur = g[k], uz = g[k + H], un = g[k + 2 * H];
+            const T rg = (tanh((zt[k] + ur) * (T)0.5) + (T)1) * (T)0.5;
+            const T zg = (tanh((zt[k + H] + uz) * (T)0.5) + (T)1) * (T)0.5;
+            const T ng = tanh(zt[k + 2 * H] + rg * un);
+            zt[k] = rg; zt[k + H] = zg; zt[k + 2 * H] = ng;
+            const T hv = (h[k] - ng) * zg + ng;
+            hs[next + k] = hv;
+            h[k] = hv;
+        }
+        __syncthreads();
+    }
+}
+""", "dlrun_gru_sequence")
+# Backward, t from T − 1 down to 0: the error of h_t is dh + carry + hd (carry = the error of
+# h_{t+1} ⊙ z_{t+1}, each thread's own units; hd = du_{t+1} U from shared e), then the step
+# kernel's formulas; e becomes du_t.
+_SEQUENCE_GRAD = BlockKernel(f"#define LIMIT {SEQUENCE_UNITS}\n" + r"""
+extern "C" __global__ void dlrun_gru_sequence_grad(const T* dh, const T* uw, const T* hs, const T* g, const T* u,
+                                                   T* da, T* du, const int steps, const int n, const int H) {
+    __shared__ T e[3 * LIMIT];
+    __shared__ T err[LIMIT];
+    __shared__ T carry[LIMIT];
+    const int G = 3 * H;
+    const long long b = blockIdx.x;
+    for (int k = threadIdx.x; k < H; k += blockDim.x) carry[k] = 0;
+    for (int t = steps - 1; t >= 0; --t) {
+        const long long o = ((long long)t * n + b) * H, r0 = ((long long)t * n + b) * G;
+        for (int k = threadIdx.x; k < H; k += blockDim.x) {
+            T hd = 0;
+            if (t < steps - 1)
+                for (int j = 0; j < G; ++j) hd += e[j] * uw[(long long)j * H + k];
+            err[k] = dh[o + k] + carry[k] + hd;
+        }
+        __syncthreads();
+        for (int k = threadIdx.x; k < H; k += blockDim.x) {
+            const long long r = r0 + k;
+            const T rg = g[r], zg = g[r + H], ng = g[r + 2 * H];
+            const T dht = err[k];
+            const T dn = ((T)1 - zg) * dht * ((T)1 - ng * ng);
+            const T dr = dn * u[r + 2 * H] * (rg * ((T)1 - rg));
+            const T dz = (hs[o + k] - ng) * dht * (zg * ((T)1 - zg));
+            da[r] = dr; da[r + H] = dz; da[r + 2 * H] = dn;
+            du[r] = dr; du[r + H] = dz; du[r + 2 * H] = dn * rg;
+            e[k] = dr; e[k + H] = dz; e[k + 2 * H] = dn * rg;
+            carry[k] = dht * zg;
+        }
+        __syncthreads();
+    }
+}
+""", "dlrun_gru_sequence_grad")
 
 
 @layers.register("GRU")
@@ -73,6 +154,12 @@ class GRU(Recurrent):
         xp, u, h = self.xp, self.recurrent.data, self.units
         self._us = us = xp.empty_like(a)  # the recurrent terms u_t, kept for backward (u_n and the reset)
         self._gates = a
+        run = _SEQUENCE.on(xp, a.dtype) if h <= SEQUENCE_UNITS else None
+        if run is not None:  # GPU, small h: one launch for the whole sequence
+            ub = self.u_bias.data if self.u_bias is not None else xp.zeros(u.shape[0], dtype=a.dtype)
+            n = a.shape[1]
+            run(n, 3 * h, a, us, xp.ascontiguousarray(u.T), xp.ascontiguousarray(ub), hs, len(a), n, h)
+            return
         step = _STEP.on(xp)
         if step is not None:  # GPU: two launches a step, the product and the cell
             ut = u.T
@@ -102,6 +189,11 @@ class GRU(Recurrent):
         gates, us, hs = self._gates, self._us, self._hs
         da = xp.empty_like(gates)
         du = xp.empty_like(gates)
+        run = _SEQUENCE_GRAD.on(xp, dh.dtype) if h <= SEQUENCE_UNITS else None
+        if run is not None:  # GPU, small h: one launch, as forward
+            n = dh.shape[1]
+            run(n, h, xp.ascontiguousarray(dh), xp.ascontiguousarray(uw), hs, gates, us, da, du, len(dh), n, h)
+            return da, du
         step = _STEP_GRAD.on(xp)
         if step is not None:  # GPU: the product and the cell, as forward
             hd, carry = xp.zeros_like(dh[0]), xp.zeros_like(dh[0])  # nothing comes back from past the last step

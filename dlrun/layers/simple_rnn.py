@@ -1,7 +1,7 @@
 """SimpleRNN: the Elman recurrence h_t = tanh(x_t Wᵀ + h_{t−1} Uᵀ + b)."""
 from __future__ import annotations
 
-from ..backend import Kernel
+from ..backend import BlockKernel, Kernel
 from ..registry import layers
 from .recurrent import Recurrent
 
@@ -9,6 +9,61 @@ from .recurrent import Recurrent
 # path takes two forward and three backward); hd = da_{t+1} U, what h_t passed to the next step.
 _STEP = Kernel("T a, T u", "T h", "h = tanh(a + u);", "dlrun_rnn_step")
 _STEP_GRAD = Kernel("T dh, T hd, T h", "T d", "d = ((T)1 - h * h) * (dh + hd);", "dlrun_rnn_step_grad")
+# The whole sequence in one launch each way on the GPU, for up to SEQUENCE_UNITS units, as the
+# LSTM's (dlrun.layers.lstm): block b runs sample b through every step, its threads over the
+# units, h_{t−1} (or the next step's error) in shared memory, the recurrent product summed in the
+# kernel; a barrier after the sums and after the new h or d is written. a = x_t Wᵀ + b and da
+# (T, N, H), hs (T + 1, N, H), time-major and C-contiguous; ut = Uᵀ forward and U backward, so
+# that a warp reads consecutive units. Above SEQUENCE_UNITS each step takes the kernels above.
+SEQUENCE_UNITS = 256
+_SEQUENCE = BlockKernel(f"#define LIMIT {SEQUENCE_UNITS}\n" + r"""
+extern "C" __global__ void dlrun_rnn_sequence(const T* a, const T* ut, T* hs, const int steps, const int n,
+                                              const int H) {
+    __shared__ T h[LIMIT];
+    __shared__ T g[LIMIT];
+    const long long b = blockIdx.x;
+    for (int k = threadIdx.x; k < H; k += blockDim.x) h[k] = hs[b * H + k];
+    __syncthreads();
+    for (int t = 0; t < steps; ++t) {
+        const long long o = ((long long)t * n + b) * H, next = o + (long long)n * H;
+        for (int j = threadIdx.x; j < H; j += blockDim.x) {
+            T acc = 0;
+            for (int k = 0; k < H; ++k) acc += ut[(long long)k * H + j] * h[k];
+            g[j] = tanh(a[o + j] + acc);
+        }
+        __syncthreads();
+        for (int k = threadIdx.x; k < H; k += blockDim.x) {
+            hs[next + k] = g[k];
+            h[k] = g[k];
+        }
+        __syncthreads();
+    }
+}
+""", "dlrun_rnn_sequence")
+_SEQUENCE_GRAD = BlockKernel(f"#define LIMIT {SEQUENCE_UNITS}\n" + r"""
+extern "C" __global__ void dlrun_rnn_sequence_grad(const T* dh, const T* u, const T* hs, T* da, const int steps,
+                                                   const int n, const int H) {
+    __shared__ T d[LIMIT];
+    __shared__ T e[LIMIT];
+    const long long b = blockIdx.x;
+    for (int t = steps - 1; t >= 0; --t) {
+        const long long o = ((long long)t * n + b) * H, next = o + (long long)n * H;
+        for (int k = threadIdx.x; k < H; k += blockDim.x) {
+            T hd = 0;
+            if (t < steps - 1)
+                for (int j = 0; j < H; ++j) hd += d[j] * u[(long long)j * H + k];
+            const T hv = hs[next + k];
+            e[k] = ((T)1 - hv * hv) * (dh[o + k] + hd);
+        }
+        __syncthreads();
+        for (int k = threadIdx.x; k < H; k += blockDim.x) {
+            d[k] = e[k];
+            da[o + k] = e[k];
+        }
+        __syncthreads();
+    }
+}
+""", "dlrun_rnn_sequence_grad")
 
 
 @layers.register()
@@ -41,6 +96,12 @@ class SimpleRNN(Recurrent):
 
     def steps(self, a, hs):
         xp, u = self.xp, self.recurrent.data
+        h = self.units
+        run = _SEQUENCE.on(xp, a.dtype) if h <= SEQUENCE_UNITS else None
+        if run is not None:  # GPU, small h: one launch for the whole sequence
+            n = a.shape[1]
+            run(n, h, xp.ascontiguousarray(a), xp.ascontiguousarray(u.T), hs, len(a), n, h)
+            return
         step = _STEP.on(xp)
         if step is not None:  # GPU: two launches a step, the product and the cell
             ut, hu = u.T, xp.empty_like(a[0])
@@ -55,6 +116,12 @@ class SimpleRNN(Recurrent):
     def steps_backward(self, dh):
         xp, u, hs = self.xp, self.recurrent.data, self._hs
         da = xp.empty_like(dh)
+        h = self.units
+        run = _SEQUENCE_GRAD.on(xp, dh.dtype) if h <= SEQUENCE_UNITS else None
+        if run is not None:  # GPU, small h: one launch, as forward
+            n = dh.shape[1]
+            run(n, h, xp.ascontiguousarray(dh), xp.ascontiguousarray(u), hs, da, len(dh), n, h)
+            return da
         step = _STEP_GRAD.on(xp)
         if step is not None:  # GPU: the product and the cell, as forward
             hd = xp.zeros_like(dh[0])  # nothing comes back from past the last step

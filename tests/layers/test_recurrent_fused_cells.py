@@ -1,7 +1,8 @@
 """The recurrent layers' GPU paths: each time step is its recurrent product and one fused cell
 kernel (dlrun_lstm_step, dlrun_gru_step, dlrun_rnn_step and their _grad), forward and backward;
-and the LSTM of up to ``lstm.SEQUENCE_UNITS`` units runs the whole sequence in one kernel each
-way (dlrun_lstm_sequence and its _grad), the recurrent product summed inside it.
+and a layer of up to ``SEQUENCE_UNITS`` units (its module's) runs the whole sequence in one kernel each
+way (dlrun_lstm_sequence and its _grad), the recurrent product summed inside it, and so do the
+GRU and SimpleRNN (dlrun_gru_sequence, dlrun_rnn_sequence).
 
 Without a GPU the kernels run their numpy emulators (tests/kernel_emulation.py), and the GPU path
 must equal the CPU path to rounding in float64 and float32, over two batch sizes in a row, give
@@ -17,19 +18,25 @@ import pytest
 
 from dlrun import registry
 from dlrun.backend import CPU, BLOCK_KERNELS, KERNELS as DECLARED, Kernel, get_backend, gpu_available, to_host
-from dlrun.layers import lstm
+from dlrun.layers import gru, lstm, simple_rnn
 from dlrun.model import Sequential
 from kernel_emulation import emulate
 from layer_numgrad import check_gradients, make
 
 KERNELS = {"LSTM": "dlrun_lstm_step", "GRU": "dlrun_gru_step", "SimpleRNN": "dlrun_rnn_step"}
-SEQUENCE = {"LSTM": "dlrun_lstm_sequence"}  # the layers with a whole-sequence kernel
+SEQUENCE = {"LSTM": "dlrun_lstm_sequence", "GRU": "dlrun_gru_sequence", "SimpleRNN": "dlrun_rnn_sequence"}
+MODULES = {"LSTM": lstm, "GRU": gru, "SimpleRNN": simple_rnn}  # each holds its SEQUENCE_UNITS
+
+
+def _per_step(monkeypatch):
+    for module in MODULES.values():
+        monkeypatch.setattr(module, "SEQUENCE_UNITS", 0)
 
 
 @pytest.fixture
 def per_step(monkeypatch):
-    """The LSTM takes its per-step cells at every size, as above ``lstm.SEQUENCE_UNITS``."""
-    monkeypatch.setattr(lstm, "SEQUENCE_UNITS", 0)
+    """The layers take their per-step cells at every size, as above their ``SEQUENCE_UNITS``."""
+    _per_step(monkeypatch)
 # every layer with and without its sequence output, and the GRU without biases (no b_u to add)
 CASES = [(name, {"return_sequences": rs}) for name in KERNELS for rs in (False, True)] + [
     ("GRU", {"use_bias": False}), ("LSTM", {"unit_forget_bias": False, "return_sequences": True})]
@@ -92,7 +99,7 @@ PATHS = [(name, False) for name in KERNELS] + [(name, True) for name in SEQUENCE
 def test_the_fused_cell_path_equals_pytorch(name, sequence, return_sequences, monkeypatch):
     torch = pytest.importorskip("torch")
     if not sequence:
-        monkeypatch.setattr(lstm, "SEQUENCE_UNITS", 0)
+        _per_step(monkeypatch)
     n, steps, d, units = 4, 5, 3, 6
     layer = registry.layers.build({"type": name, "units": units, "return_sequences": return_sequences,
                                    "bias_initializer": {"type": "normal", "std": 0.3}})
@@ -142,8 +149,7 @@ def test_the_fused_cell_path_passes_numeric_gradients(name, options, monkeypatch
 # (units, batch sizes in a row, steps, threads a block may hold): units not a multiple of 32, fewer
 # threads than rows or units (each thread loops over several), one step, the limit, one above it
 SEQUENCE_SIZES = [(1, (2, 1), 3, 1024), (6, (5, 3), 7, 1024), (37, (4, 9), 5, 1024), (37, (3, 2), 4, 64),
-                  (100, (2, 3), 1, 96), (lstm.SEQUENCE_UNITS, (2, 3), 2, 1024),
-                  (lstm.SEQUENCE_UNITS + 1, (2, 1), 2, 1024)]
+                  (100, (2, 3), 1, 96), ("limit", (2, 3), 2, 1024), ("above", (2, 1), 2, 1024)]
 
 
 @pytest.mark.parametrize("dtype,rtol,atol", [(np.float64, 1e-12, 1e-14), (np.float32, 2e-5, 2e-6)],
@@ -151,32 +157,34 @@ SEQUENCE_SIZES = [(1, (2, 1), 3, 1024), (6, (5, 3), 7, 1024), (37, (4, 9), 5, 10
 @pytest.mark.parametrize("return_sequences", [False, True])
 @pytest.mark.parametrize("units,sizes,steps,threads", SEQUENCE_SIZES,
                          ids=[f"units={u}-batches={b}-steps={s}-threads={t}" for u, b, s, t in SEQUENCE_SIZES])
-def test_the_lstm_sequence_kernels_equal_the_cpu_path(units, sizes, steps, threads, return_sequences, dtype, rtol,
-                                                      atol, monkeypatch):
+@pytest.mark.parametrize("name", list(SEQUENCE))
+def test_the_sequence_kernels_equal_the_cpu_path(name, units, sizes, steps, threads, return_sequences, dtype, rtol,
+                                                 atol, monkeypatch):
     """One launch each way per batch up to the limit of units, the per-step cells above it; the
     CPU's numbers to rounding (the kernel sums the recurrent product in its own order)."""
-    spec = {**_spec("LSTM", {"return_sequences": return_sequences}), "units": units}
+    limit = MODULES[name].SEQUENCE_UNITS
+    units = {"limit": limit, "above": limit + 1}.get(units, units)
+    spec = {**_spec(name, {"return_sequences": return_sequences}), "units": units}
     cpu = _run(spec, dtype, sizes=sizes, steps=steps)
     with emulate(monkeypatch, max_threads_per_block=threads) as calls:
         gpu = _run(spec, dtype, sizes=sizes, steps=steps)
-    if units <= lstm.SEQUENCE_UNITS:
-        assert calls == {"dlrun_lstm_sequence": len(sizes), "dlrun_lstm_sequence_grad": len(sizes)}, calls
+    if units <= limit:
+        assert calls == {SEQUENCE[name]: len(sizes), SEQUENCE[name] + "_grad": len(sizes)}, calls
     else:
         steps_run = len(sizes) * steps
-        assert calls == {"dlrun_lstm_step": steps_run, "dlrun_lstm_step_grad": steps_run}, calls
+        assert calls == {KERNELS[name]: steps_run, KERNELS[name] + "_grad": steps_run}, calls
     _compare(gpu, cpu, rtol, atol)
 
 
-@pytest.mark.parametrize("options", [{}, {"return_sequences": True}, {"unit_forget_bias": False, "use_bias": False}],
-                         ids=["last", "sequences", "no-bias"])
-def test_the_lstm_sequence_kernels_pass_numeric_gradients(options, monkeypatch):
-    layer = registry.layers.build({**_spec("LSTM", options), "units": 5})
+@pytest.mark.parametrize("name,options", CASES, ids=IDS)
+def test_the_sequence_kernels_pass_numeric_gradients(name, options, monkeypatch):
+    layer = registry.layers.build({**_spec(name, options), "units": 5})
     make(layer, (4, FEATURES))
     x = np.random.default_rng(3).standard_normal((3, 4, FEATURES))
     with emulate(monkeypatch, max_threads_per_block=32) as calls:
         assert check_gradients(layer, x) > 0
-    assert calls["dlrun_lstm_sequence"] > 0 and calls["dlrun_lstm_sequence_grad"] > 0
-    assert not calls["dlrun_lstm_step"] and not calls["dlrun_lstm_step_grad"]
+    assert calls[SEQUENCE[name]] > 0 and calls[SEQUENCE[name] + "_grad"] > 0
+    assert not calls[KERNELS[name]] and not calls[KERNELS[name] + "_grad"]
 
 
 gpu = pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")
@@ -214,18 +222,20 @@ def _cells_asked_for(monkeypatch):
 @gpu
 @pytest.mark.parametrize("dtype,rtol,atol", [(np.float64, 1e-10, 1e-12), (np.float32, 2e-4, 2e-5)],
                          ids=["float64", "float32"])
-@pytest.mark.parametrize("units,sizes,steps,features", [(32, (64, 17), 20, 2), (lstm.SEQUENCE_UNITS, (16, 5), 12, 7),
+@pytest.mark.parametrize("units,sizes,steps,features", [(32, (64, 17), 20, 2), ("limit", (16, 5), 12, 7),
                                                         (45, (3, 130), 9, 4)],
                          ids=["adding_lstm", "the-limit", "units=45"])
 @pytest.mark.parametrize("return_sequences", [False, True])
-def test_the_cuda_lstm_sequence_kernels_equal_the_cpu(units, sizes, steps, features, return_sequences, dtype, rtol,
-                                                      atol, monkeypatch):
+@pytest.mark.parametrize("name", list(SEQUENCE))
+def test_the_cuda_sequence_kernels_equal_the_cpu(name, units, sizes, steps, features, return_sequences, dtype, rtol,
+                                                 atol, monkeypatch):
     """The whole-sequence kernels on the device, against the CPU, and that they are what ran."""
-    spec = {**_spec("LSTM", {"return_sequences": return_sequences}), "units": units}
+    units = MODULES[name].SEQUENCE_UNITS if units == "limit" else units
+    spec = {**_spec(name, {"return_sequences": return_sequences}), "units": units}
     cpu = _run(spec, dtype, get_backend("cpu"), sizes=sizes, steps=steps, features=features)
     asked = _cells_asked_for(monkeypatch)
     on_gpu = _run(spec, dtype, get_backend("gpu"), sizes=sizes, steps=steps, features=features)
     _compare(on_gpu, cpu, rtol, atol)
-    assert not asked & {"dlrun_lstm_step", "dlrun_lstm_step_grad"}, "the GPU run took the per-step cells"
+    assert not asked & {KERNELS[name], KERNELS[name] + "_grad"}, "the GPU run took the per-step cells"
     built = {k.name for k in BLOCK_KERNELS if np.dtype(dtype) in k._built}
-    assert {"dlrun_lstm_sequence", "dlrun_lstm_sequence_grad"} <= built, built
+    assert {SEQUENCE[name], SEQUENCE[name] + "_grad"} <= built, built
