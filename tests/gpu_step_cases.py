@@ -82,7 +82,7 @@ STEP_CASES = {
          {"type": "MultiHeadAttention", "heads": 2, "causal": True, "dropout": 0.1},
          {"type": "Linear", "units": 8, "position_wise": True}, "ReLU", {"type": "SequencePool", "mode": "last"},
          {"type": "Linear", "units": 3}], (5,), {"type": "Adam", "learning_rate": 0.01}),
-    "recurrent (LSTM: the sequence kernels; GRU, SimpleRNN: the fused cells), Adam": StepCase(
+    "recurrent (LSTM, GRU, SimpleRNN: the sequence kernels), Adam": StepCase(
         [{"type": "LSTM", "units": 8, "return_sequences": True}, {"type": "GRU", "units": 6, "return_sequences": True},
          {"type": "SimpleRNN", "units": 5}, {"type": "Linear", "units": 3}], (5, 3),
         {"type": "Adam", "learning_rate": 0.01}),
