@@ -157,14 +157,37 @@ def train_steps(case, gpu, graph=True, steps=STEPS, middle=None):
     return trainer, weights, state, scores, None if sums is None else to_host(sums)
 
 
-def same_training(a, b):
-    """Two results of :func:`train_steps` hold the same bits."""
+# the step cases whose step CUDA cannot capture: batched matrix products (attention's scores and
+# weighted values) reach cuBLAS through CuPy, which refuses them while a stream is captured, so
+# the step keeps the ordinary path (the value: a part of the reason it gives)
+UNCAPTURED = {"transformer pieces (attention: causal, dropout; positions, position-wise Linear, pooling), Adam":
+              "MultiHeadAttention"}
+
+
+def same_training(a, b, rtol: float = 0.0):
+    """Two results of :func:`train_steps` hold the same bits (``rtol`` 0), or agree to ``rtol``
+    relative to each array's largest magnitude."""
     (_, w0, s0, scores0, sums0), (_, w1, s1, scores1, sums1) = a, b
     assert w0.keys() == w1.keys() and s0.keys() == s1.keys()
+
+    def same(got, want, what):
+        if rtol:
+            scale = float(np.max(np.abs(want))) if np.size(want) else 0.0
+            np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale, err_msg=what)
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=what)
+
     for k in w0:
-        np.testing.assert_array_equal(w1[k], w0[k], err_msg=k)
+        same(w1[k], w0[k], k)
     for k in s0:
-        np.testing.assert_array_equal(s1[k], s0[k], err_msg=f"optimizer {k}")
+        same(s1[k], s0[k], f"optimizer {k}")
     for (t0, c0), (t1, c1) in zip(scores0, scores1):
-        assert t1 == t0 and c1 == c0
-    np.testing.assert_array_equal(sums1, sums0)
+        if rtol and t0 is not None and t1 is not None:
+            same(np.float64(t1), np.float64(t0), "the step's loss")
+            assert c1 == c0 or abs(c1 - c0) <= 1  # (a sample on the line between two classes may tip)
+        else:
+            assert t1 == t0 and c1 == c0
+    if sums0 is None or sums1 is None:
+        assert sums0 is None and sums1 is None
+    else:
+        same(sums1, sums0, "the metric sums")

@@ -165,7 +165,7 @@ class StepGraph:
         arrays += step.optimizer.buffers()
         for layer in step.model.layers:
             arrays += [getattr(layer, s, None) for s in getattr(layer, "state", ())]
-            arrays.append(getattr(layer, "rng", None))
+            arrays.append(getattr(layer, "rng_made", None))  # (reading .rng would make one for every layer)
         return tuple(map(id, arrays))
 
     def __call__(self, xb, yb, callbacks, sums):

@@ -33,6 +33,9 @@ def nonfinite_kind(a) -> str | None:
     return "NaN" if bool(xp.isnan(a).any()) else "inf"
 
 
+_BLOCK = 1 << 20  # elements per block of the GPU's finiteness check (4 MiB of float32 at a time)
+
+
 class NonFiniteGuard:
     """Per-epoch snapshot of a trainer's state, the end-of-epoch check, and the diagnosing replay."""
 
@@ -138,7 +141,12 @@ class NonFiniteGuard:
         # on GPU: one read, not one per array. Usually there is one array, the model's flat buffer,
         # and its dot with itself (a sum of squares: NaN and inf survive it) is the cheapest reduction
         if self._one_flat:
-            total = float(params[0].dot(params[0]))
+            p = params[0]
+            if isinstance(p, np.ndarray):
+                total = float(p.dot(p))
+            else:  # CuPy's dot of the whole buffer took a copy of it first: the squares a block at a time
+                xp = self.trainer.backend.xp
+                total = float(sum(xp.square(p[i:i + _BLOCK]).sum() for i in range(0, p.size, _BLOCK)))
         else:
             total = float(sum(a.sum() for a in params)) if params else 0.0
         return math.isfinite(total) or all(nonfinite_kind(a) is None for a in params)

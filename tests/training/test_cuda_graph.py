@@ -29,14 +29,8 @@ from dlrun.training import capture
 from dlrun.training.hooks import Callback
 from conftest import CONFIGS, run_cli
 from device_emulation import CaptureError, FAKE_CUPY, HostRead, emulated_gpu
-from gpu_step_cases import STEP_CASES, STEPS, same_training, train_steps
+from gpu_step_cases import STEP_CASES, STEPS, UNCAPTURED, same_training, train_steps
 from kernel_emulation import emulate
-
-# batched matrix products (attention's scores and weighted values) reach cuBLAS through CuPy,
-# which refuses them while a stream is captured: such a step keeps the ordinary path
-UNCAPTURED = {"transformer pieces (attention: causal, dropout; positions, position-wise Linear, pooling), Adam":
-              "MultiHeadAttention"}
-
 
 @pytest.mark.parametrize("case", list(STEP_CASES))
 def test_the_captured_step_trains_exactly_as_the_ordinary_step(case, monkeypatch):
