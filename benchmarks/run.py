@@ -222,7 +222,7 @@ def markdown(r: dict) -> str:
     lines += [f"- {r['rounds']} interleaved rounds x (1 warm-up + {r['repeats']} timed runs), each configuration in its "
               f"own process; {r.get('clock', 'wall')} times in ms: median of per-round medians (min-max over all runs)",
               "",
-              f"| workload | dlrun ms | torch ms | dlrun/torch | " + ("jax ms | dlrun/jax | " if jax else "")
+              "| workload | dlrun ms | torch ms | dlrun/torch | " + ("jax ms | dlrun/jax | " if jax else "")
               + f"dlrun {mem_name} | torch {mem_name} | memory ratio | GEMM GFLOP/s dlrun (% peak) | torch (% peak) "
               f"| final loss dlrun / torch{' / jax' if jax else ''} |",
               "|---|---|---|---|" + ("---|---|" if jax else "") + "---|---|---|---|---|---|"]

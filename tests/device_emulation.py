@@ -67,7 +67,7 @@ class CaptureError(RuntimeError):
 
 # the capture under way: its recorded operations, the arrays it wrote (saved as they were), the
 # generators it drew from (their states before); depth > 0 inside a recorded operation
-_capture = {"ops": None, "saved": None, "rngs": None, "depth": 0}
+_capture = {"ops": None, "saved": None, "rngs": None, "depth": 0, "direct": False}  # direct: inside _direct_gemm
 
 
 def capturing() -> bool:
@@ -81,7 +81,7 @@ _CUBLAS = {"matmul", "dot", "vdot", "inner", "tensordot", "einsum"}
 
 
 def _refuse_cublas(name: str) -> None:
-    if _capture["ops"] is not None and not _capture["depth"] and not _capture.get("direct"):
+    if _capture["ops"] is not None and not _capture["depth"] and not _capture["direct"]:
         raise NotImplementedError(f"calling cuBLAS API during stream capture is currently unsupported ({name})")
 
 

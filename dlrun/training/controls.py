@@ -41,11 +41,10 @@ class GradientClipping(Callback):
 
     def on_train_begin(self, trainer):
         self.grads = [p.grad for _, p in trainer.optimizer.params]
-        # each gradient's squared norm: a dot product on the CPU (BLAS), a 1 x n by n x 1 product
-        # on the GPU (the backend's, which a captured step can take; CuPy's vdot it cannot)
-        backend = getattr(trainer, "backend", None)
-        self._squares = (lambda g: np.vdot(g, g)) if backend is None or backend.xp is np else \
-            (lambda g, mm=backend.matmul: mm(g, g))
+        # a gradient's squared norm g·g: numpy's vdot on the CPU; on the GPU the backend's product
+        # (1 x n by n x 1), which a captured step can take, where CuPy's vdot is refused
+        b = trainer.backend
+        self._dot = np.vdot if b.xp is np else b.matmul
 
     def on_after_backward(self, trainer):
         if not self.grads:
@@ -55,8 +54,8 @@ class GradientClipping(Callback):
             for g in self.grads:
                 xp.clip(g, -self.clip_value, self.clip_value, out=g)
         if self.clip_norm is not None:
-            squares = self._squares
-            total = sum(squares(g.ravel()) for g in self.grads)
+            dot = self._dot
+            total = sum(dot(flat, flat) for flat in (g.ravel() for g in self.grads))
             self.last_norm = xp.sqrt(total)
             scale = xp.minimum(self.clip_norm / (self.last_norm + 1e-6), 1.0)
             for g in self.grads:

@@ -141,11 +141,10 @@ class NonFiniteGuard:
         # on GPU: one read, not one per array. Usually there is one array, the model's flat buffer,
         # and its dot with itself (a sum of squares: NaN and inf survive it) is the cheapest reduction
         if self._one_flat:
-            p = params[0]
-            if isinstance(p, np.ndarray):
+            p, xp = params[0], self.trainer.backend.xp
+            if xp is np:
                 total = float(p.dot(p))
             else:  # CuPy's dot of the whole buffer took a copy of it first: the squares a block at a time
-                xp = self.trainer.backend.xp
                 total = float(sum(xp.square(p[i:i + _BLOCK]).sum() for i in range(0, p.size, _BLOCK)))
         else:
             total = float(sum(a.sum() for a in params)) if params else 0.0

@@ -49,7 +49,9 @@ class _FakeCublas:
             B = _column_major(b.value, b_rows, b_cols, ldb, dtype)
             C = _column_major(c.value, m, n, ldc, dtype)
             opa, opb = (A if ta == 0 else A.T), (B if tb == 0 else B.T)
-            C[...] = alpha._obj.value * (opa.astype(np.float64) @ opb) + beta._obj.value * 0
+            product = alpha._obj.value * (opa.astype(np.float64) @ opb)
+            # with beta 0 cuBLAS does not read C (it may hold NaN); else C = alpha op(A) op(B) + beta C
+            C[...] = product if beta._obj.value == 0 else product + beta._obj.value * C
             self.calls.append((ta, tb, m, n, k, lda, ldb, ldc))
             return 0
         return gemm

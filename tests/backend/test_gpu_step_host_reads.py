@@ -95,3 +95,23 @@ def test_the_epoch_copies_of_the_non_finite_guard_live_in_page_locked_host_memor
             np.testing.assert_array_equal(p.data, marked[n], err_msg=n)
         for live, saved in zip(guard._optim(), state):
             np.testing.assert_array_equal(live, saved)
+
+
+def test_the_guards_finiteness_check_on_the_gpu_finds_a_nan_in_any_block(monkeypatch):
+    """On the GPU the end-of-epoch check sums the flat weights' squares a block at a time (a dot
+    of the whole buffer took a copy of it): a NaN or an inf in any block is found."""
+    from dlrun.training import faults
+
+    monkeypatch.setattr(faults, "_BLOCK", 7)  # several blocks, the last one short
+    with emulated_gpu(monkeypatch) as gpu, emulate(monkeypatch):
+        trainer, _ = STEP_CASES["mlp+batchnorm+dropout, Adam, L2, clip_norm"].build(gpu)
+        guard = faults.NonFiniteGuard(trainer)
+        flat = guard._params[0]
+        assert guard._one_flat and flat.size > 3 * 7
+        assert guard.healthy(0.5)
+        for where, bad in ((0, np.nan), (flat.size // 2, np.inf), (flat.size - 1, -np.inf)):
+            keep = float(flat[where])
+            flat[where] = bad
+            assert not guard.healthy(0.5), (where, bad)
+            flat[where] = keep
+        assert guard.healthy(0.5)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dlrun import registry
+from dlrun.backend import CPU
 from dlrun.training.controls import EarlyStopping, GradientClipping, LearningRateScheduler, from_config
 from dlrun.config import config_from_dict
 from dlrun.errors import ConfigError
@@ -20,6 +21,7 @@ class FakeTrainer:
     def __init__(self, grads, dtype=np.float64):
         self.params = [Parameter(np.zeros(len(g), dtype), np.array(g, dtype)) for g in grads]
         self.optimizer = type("O", (), {"params": [(str(i), p) for i, p in enumerate(self.params)]})()
+        self.backend = CPU
 
 
 def clip(grads, **kw):
