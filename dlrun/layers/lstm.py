@@ -196,63 +196,98 @@ class LSTM(Recurrent):
     def steps(self, a, hs):
         xp, u, h = self.xp, self.recurrent.data, self.units
         self._gates = a  # the activated gates, in place of their arguments
+        run = _SEQUENCE.on(xp, a.dtype) if h <= SEQUENCE_UNITS else None
+        step = _STEP.on(xp) if run is None else None
+        if run is None and step is None:
+            self._steps_host(a, hs)
+            return
         self._cs = cs = xp.empty_like(hs)
         cs[0] = 0
         self._tc = tc = xp.empty((len(a),) + hs.shape[1:], dtype=hs.dtype)
-        run = _SEQUENCE.on(xp, a.dtype) if h <= SEQUENCE_UNITS else None
         if run is not None:  # GPU, small h: one launch for the whole sequence
             n = a.shape[1]
             run(n, 4 * h, a, xp.ascontiguousarray(u.T), hs, cs, tc, len(a), n, h)
             return
-        step = _STEP.on(xp)
-        if step is not None:  # GPU: two launches a step, the product and the cell
-            ut, hu = u.T, xp.empty_like(a[0])
-            for t in range(len(a)):
-                step(self.backend.matmul(hs[t], ut, out=hu), cs[t], h, a[t], cs[t + 1], tc[t], hs[t + 1])
-            return
-        scale, offset, _ = self._constants(a)
+        ut, hu = u.T, xp.empty_like(a[0])  # GPU: two launches a step, the product and the cell
         for t in range(len(a)):
-            z = a[t]
-            z += self.backend.matmul(hs[t], u.T)
-            z *= scale
-            xp.tanh(z, out=z)
-            z *= scale
-            z += offset
-            i, f, g, o = z[:, :h], z[:, h:2 * h], z[:, 2 * h:3 * h], z[:, 3 * h:]
-            xp.multiply(f, cs[t], out=cs[t + 1])
-            cs[t + 1] += i * g
-            xp.tanh(cs[t + 1], out=tc[t])
-            xp.multiply(o, tc[t], out=hs[t + 1])
+            step(self.backend.matmul(hs[t], ut, out=hu), cs[t], h, a[t], cs[t + 1], tc[t], hs[t + 1])
 
     def steps_backward(self, dh):
         xp, u, h = self.xp, self.recurrent.data, self.units
+        run = _SEQUENCE_GRAD.on(xp, dh.dtype) if h <= SEQUENCE_UNITS else None
+        step = _STEP_GRAD.on(xp) if run is None else None
+        if run is None and step is None:
+            return self._steps_backward_host(dh)
         gates, cs, tc = self._gates, self._cs, self._tc
         da = xp.empty_like(gates)
-        run = _SEQUENCE_GRAD.on(xp, dh.dtype) if h <= SEQUENCE_UNITS else None
         if run is not None:  # GPU, small h: one launch, as forward
             n = dh.shape[1]
             run(n, h, xp.ascontiguousarray(dh), xp.ascontiguousarray(u), gates, cs, tc, da, len(dh), n, h)
             return da
-        dc = xp.zeros_like(dh[0])
-        step = _STEP_GRAD.on(xp)
-        if step is not None:  # GPU: the product and the cell, as forward
-            hd = xp.zeros_like(dh[0])  # nothing comes back from past the last step
-            for t in range(len(dh) - 1, -1, -1):
-                if t < len(dh) - 1:
-                    self.backend.matmul(da[t + 1], u, out=hd)
-                step(dh[t], hd, tc[t], cs[t], gates[t], h, dc, da[t])
-            return da
-        _, _, k = self._constants(gates)
+        dc = xp.zeros_like(dh[0])  # GPU: the product and the cell, as forward
+        hd = xp.zeros_like(dh[0])  # nothing comes back from past the last step
         for t in range(len(dh) - 1, -1, -1):
-            z, d = gates[t], da[t]
-            i, f, g, o = z[:, :h], z[:, h:2 * h], z[:, 2 * h:3 * h], z[:, 3 * h:]
-            if t < len(dh) - 1:  # the error h_t passes to step t + 1
-                dh[t] += self.backend.matmul(da[t + 1], u)
-            xp.multiply(dh[t], tc[t], out=d[:, 3 * h:])  # do
-            dc += dh[t] * o * (1 - tc[t] * tc[t])
-            xp.multiply(dc, g, out=d[:, :h])  # di
-            xp.multiply(dc, cs[t], out=d[:, h:2 * h])  # df (cs[t] is c_{t-1})
-            xp.multiply(dc, i, out=d[:, 2 * h:3 * h])  # dg
-            dc *= f
-            d *= (1 - z) * (z + k)
+            if t < len(dh) - 1:
+                self.backend.matmul(da[t + 1], u, out=hd)
+            step(dh[t], hd, tc[t], cs[t], gates[t], h, dc, da[t])
+        return da
+
+    def _steps_host(self, a, hs):
+        """The CPU recurrence: numpy's ufuncs in place on preallocated arrays (a call costs about
+        as much as its arithmetic at these sizes, so the fewer the better), the same operations
+        in the same order as the fused kernels above."""
+        xp, h, n = self.xp, self.units, a.shape[1]
+        scale, offset, _ = self._constants(a)
+        # cs, the cells c_0 … c_T, is the middle block of r (T + 1, N, 3, H); backward fills the
+        # others with g_t and i_t, so that one broadcast product gives di, df and dg of a step
+        self._r = r = self.output_array("cell", (len(a) + 1, n, 3, h), a.dtype)
+        self._cs = cs = r[:, :, 1]
+        cs[0] = 0
+        ut, hu = self.recurrent.data.T, self.output_array("hu", a.shape[1:], a.dtype)
+        ig = self.output_array("ig", hs.shape[1:], a.dtype)
+        self._tc = tc = self.output_array("tc", (len(a),) + hs.shape[1:], a.dtype)
+        for t in range(len(a)):
+            z = a[t]
+            if t:  # h_0 = 0 adds nothing
+                z += self.backend.matmul(hs[t], ut, out=hu)
+            z *= scale
+            xp.tanh(z, out=z)
+            z *= scale
+            z += offset
+            xp.multiply(z[:, :h], z[:, 2 * h:3 * h], out=ig)
+            c = xp.multiply(z[:, h:2 * h], cs[t], out=cs[t + 1])
+            c += ig
+            xp.multiply(z[:, 3 * h:], xp.tanh(c, out=tc[t]), out=hs[t + 1])
+
+    def _steps_backward_host(self, dh):
+        """Backward of ``_steps_host``: what does not depend on the carried errors is computed for
+        every step at once before the loop, which then takes nine ufunc calls a step."""
+        xp, u, h = self.xp, self.recurrent.data, self.units
+        z, tc, r = self._gates, self._tc, self._r
+        steps, n = dh.shape[:2]
+        _, _, k = self._constants(z)
+        da = self.output_array("da", z.shape, z.dtype)
+        # the gates' derivatives (1 − z)(z + k): σ(1 − σ) on σ gates, 1 − tanh² on g
+        dz = xp.subtract(1, z, out=self.output_array("dz", z.shape, z.dtype))
+        dz *= xp.add(z, k, out=da)
+        q = xp.multiply(tc, tc, out=self.output_array("q", tc.shape, tc.dtype))
+        xp.subtract(1, q, out=q)  # tanh' of c_t
+        z4 = z.reshape(steps, n, 4, h)
+        r[:steps, :, 0] = z4[:, :, 2]  # g_t, beside c_{t−1}
+        r[:steps, :, 2] = z4[:, :, 0]  # i_t
+        d4 = da.reshape(steps, n, 4, h)
+        dc = xp.zeros_like(dh[0])
+        hd = self.output_array("hd", dh.shape[1:], dh.dtype)
+        eo = self.output_array("eo", dh.shape[1:], dh.dtype)
+        for t in range(steps - 1, -1, -1):
+            e, d = dh[t], da[t]
+            if t < steps - 1:  # the error h_t passes to step t + 1
+                e += self.backend.matmul(da[t + 1], u, out=hd)
+            xp.multiply(e, tc[t], out=d[:, 3 * h:])  # do
+            eo = xp.multiply(e, z[t, :, 3 * h:], out=eo)
+            eo *= q[t]
+            dc += eo
+            xp.multiply(dc[:, None], r[t], out=d4[t, :, :3])  # di, df, dg: dc g, dc c_{t−1}, dc i
+            dc *= z[t, :, h:2 * h]
+            d *= dz[t]
         return da
