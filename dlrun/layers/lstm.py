@@ -181,26 +181,10 @@ class LSTM(Recurrent):
             return b
         return forget_one
 
-    def _constants(self, like):
-        """Per-column constants over the 4 gate blocks: s = 0.5 on the σ gates and 1 on g (σ(a) =
-        (1 + tanh(a/2))/2, so one tanh serves all four), the offset 0.5 on the σ gates, and k = 1 on
-        g, for the derivative (1 − z)(z + k): σ(1 − σ) on σ gates, 1 − tanh² on g."""
-        key = (self.xp, like.dtype)
-        if getattr(self, "_consts", (None,))[0] != key:
-            h = self.units
-            block = np.repeat(np.arange(4), h)
-            host = [np.where(block == 2, 1.0, 0.5), np.where(block == 2, 0.0, 0.5), np.where(block == 2, 1.0, 0.0)]
-            self._consts = (key, *(self.xp.asarray(c, dtype=like.dtype) for c in host))
-        return self._consts[1:]
-
     def steps(self, a, hs):
         xp, u, h = self.xp, self.recurrent.data, self.units
         self._gates = a  # the activated gates, in place of their arguments
         run = _SEQUENCE.on(xp, a.dtype) if h <= SEQUENCE_UNITS else None
-        step = _STEP.on(xp) if run is None else None
-        if run is None and step is None:
-            self._steps_host(a, hs)
-            return
         self._cs = cs = xp.empty_like(hs)
         cs[0] = 0
         self._tc = tc = xp.empty((len(a),) + hs.shape[1:], dtype=hs.dtype)
@@ -208,23 +192,20 @@ class LSTM(Recurrent):
             n = a.shape[1]
             run(n, 4 * h, a, xp.ascontiguousarray(u.T), hs, cs, tc, len(a), n, h)
             return
-        ut, hu = u.T, xp.empty_like(a[0])  # GPU: two launches a step, the product and the cell
+        step, ut, hu = _STEP.on(xp), u.T, xp.empty_like(a[0])  # two launches a step: product, cell
         for t in range(len(a)):
             step(self.backend.matmul(hs[t], ut, out=hu), cs[t], h, a[t], cs[t + 1], tc[t], hs[t + 1])
 
     def steps_backward(self, dh):
         xp, u, h = self.xp, self.recurrent.data, self.units
         run = _SEQUENCE_GRAD.on(xp, dh.dtype) if h <= SEQUENCE_UNITS else None
-        step = _STEP_GRAD.on(xp) if run is None else None
-        if run is None and step is None:
-            return self._steps_backward_host(dh)
         gates, cs, tc = self._gates, self._cs, self._tc
         da = xp.empty_like(gates)
         if run is not None:  # GPU, small h: one launch, as forward
             n = dh.shape[1]
             run(n, h, xp.ascontiguousarray(dh), xp.ascontiguousarray(u), gates, cs, tc, da, len(dh), n, h)
             return da
-        dc = xp.zeros_like(dh[0])  # GPU: the product and the cell, as forward
+        step, dc = _STEP_GRAD.on(xp), xp.zeros_like(dh[0])  # the product and the cell, as forward
         hd = xp.zeros_like(dh[0])  # nothing comes back from past the last step
         for t in range(len(dh) - 1, -1, -1):
             if t < len(dh) - 1:
@@ -232,62 +213,131 @@ class LSTM(Recurrent):
             step(dh[t], hd, tc[t], cs[t], gates[t], h, dc, da[t])
         return da
 
-    def _steps_host(self, a, hs):
-        """The CPU recurrence: numpy's ufuncs in place on preallocated arrays (a call costs about
-        as much as its arithmetic at these sizes, so the fewer the better), the same operations
-        in the same order as the fused kernels above."""
-        xp, h, n = self.xp, self.units, a.shape[1]
-        scale, offset, _ = self._constants(a)
-        # cs, the cells c_0 … c_T, is the middle block of r (T + 1, N, 3, H); backward fills the
-        # others with g_t and i_t, so that one broadcast product gives di, df and dg of a step
-        self._r = r = self.output_array("cell", (len(a) + 1, n, 3, h), a.dtype)
-        self._cs = cs = r[:, :, 1]
-        cs[0] = 0
-        ut, hu = self.recurrent.data.T, self.output_array("hu", a.shape[1:], a.dtype)
-        ig = self.output_array("ig", hs.shape[1:], a.dtype)
-        self._tc = tc = self.output_array("tc", (len(a),) + hs.shape[1:], a.dtype)
-        for t in range(len(a)):
-            z = a[t]
-            if t:  # h_0 = 0 adds nothing
-                z += self.backend.matmul(hs[t], ut, out=hu)
-            z *= scale
-            xp.tanh(z, out=z)
-            z *= scale
-            z += offset
-            xp.multiply(z[:, :h], z[:, 2 * h:3 * h], out=ig)
-            c = xp.multiply(z[:, h:2 * h], cs[t], out=cs[t + 1])
-            c += ig
-            xp.multiply(z[:, 3 * h:], xp.tanh(c, out=tc[t]), out=hs[t + 1])
+    # On the CPU (numpy) the layer keeps its own layout, features first: a step's gates are a
+    # (4·units, N) block, so each gate is a contiguous (units, N) block, and numpy's in-place
+    # ufuncs, whose per-call cost is as large as their arithmetic here, each make one pass
+    # over it (a gate sliced from (N, 4·units) rows would be N short passes). The gates are
+    # ordered o, i, f, g inside: the three σ gates side by side, and i, f, g side by side for
+    # the product that gives their three errors at once. The σ gates' rows of W, U and b are
+    # halved (exact in floating point), so that one tanh of the block gives σ(a) = (1 + tanh(a/2))/2.
 
-    def _steps_backward_host(self, dh):
-        """Backward of ``_steps_host``: what does not depend on the carried errors is computed for
-        every step at once before the loop, which then takes nine ufunc calls a step."""
-        xp, u, h = self.xp, self.recurrent.data, self.units
-        z, tc, r = self._gates, self._tc, self._r
-        steps, n = dh.shape[:2]
-        _, _, k = self._constants(z)
-        da = self.output_array("da", z.shape, z.dtype)
-        # the gates' derivatives (1 − z)(z + k): σ(1 − σ) on σ gates, 1 − tanh² on g
-        dz = xp.subtract(1, z, out=self.output_array("dz", z.shape, z.dtype))
-        dz *= xp.add(z, k, out=da)
-        q = xp.multiply(tc, tc, out=self.output_array("q", tc.shape, tc.dtype))
-        xp.subtract(1, q, out=q)  # tanh' of c_t
-        z4 = z.reshape(steps, n, 4, h)
-        r[:steps, :, 0] = z4[:, :, 2]  # g_t, beside c_{t−1}
-        r[:steps, :, 2] = z4[:, :, 0]  # i_t
-        d4 = da.reshape(steps, n, 4, h)
-        dc = xp.zeros_like(dh[0])
-        hd = self.output_array("hd", dh.shape[1:], dh.dtype)
-        eo = self.output_array("eo", dh.shape[1:], dh.dtype)
+    def forward(self, x, y=None):
+        if _STEP.on(self.xp) is not None:  # CuPy: the fused kernels on Recurrent's layout
+            return super().forward(x)
+        xp, h = self.xp, self.units
+        n, steps, d = x.shape
+        w = self._host(n, steps, d, x.dtype)
+        order = self._order()
+        w.xa[:, :d] = x.transpose(1, 2, 0)
+        xp.take(self.weight.data, order, axis=0, out=w.wa[:, :d])
+        if self.bias is not None:
+            xp.take(self.bias.data, order, out=w.wa[:, d])
+        w.wa[:3 * h] *= 0.5
+        z = self.backend.matmul(w.wa, w.xa, out=w.z)  # x_t Wᵀ + b of every step, (T, 4·units, N)
+        uf = xp.take(self.recurrent.data, order, axis=0, out=w.uf)
+        uf[:3 * h] *= 0.5
+        hs, cs, tc, ig = w.hs, w.r[:, 1], w.tc, w.ig
+        for t in range(steps):
+            zt = z[t]
+            if t:  # h_0 = 0 adds nothing
+                zt += self.backend.matmul(uf, hs[t], out=w.hu)
+            xp.tanh(zt, out=zt)
+            sg = zt[:3 * h]
+            sg *= 0.5
+            sg += 0.5
+            xp.multiply(zt[h:2 * h], zt[3 * h:], out=ig)
+            c = xp.multiply(zt[2 * h:3 * h], cs[t], out=cs[t + 1])
+            c += ig
+            xp.multiply(zt[:h], xp.tanh(c, out=tc[t]), out=hs[t + 1])
+        self._work = w
+        if self.return_sequences:
+            return xp.ascontiguousarray(hs[1:].transpose(2, 0, 1))
+        return xp.ascontiguousarray(hs[steps].T)
+
+    def backward(self, dy):
+        if _STEP.on(self.xp) is not None:
+            return super().backward(dy)
+        xp, h, w = self.xp, self.units, self._work
+        z, tc, r, hs, da = w.z, w.tc, w.r, w.hs, w.da
+        steps, _, n = z.shape
+        e = w.dh
+        if self.return_sequences:
+            e[...] = dy.transpose(1, 2, 0)
+        else:  # only h_T is an output
+            e[:-1] = 0
+            e[-1] = dy.T
+        # what does not depend on the errors carried back, for every step at once: the gates'
+        # derivatives, σ(1 − σ) on o, i, f and 1 − tanh² on g; tanh' of c_t; g_t and i_t beside
+        # c_{t−1} in r (their products with dc are di, df, dg)
+        dz = xp.subtract(1, z, out=w.dz)
+        dz[:, :3 * h] *= z[:, :3 * h]
+        dz[:, 3 * h:] *= xp.add(z[:, 3 * h:], 1, out=da[:, 3 * h:])
+        q = xp.multiply(tc, tc, out=w.q)
+        xp.subtract(1, q, out=q)
+        r[:steps, 0] = z[:, 3 * h:]
+        r[:steps, 2] = z[:, h:2 * h]
+        ub = xp.take(self.recurrent.data, self._order(), axis=0, out=w.ub)
+        dc, eo, hd = w.dc, w.eo, w.hd
+        dc[...] = 0
         for t in range(steps - 1, -1, -1):
-            e, d = dh[t], da[t]
+            et, zt, dt = e[t], z[t], da[t]
             if t < steps - 1:  # the error h_t passes to step t + 1
-                e += self.backend.matmul(da[t + 1], u, out=hd)
-            xp.multiply(e, tc[t], out=d[:, 3 * h:])  # do
-            eo = xp.multiply(e, z[t, :, 3 * h:], out=eo)
+                et += self.backend.matmul(ub.T, da[t + 1], out=hd)
+            xp.multiply(et, tc[t], out=dt[:h])  # do
+            xp.multiply(et, zt[:h], out=eo)
             eo *= q[t]
             dc += eo
-            xp.multiply(dc[:, None], r[t], out=d4[t, :, :3])  # di, df, dg: dc g, dc c_{t−1}, dc i
-            dc *= z[t, :, h:2 * h]
-            d *= dz[t]
-        return da
+            xp.multiply(dc, r[t], out=dt[h:].reshape(3, h, n))  # di, df, dg: dc g, dc c_{t−1}, dc i
+            dc *= zt[2 * h:3 * h]
+            dt *= dz[t]
+        # dW, db (the row of ones in xa) and dU: sums over the steps of da_t [x_t; 1]ᵀ and
+        # da_t h_{t−1}ᵀ, back in PyTorch's gate order
+        inverse = self._order(inverse=True)
+        dwa = self.backend.matmul(da, w.xa.transpose(0, 2, 1), out=w.dwa).sum(axis=0)
+        d = self.weight.grad.shape[1]
+        xp.take(dwa[:, :d], inverse, axis=0, out=self.weight.grad)
+        if self.bias is not None:
+            xp.take(dwa[:, d], inverse, out=self.bias.grad)
+        du = self.backend.matmul(da[1:], hs[1:steps].transpose(0, 2, 1), out=w.du).sum(axis=0)
+        xp.take(du, inverse, axis=0, out=self.recurrent.grad)
+        if not self.needs_input_grad:
+            return None
+        dx = self.backend.matmul(xp.take(self.weight.data, self._order(), axis=0).T, da)  # (T, D, N)
+        return xp.ascontiguousarray(dx.transpose(2, 0, 1))
+
+    def _order(self, inverse: bool = False):
+        """The rows of W, U, b in this layer's order o, i, f, g (PyTorch's is i, f, g, o), or
+        where each of PyTorch's rows sits in it."""
+        h = self.units
+        key = ("order", h, inverse)
+
+        def make():
+            order = np.concatenate([np.arange(3 * h, 4 * h), np.arange(3 * h)])
+            return self.xp.asarray(np.argsort(order) if inverse else order)
+        return self.buffers.constant(self.xp, key, make)
+
+    def _host(self, n: int, steps: int, d: int, dtype):
+        """The CPU path's arrays for a batch of N sequences of T steps (one set per shape, reused
+        across batches while the trainer owns the outputs): xa holds [x_t; 1] per step, wa [W | b]."""
+        xp, h = self.xp, self.units
+        g, k = 4 * h, d + (self.bias is not None)
+
+        def make():
+            w = _Workspace()
+            w.xa = xp.empty((steps, k, n), dtype)
+            w.xa[:, d:] = 1
+            w.wa, w.uf, w.ub = xp.empty((g, k), dtype), xp.empty((g, h), dtype), xp.empty((g, h), dtype)
+            w.z, w.da, w.dz = (xp.empty((steps, g, n), dtype) for _ in range(3))
+            w.hs = xp.empty((steps + 1, h, n), dtype)
+            w.hs[0] = 0
+            w.r = xp.empty((steps + 1, 3, h, n), dtype)  # g_t, c_{t−1}, i_t: r[:, 1] holds c_0 … c_T
+            w.r[0, 1] = 0
+            w.tc, w.q, w.dh = (xp.empty((steps, h, n), dtype) for _ in range(3))
+            w.ig, w.hu, w.dc, w.eo, w.hd = (xp.empty(s, dtype) for s in [(h, n), (g, n), (h, n), (h, n), (h, n)])
+            w.dwa, w.du = xp.empty((steps, g, k), dtype), xp.empty((max(steps - 1, 0), g, h), dtype)
+            return w
+        return self.buffers.group(("lstm", n, steps, d, dtype), make)
+
+
+class _Workspace:
+    """The arrays of one batch shape on the CPU path (attributes set by ``LSTM._host``)."""
