@@ -214,12 +214,14 @@ class LSTM(Recurrent):
         return da
 
     # On the CPU (numpy) the layer keeps its own layout, features first: a step's gates are a
-    # (4·units, N) block, so each gate is a contiguous (units, N) block, and numpy's in-place
-    # ufuncs, whose per-call cost is as large as their arithmetic here, each make one pass
-    # over it (a gate sliced from (N, 4·units) rows would be N short passes). The gates are
-    # ordered o, i, f, g inside: the three σ gates side by side, and i, f, g side by side for
-    # the product that gives their three errors at once. The σ gates' rows of W, U and b are
-    # halved (exact in floating point), so that one tanh of the block gives σ(a) = (1 + tanh(a/2))/2.
+    # (4·units, N) block, so that each gate is a contiguous (units, N) block and each of numpy's
+    # in-place ufuncs, whose per-call cost is as large as its arithmetic here, makes one pass
+    # over it (a gate sliced from (N, 4·units) rows would be N short passes). Inside, the gates
+    # are ordered o, i, f, g and followed by c_{t−1}: the σ gates side by side, and i, f beside
+    # g, c_{t−1}, so that one product gives i ⊙ g and f ⊙ c_{t−1}. The σ gates' rows of W, U and
+    # b are halved (exact in floating point): one tanh of the block then gives σ(a) = (1 + tanh(a/2))/2.
+    # A step's product takes W, b and U at once, on the column [x_t; 1; h_{t−1}] (xh), and
+    # after the loop one batched product over those columns gives dW, db and dU together.
 
     def forward(self, x, y=None):
         if _STEP.on(self.xp) is not None:  # CuPy: the fused kernels on Recurrent's layout
@@ -227,79 +229,78 @@ class LSTM(Recurrent):
         xp, h = self.xp, self.units
         n, steps, d = x.shape
         w = self._host(n, steps, d, x.dtype)
+        k = w.k
         order = self._order()
-        w.xa[:, :d] = x.transpose(1, 2, 0)
-        xp.take(self.weight.data, order, axis=0, out=w.wa[:, :d])
+        xh, z, tc = w.xh, w.z, w.tc
+        xh[:steps, :d] = x.transpose(1, 2, 0)
+        wc = w.wc
+        xp.take(self.weight.data, order, axis=0, out=wc[:, :d])
         if self.bias is not None:
-            xp.take(self.bias.data, order, out=w.wa[:, d])
-        w.wa[:3 * h] *= 0.5
-        z = self.backend.matmul(w.wa, w.xa, out=w.z)  # x_t Wᵀ + b of every step, (T, 4·units, N)
-        uf = xp.take(self.recurrent.data, order, axis=0, out=w.uf)
-        uf[:3 * h] *= 0.5
-        hs, cs, tc, ig = w.hs, w.r[:, 1], w.tc, w.ig
+            xp.take(self.bias.data, order, out=wc[:, d])
+        xp.take(self.recurrent.data, order, axis=0, out=wc[:, k:])
+        wc[:3 * h] *= 0.5
         for t in range(steps):
             zt = z[t]
-            if t:  # h_0 = 0 adds nothing
-                zt += self.backend.matmul(uf, hs[t], out=w.hu)
-            xp.tanh(zt, out=zt)
+            a = zt[:4 * h]
+            if t:
+                self.backend.matmul(wc, xh[t], out=a)
+            else:  # h_0 = 0 adds nothing
+                self.backend.matmul(wc[:, :k], xh[t, :k], out=a)
+            xp.tanh(a, out=a)
             sg = zt[:3 * h]
             sg *= 0.5
             sg += 0.5
-            xp.multiply(zt[h:2 * h], zt[3 * h:], out=ig)
-            c = xp.multiply(zt[2 * h:3 * h], cs[t], out=cs[t + 1])
-            c += ig
-            xp.multiply(zt[:h], xp.tanh(c, out=tc[t]), out=hs[t + 1])
+            p = xp.multiply(zt[h:3 * h], zt[3 * h:], out=w.p)  # i ⊙ g, f ⊙ c_{t−1}
+            c = xp.add(p[h:], p[:h], out=z[t + 1, 4 * h:])
+            xp.multiply(zt[:h], xp.tanh(c, out=tc[t]), out=xh[t + 1, k:])
         self._work = w
+        hs = xh[1:, k:]
         if self.return_sequences:
-            return xp.ascontiguousarray(hs[1:].transpose(2, 0, 1))
-        return xp.ascontiguousarray(hs[steps].T)
+            return xp.ascontiguousarray(hs.transpose(2, 0, 1))
+        return xp.ascontiguousarray(hs[-1].T)
 
     def backward(self, dy):
         if _STEP.on(self.xp) is not None:
             return super().backward(dy)
         xp, h, w = self.xp, self.units, self._work
-        z, tc, r, hs, da = w.z, w.tc, w.r, w.hs, w.da
-        steps, _, n = z.shape
-        e = w.dh
+        steps, n = w.tc.shape[0], w.tc.shape[2]
+        b = self._host_backward(n, steps, w.k, dy.dtype)
+        z, tc, da = w.z, w.tc, b.da
+        e = b.dh
         if self.return_sequences:
             e[...] = dy.transpose(1, 2, 0)
         else:  # only h_T is an output
             e[:-1] = 0
             e[-1] = dy.T
         # what does not depend on the errors carried back, for every step at once: the gates'
-        # derivatives, σ(1 − σ) on o, i, f and 1 − tanh² on g; tanh' of c_t; g_t and i_t beside
-        # c_{t−1} in r (their products with dc are di, df, dg)
-        dz = xp.subtract(1, z, out=w.dz)
-        dz[:, :3 * h] *= z[:, :3 * h]
-        dz[:, 3 * h:] *= xp.add(z[:, 3 * h:], 1, out=da[:, 3 * h:])
-        q = xp.multiply(tc, tc, out=w.q)
+        # derivatives (σ(1 − σ) on o, i, f; 1 − tanh² on g) and o_t ⊙ tanh'(c_t)
+        zg = z[:steps, :4 * h]
+        dz = xp.subtract(1, zg, out=b.dz)
+        dz[:, :3 * h] *= zg[:, :3 * h]
+        dz[:, 3 * h:] *= xp.add(zg[:, 3 * h:], 1, out=da[:, 3 * h:])
+        q = xp.multiply(tc, tc, out=b.q)
         xp.subtract(1, q, out=q)
-        r[:steps, 0] = z[:, 3 * h:]
-        r[:steps, 2] = z[:, h:2 * h]
-        ub = xp.take(self.recurrent.data, self._order(), axis=0, out=w.ub)
-        dc, eo, hd = w.dc, w.eo, w.hd
+        q *= zg[:, :h]
+        ub = xp.take(self.recurrent.data, self._order(), axis=0, out=b.ub)
+        dc, eo, hd = b.dc, b.eo, b.hd
         dc[...] = 0
         for t in range(steps - 1, -1, -1):
             et, zt, dt = e[t], z[t], da[t]
             if t < steps - 1:  # the error h_t passes to step t + 1
                 et += self.backend.matmul(ub.T, da[t + 1], out=hd)
             xp.multiply(et, tc[t], out=dt[:h])  # do
-            xp.multiply(et, zt[:h], out=eo)
-            eo *= q[t]
-            dc += eo
-            xp.multiply(dc, r[t], out=dt[h:].reshape(3, h, n))  # di, df, dg: dc g, dc c_{t−1}, dc i
+            dc += xp.multiply(et, q[t], out=eo)
+            xp.multiply(dc, zt[3 * h:].reshape(2, h, n), out=dt[h:3 * h].reshape(2, h, n))  # di = dc ⊙ g, df = dc ⊙ c_{t−1}
+            xp.multiply(dc, zt[h:2 * h], out=dt[3 * h:])  # dg = dc ⊙ i
             dc *= zt[2 * h:3 * h]
             dt *= dz[t]
-        # dW, db (the row of ones in xa) and dU: sums over the steps of da_t [x_t; 1]ᵀ and
-        # da_t h_{t−1}ᵀ, back in PyTorch's gate order
-        inverse = self._order(inverse=True)
-        dwa = self.backend.matmul(da, w.xa.transpose(0, 2, 1), out=w.dwa).sum(axis=0)
-        d = self.weight.grad.shape[1]
-        xp.take(dwa[:, :d], inverse, axis=0, out=self.weight.grad)
+        # dW, db and dU: the sum over the steps of da_t [x_t; 1; h_{t−1}]ᵀ, in PyTorch's gate order
+        grads = self.backend.matmul(da, w.xh[:steps].transpose(0, 2, 1), out=b.grads).sum(axis=0)
+        inverse, d, k = self._order(inverse=True), self.weight.grad.shape[1], w.k
+        xp.take(grads[:, :d], inverse, axis=0, out=self.weight.grad)
         if self.bias is not None:
-            xp.take(dwa[:, d], inverse, out=self.bias.grad)
-        du = self.backend.matmul(da[1:], hs[1:steps].transpose(0, 2, 1), out=w.du).sum(axis=0)
-        xp.take(du, inverse, axis=0, out=self.recurrent.grad)
+            xp.take(grads[:, d], inverse, out=self.bias.grad)
+        xp.take(grads[:, k:], inverse, axis=0, out=self.recurrent.grad)
         if not self.needs_input_grad:
             return None
         dx = self.backend.matmul(xp.take(self.weight.data, self._order(), axis=0).T, da)  # (T, D, N)
@@ -317,26 +318,35 @@ class LSTM(Recurrent):
         return self.buffers.constant(self.xp, key, make)
 
     def _host(self, n: int, steps: int, d: int, dtype):
-        """The CPU path's arrays for a batch of N sequences of T steps (one set per shape, reused
-        across batches while the trainer owns the outputs): xa holds [x_t; 1] per step, wa [W | b]."""
+        """The CPU path's forward arrays for N sequences of T steps of D features (one set per
+        shape, reused across batches while the trainer owns the outputs)."""
         xp, h = self.xp, self.units
-        g, k = 4 * h, d + (self.bias is not None)
+        k = d + (self.bias is not None)
 
         def make():
             w = _Workspace()
-            w.xa = xp.empty((steps, k, n), dtype)
-            w.xa[:, d:] = 1
-            w.wa, w.uf, w.ub = xp.empty((g, k), dtype), xp.empty((g, h), dtype), xp.empty((g, h), dtype)
-            w.z, w.da, w.dz = (xp.empty((steps, g, n), dtype) for _ in range(3))
-            w.hs = xp.empty((steps + 1, h, n), dtype)
-            w.hs[0] = 0
-            w.r = xp.empty((steps + 1, 3, h, n), dtype)  # g_t, c_{t−1}, i_t: r[:, 1] holds c_0 … c_T
-            w.r[0, 1] = 0
-            w.tc, w.q, w.dh = (xp.empty((steps, h, n), dtype) for _ in range(3))
-            w.ig, w.hu, w.dc, w.eo, w.hd = (xp.empty(s, dtype) for s in [(h, n), (g, n), (h, n), (h, n), (h, n)])
-            w.dwa, w.du = xp.empty((steps, g, k), dtype), xp.empty((max(steps - 1, 0), g, h), dtype)
+            w.k = k
+            w.xh = xp.zeros((steps + 1, k + h, n), dtype)  # [x_t; 1; h_{t−1}], h_T in the last
+            w.xh[:steps, d:k] = 1
+            w.wc = xp.empty((4 * h, k + h), dtype)  # [W | b | U], o, i, f, g, σ rows halved
+            w.z = xp.zeros((steps + 1, 5 * h, n), dtype)  # o, i, f, g, c_{t−1} (c_T in the last)
+            w.tc, w.p = xp.empty((steps, h, n), dtype), xp.empty((2 * h, n), dtype)
             return w
         return self.buffers.group(("lstm", n, steps, d, dtype), make)
+
+    def _host_backward(self, n: int, steps: int, k: int, dtype):
+        """The CPU path's backward arrays, as ``_host``."""
+        xp, h = self.xp, self.units
+
+        def make():
+            b = _Workspace()
+            b.da, b.dz = xp.empty((steps, 4 * h, n), dtype), xp.empty((steps, 4 * h, n), dtype)
+            b.dh, b.q = xp.empty((steps, h, n), dtype), xp.empty((steps, h, n), dtype)
+            b.ub = xp.empty((4 * h, h), dtype)
+            b.dc, b.eo, b.hd = (xp.empty((h, n), dtype) for _ in range(3))
+            b.grads = xp.empty((steps, 4 * h, k + h), dtype)
+            return b
+        return self.buffers.group(("lstm_backward", n, steps, k, dtype), make)
 
 
 class _Workspace:
