@@ -229,32 +229,27 @@ class LSTM(Recurrent):
         xp, h = self.xp, self.units
         n, steps, d = x.shape
         w = self._host(n, steps, d, x.dtype)
-        k = w.k
-        order = self._order()
-        xh, z, tc = w.xh, w.z, w.tc
-        xh[:steps, :d] = x.transpose(1, 2, 0)
-        wc = w.wc
+        k, wc, order = w.k, w.wc, self._order()
+        w.xh[:steps, :d] = x.transpose(1, 2, 0)
         xp.take(self.weight.data, order, axis=0, out=wc[:, :d])
         if self.bias is not None:
             xp.take(self.bias.data, order, out=wc[:, d])
         xp.take(self.recurrent.data, order, axis=0, out=wc[:, k:])
         wc[:3 * h] *= 0.5
-        for t in range(steps):
-            zt = z[t]
-            a = zt[:4 * h]
+        matmul, tanh, multiply, add = self.backend.matmul, xp.tanh, xp.multiply, xp.add
+        p, ig, fc = w.p, w.p[:h], w.p[h:]
+        for t, (x_t, a, sg, i_f, g_c, c, tc, o, h_next) in enumerate(w.steps):
             if t:
-                self.backend.matmul(wc, xh[t], out=a)
+                matmul(wc, x_t, out=a)
             else:  # h_0 = 0 adds nothing
-                self.backend.matmul(wc[:, :k], xh[t, :k], out=a)
-            xp.tanh(a, out=a)
-            sg = zt[:3 * h]
+                matmul(wc[:, :k], x_t[:k], out=a)
+            tanh(a, out=a)
             sg *= 0.5
             sg += 0.5
-            p = xp.multiply(zt[h:3 * h], zt[3 * h:], out=w.p)  # i ⊙ g, f ⊙ c_{t−1}
-            c = xp.add(p[h:], p[:h], out=z[t + 1, 4 * h:])
-            xp.multiply(zt[:h], xp.tanh(c, out=tc[t]), out=xh[t + 1, k:])
+            multiply(i_f, g_c, out=p)  # i ⊙ g, f ⊙ c_{t−1}
+            multiply(o, tanh(add(fc, ig, out=c), out=tc), out=h_next)
         self._work = w
-        hs = xh[1:, k:]
+        hs = w.xh[1:, k:]
         if self.return_sequences:
             return xp.ascontiguousarray(hs.transpose(2, 0, 1))
         return xp.ascontiguousarray(hs[-1].T)
@@ -263,10 +258,8 @@ class LSTM(Recurrent):
         if _STEP.on(self.xp) is not None:
             return super().backward(dy)
         xp, h, w = self.xp, self.units, self._work
-        steps, n = w.tc.shape[0], w.tc.shape[2]
-        b = self._host_backward(n, steps, w.k, dy.dtype)
-        z, tc, da = w.z, w.tc, b.da
-        e = b.dh
+        b = self._host_backward(w)
+        z, tc, da, e = w.z[:-1, :4 * h], w.tc, b.da, b.dh
         if self.return_sequences:
             e[...] = dy.transpose(1, 2, 0)
         else:  # only h_T is an output
@@ -274,28 +267,28 @@ class LSTM(Recurrent):
             e[-1] = dy.T
         # what does not depend on the errors carried back, for every step at once: the gates'
         # derivatives (σ(1 − σ) on o, i, f; 1 − tanh² on g) and o_t ⊙ tanh'(c_t)
-        zg = z[:steps, :4 * h]
-        dz = xp.subtract(1, zg, out=b.dz)
-        dz[:, :3 * h] *= zg[:, :3 * h]
-        dz[:, 3 * h:] *= xp.add(zg[:, 3 * h:], 1, out=da[:, 3 * h:])
+        dz = xp.subtract(1, z, out=b.dz)
+        dz[:, :3 * h] *= z[:, :3 * h]
+        dz[:, 3 * h:] *= xp.add(z[:, 3 * h:], 1, out=da[:, 3 * h:])
         q = xp.multiply(tc, tc, out=b.q)
         xp.subtract(1, q, out=q)
-        q *= zg[:, :h]
-        ub = xp.take(self.recurrent.data, self._order(), axis=0, out=b.ub)
+        q *= z[:, :h]
+        ub = xp.take(self.recurrent.data, self._order(), axis=0, out=b.ub).T
+        matmul, multiply = self.backend.matmul, xp.multiply
         dc, eo, hd = b.dc, b.eo, b.hd
         dc[...] = 0
-        for t in range(steps - 1, -1, -1):
-            et, zt, dt = e[t], z[t], da[t]
-            if t < steps - 1:  # the error h_t passes to step t + 1
-                et += self.backend.matmul(ub.T, da[t + 1], out=hd)
-            xp.multiply(et, tc[t], out=dt[:h])  # do
-            dc += xp.multiply(et, q[t], out=eo)
-            xp.multiply(dc, zt[3 * h:].reshape(2, h, n), out=dt[h:3 * h].reshape(2, h, n))  # di = dc ⊙ g, df = dc ⊙ c_{t−1}
-            xp.multiply(dc, zt[h:2 * h], out=dt[3 * h:])  # dg = dc ⊙ i
-            dc *= zt[2 * h:3 * h]
-            dt *= dz[t]
+        for e_t, da_next, tc_t, q_t, g_c, i, f, d_o, d_if, d_g, dz_t, d in b.steps:
+            if da_next is not None:  # the error h_t passes to step t + 1
+                e_t += matmul(ub, da_next, out=hd)
+            multiply(e_t, tc_t, out=d_o)
+            dc += multiply(e_t, q_t, out=eo)
+            multiply(dc, g_c, out=d_if)  # di = dc ⊙ g, df = dc ⊙ c_{t−1}
+            multiply(dc, i, out=d_g)  # dg = dc ⊙ i
+            dc *= f
+            d *= dz_t
         # dW, db and dU: the sum over the steps of da_t [x_t; 1; h_{t−1}]ᵀ, in PyTorch's gate order
-        grads = self.backend.matmul(da, w.xh[:steps].transpose(0, 2, 1), out=b.grads).sum(axis=0)
+        steps = len(da)
+        grads = matmul(da, w.xh[:steps].transpose(0, 2, 1), out=b.grads).sum(axis=0)
         inverse, d, k = self._order(inverse=True), self.weight.grad.shape[1], w.k
         xp.take(grads[:, :d], inverse, axis=0, out=self.weight.grad)
         if self.bias is not None:
@@ -303,7 +296,7 @@ class LSTM(Recurrent):
         xp.take(grads[:, k:], inverse, axis=0, out=self.recurrent.grad)
         if not self.needs_input_grad:
             return None
-        dx = self.backend.matmul(xp.take(self.weight.data, self._order(), axis=0).T, da)  # (T, D, N)
+        dx = matmul(xp.take(self.weight.data, self._order(), axis=0).T, da)  # (T, D, N)
         return xp.ascontiguousarray(dx.transpose(2, 0, 1))
 
     def _order(self, inverse: bool = False):
@@ -318,36 +311,46 @@ class LSTM(Recurrent):
         return self.buffers.constant(self.xp, key, make)
 
     def _host(self, n: int, steps: int, d: int, dtype):
-        """The CPU path's forward arrays for N sequences of T steps of D features (one set per
-        shape, reused across batches while the trainer owns the outputs)."""
+        """The CPU path's forward arrays for N sequences of T steps of D features, and each
+        step's views of them (one set per shape, reused across batches while the trainer owns
+        the outputs; a view costs about as much to make as a ufunc call here)."""
         xp, h = self.xp, self.units
         k = d + (self.bias is not None)
 
         def make():
             w = _Workspace()
             w.k = k
-            w.xh = xp.zeros((steps + 1, k + h, n), dtype)  # [x_t; 1; h_{t−1}], h_T in the last
-            w.xh[:steps, d:k] = 1
+            w.xh = xh = xp.zeros((steps + 1, k + h, n), dtype)  # [x_t; 1; h_{t−1}], h_T in the last
+            xh[:steps, d:k] = 1
             w.wc = xp.empty((4 * h, k + h), dtype)  # [W | b | U], o, i, f, g, σ rows halved
-            w.z = xp.zeros((steps + 1, 5 * h, n), dtype)  # o, i, f, g, c_{t−1} (c_T in the last)
+            w.z = z = xp.zeros((steps + 1, 5 * h, n), dtype)  # o, i, f, g, c_{t−1} (c_T in the last)
             w.tc, w.p = xp.empty((steps, h, n), dtype), xp.empty((2 * h, n), dtype)
+            w.steps = [(xh[t], z[t, :4 * h], z[t, :3 * h], z[t, h:3 * h], z[t, 3 * h:], z[t + 1, 4 * h:], w.tc[t],
+                        z[t, :h], xh[t + 1, k:]) for t in range(steps)]
             return w
         return self.buffers.group(("lstm", n, steps, d, dtype), make)
 
-    def _host_backward(self, n: int, steps: int, k: int, dtype):
-        """The CPU path's backward arrays, as ``_host``."""
+    def _host_backward(self, w):
+        """The CPU path's backward arrays and each step's views, latest step first, as ``_host``."""
         xp, h = self.xp, self.units
+        steps, _, n = w.tc.shape
+        dtype = w.tc.dtype
 
         def make():
             b = _Workspace()
+            b.forward = w
             b.da, b.dz = xp.empty((steps, 4 * h, n), dtype), xp.empty((steps, 4 * h, n), dtype)
             b.dh, b.q = xp.empty((steps, h, n), dtype), xp.empty((steps, h, n), dtype)
             b.ub = xp.empty((4 * h, h), dtype)
             b.dc, b.eo, b.hd = (xp.empty((h, n), dtype) for _ in range(3))
-            b.grads = xp.empty((steps, 4 * h, k + h), dtype)
+            b.grads = xp.empty((steps, 4 * h, w.k + h), dtype)
+            z, da = w.z, b.da
+            b.steps = [(b.dh[t], da[t + 1] if t < steps - 1 else None, w.tc[t], b.q[t], z[t, 3 * h:].reshape(2, h, n),
+                        z[t, h:2 * h], z[t, 2 * h:3 * h], da[t, :h], da[t, h:3 * h].reshape(2, h, n), da[t, 3 * h:],
+                        b.dz[t], da[t]) for t in range(steps - 1, -1, -1)]
             return b
-        return self.buffers.group(("lstm_backward", n, steps, k, dtype), make)
-
+        b = self.buffers.group(("lstm_backward", n, steps, w.k, dtype), make)
+        return b if b.forward is w else make()
 
 class _Workspace:
     """The arrays of one batch shape on the CPU path (attributes set by ``LSTM._host``)."""

@@ -65,6 +65,47 @@ def test_outputs_and_gradients_equal_pytorch(name, return_sequences):
                                    atol=1e-12)
 
 
+@pytest.mark.parametrize("use_bias", [True, False])
+@pytest.mark.parametrize("return_sequences", [False, True])
+@pytest.mark.parametrize("name", ["LSTM", "GRU", "SimpleRNN"])
+def test_the_training_loops_reused_arrays_give_pytorchs_outputs_and_gradients(name, return_sequences, use_bias):
+    """As the trainer runs a layer: scratch arrays reused across batches (of two sizes, the last
+    batch of an epoch being smaller), no input gradient for the first layer."""
+    torch = pytest.importorskip("torch")
+    from dlrun.model import Sequential
+
+    rng = np.random.default_rng(2)
+    steps, d, units = 5, 3, 6
+    bias = {"bias_initializer": {"type": "normal", "std": 0.3}} if use_bias else {}
+    layer = registry.layers.build({"type": name, "units": units, "return_sequences": return_sequences,
+                                   "use_bias": use_bias, **bias})
+    model = Sequential([layer], (steps, d), CPU, np.float64, seed=0).train(True, fast=True)
+    ref = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU, "SimpleRNN": torch.nn.RNN}[name](
+        d, units, batch_first=True, bias=use_bias).double()
+    for n in (4, 2, 4, 4):
+        with torch.no_grad():  # the weights move between batches, as in training
+            layer.weight.data += 0.01 * rng.standard_normal(layer.weight.data.shape)
+            ref.weight_ih_l0.copy_(torch.from_numpy(layer.weight.data))
+            ref.weight_hh_l0.copy_(torch.from_numpy(layer.recurrent.data))
+            if use_bias:
+                ref.bias_ih_l0.copy_(torch.from_numpy(layer.bias.data))
+                ref.bias_hh_l0.copy_(torch.from_numpy(layer.params["recurrent_bias"].data) if name == "GRU"
+                                     else torch.zeros(ref.bias_hh_l0.shape, dtype=torch.float64))
+        ref.zero_grad()
+        x = rng.standard_normal((n, steps, d))
+        out = model.forward(x)
+        dy = rng.standard_normal(out.shape)
+        assert model.backward(dy) is None  # the first layer computes no input gradient
+        seq, _ = ref(torch.from_numpy(x))
+        want = seq if return_sequences else seq[:, -1]
+        want.backward(torch.from_numpy(dy))
+        np.testing.assert_allclose(out, want.detach().numpy(), rtol=1e-12, atol=1e-13)
+        np.testing.assert_allclose(layer.weight.grad, ref.weight_ih_l0.grad.numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(layer.recurrent.grad, ref.weight_hh_l0.grad.numpy(), rtol=1e-10, atol=1e-12)
+        if use_bias:
+            np.testing.assert_allclose(layer.bias.grad, ref.bias_ih_l0.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
 def test_lstm_recurrence_written_out_for_two_steps():
     rng = np.random.default_rng(2)
     layer, out_shape = _layer("LSTM", (2, 3), units=2, return_sequences=True,
