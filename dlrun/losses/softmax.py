@@ -104,8 +104,11 @@ class SoftmaxCrossEntropy(Loss):
         w = self._work
         if w is None or self._scored[0] is not z or self._scored[1] is not y:
             return super().count_correct(z, y)
-        if np.count_nonzero(np.equal(w.p_flat, w.ones, out=w.at_max)) == w.n:
-            return np.count_nonzero(np.equal(w.zy, w.m, out=w.right))
+        # one comparison does both: p and z_y lie end to end in one array, 1 and m in another
+        np.equal(w.p_zy, w.ones_m, out=w.equal)
+        right = np.count_nonzero(w.right)  # z_y == m
+        if np.count_nonzero(w.equal) - right == w.n:  # p == 1 once per row
+            return right
         return super().count_correct(z, y)
 
     def _forward_fused(self, xp, z, y):
@@ -167,13 +170,18 @@ class _Work:
     flat view of d) are made here too."""
 
     def __init__(self, n: int, c: int, dtype, label_dtype):
-        self.m, self.s, self.r, self.zy, self.zsum = (np.empty(n, dtype) for _ in range(5))
+        self.s, self.r, self.zsum = (np.empty(n, dtype) for _ in range(3))
         self.wy, self.wn, self.wt = (np.empty(n, dtype) for _ in range(3))  # class weights' w[y], w[y]/N, scratch
-        self.p, self.d = np.empty((n, c), dtype), np.empty((n, c), dtype)
+        # count_correct compares p with 1 and z_y with m in one call: p then z_y in one array, as
+        # many ones then m in another
+        self.p_zy, self.ones_m, self.equal = np.empty(n * c + n, dtype), np.ones(n * c + n, dtype), \
+            np.empty(n * c + n, bool)
+        self.p, self.zy, self.m = self.p_zy[:n * c].reshape(n, c), self.p_zy[n * c:], self.ones_m[n * c:]
+        self.right = self.equal[n * c:]
+        self.d = np.empty((n, c), dtype)
         self.m_col, self.r_col = self.m[:, None], self.r[:, None]
         self.p_cols = _Columns(self.p)
-        self.d_flat, self.p_flat = self.d.reshape(-1), self.p.reshape(-1)
-        self.ones, self.at_max, self.right = np.ones(n * c, dtype), np.empty(n * c, bool), np.empty(n, bool)
+        self.d_flat = self.d.reshape(-1)
         self.flat = np.empty(n, label_dtype)
         self.row_starts = np.arange(0, n * c, c, dtype=label_dtype)
         self.n, self.c, self.few, self.label_dtype = n, c, c <= _FEW_CLASSES, np.dtype(label_dtype)

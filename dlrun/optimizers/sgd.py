@@ -31,6 +31,7 @@ class SGD(Optimizer):
 
     elementwise = True
     capturable = True
+    _typed = None  # the hyperparameters as scalars of the tensors' type, and what they were made from
 
     def __init__(self, learning_rate: PositiveFloat = 0.01, momentum: Fraction = 0.0,
                  nesterov: bool = False, weight_decay: NonNegativeFloat = 0.0):
@@ -48,23 +49,32 @@ class SGD(Optimizer):
             self._update_fused(xp, g, state, p)
             return
         w = p.data  # a local: `p.data -= g` would also call Parameter.__setattr__
-        f = w.dtype.type  # hyperparameters as the tensors' scalars (see Optimizer)
-        if self.weight_decay:
-            self._add_decay(g, w, f(self.weight_decay), state["_work"])
-        if not self.momentum:
-            g *= f(self.learning_rate)
+        lr, mom, decay = self.typed(w.dtype.type)  # hyperparameters as the tensors' scalars (see Optimizer)
+        if decay:
+            self._add_decay(g, w, decay, state["_work"])
+        if not mom:
+            g *= lr
             w -= g
             return
         v = state["velocity"]
-        v *= f(self.momentum)
+        v *= mom
         v += g
         if self.nesterov:  # step = g + momentum·v
-            xp.multiply(v, f(self.momentum), out=state["_work"])
+            xp.multiply(v, mom, out=state["_work"])
             g += state["_work"]
-            g *= f(self.learning_rate)
+            g *= lr
         else:  # step = v; v is state, so scale it into g
-            xp.multiply(v, f(self.learning_rate), out=g)
+            xp.multiply(v, lr, out=g)
         w -= g
+
+    def typed(self, f) -> tuple:
+        """(learning rate, momentum, weight decay) as scalars of type ``f``, made again only when
+        one of them is another object than last time (a schedule sets a new learning rate)."""
+        c = self._typed
+        lr, mom, decay = self.learning_rate, self.momentum, self.weight_decay
+        if c is None or c[0] is not lr or c[1] is not mom or c[2] is not decay or c[3] is not f:
+            c = self._typed = (lr, mom, decay, f, (f(lr), f(mom), f(decay)))
+        return c[4]
 
     def fuses(self, xp) -> bool:
         return _PLAIN.on(xp) is not None

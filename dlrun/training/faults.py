@@ -88,21 +88,23 @@ class NonFiniteGuard:
             self.optim = [b.host_buffer(a.shape, a.dtype) for a in optim]
             self._copies = list(zip(self.params + self.optim, self._params + optim))
         self._optim_from = optim
+        copy_out = b.copy_out
         for dst, src in self._copies:
-            b.copy_out(dst, src)
+            copy_out(dst, src)
         if self._stateful:
             self.states, self.rngs = {}, {}  # rngs: only layers that draw random numbers (copies are slow)
-        for layer in self._stateful:
-            self.states[id(layer)] = {a: copy.deepcopy(getattr(layer, a)) for a in layer.state}
-            if layer.stochastic:
-                try:
-                    self.rngs[id(layer)] = copy.deepcopy(layer.rng)
-                except Exception:  # a device generator that cannot be copied: replay is then approximate
-                    pass
+            for layer in self._stateful:
+                self.states[id(layer)] = {a: copy.deepcopy(getattr(layer, a)) for a in layer.state}
+                if layer.stochastic:
+                    try:
+                        self.rngs[id(layer)] = copy.deepcopy(layer.rng)
+                    except Exception:  # a device generator that cannot be copied: replay is then approximate
+                        pass
         # the trainer's counters; its arrays (weights, optimizer buffers) are copied above, into
         # buffers kept across epochs, so a mark allocates nothing
-        self.counters = {"step": t.step, "learning_rate": t.optimizer.learning_rate}  # (as Trainer.state_dict)
-        self.iterations = t.optimizer.iterations  # (the optimizer's own counter, beside its buffers)
+        opt = t.optimizer
+        self.counters = {"step": t.training_step.count, "learning_rate": opt.learning_rate}  # (as Trainer.state_dict)
+        self.iterations = opt.iterations  # (the optimizer's own counter, beside its buffers)
 
     def restore(self, rewind_shuffle: bool = False):
         """Put the state copied by :meth:`mark` back (and the shuffling generator, if asked);

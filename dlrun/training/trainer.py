@@ -196,6 +196,7 @@ class Trainer:
         if start is not None:
             start.check(n, bs, batches, self.shuffle, "--resume", self.tracker.described)
         step = self.training_step
+        regularized = step.regularized
         # the per-batch hooks, called on the callbacks that do something in them
         after_backward, batch_end = listening(callbacks, "on_after_backward"), listening(callbacks, "on_batch_end")
         tracked = bool(self.tracker.metrics)
@@ -219,7 +220,7 @@ class Trainer:
                 order = self.shuffle_rng.permutation(n) if self.shuffle else None
                 order_d = self.backend.asarray(order) if order is not None else None
                 loss_sum, correct = self.backend.zero(np.float64), self.backend.zero(np.int64)  # fresh: += is in place on GPU
-                own = _so_far(start, world)  # a resumed epoch: the sums of its batches done that this rank holds
+                own = _so_far(start, world) if start is not None else None  # a resumed epoch: its batches' sums
                 if own is not None:
                     loss_sum, correct = loss_sum + own[0], correct + own[1]
                 if tracked:  # (skipped without metrics: spiral's 1000 one-batch epochs felt the calls, +2.5%)
@@ -257,7 +258,7 @@ class Trainer:
                 if world is not None:  # the epoch's sums over every rank's part (one collective)
                     loss_sum, correct = self._sum_over_ranks(loss_sum, correct)
                     self._share_state()
-                penalty = self._penalty()  # once per epoch: the validation loss adds the same weights' penalty
+                penalty = self._penalty() if regularized else 0.0  # once per epoch (validation adds the same)
                 train_loss = float(loss_sum) / used + penalty  # the loss reported, as checked
                 healthy = guard.healthy(train_loss)
                 if callbacks or val is not None or not healthy:  # others see the model: plain mode
