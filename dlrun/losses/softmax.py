@@ -74,7 +74,7 @@ class SoftmaxCrossEntropy(Loss):
         else:
             p.sum(axis=1, out=s)
         # p = exp(z - m) is normalised in backward, where it is scaled by 1/N anyway: d = p·(1/(N s))
-        np.divide(1.0 / n, s, out=w.r)
+        np.divide(w.inv_n, s, out=w.r)  # (1/N as a scalar of the scores' type: the same value, a faster call)
         # flat index of (i, y_i): 1-D take/setitem are ~4x cheaper than [rows, y]
         np.add(w.row_starts, y, out=w.flat)
         # log-sum-exp form: -log p_y = log Σ exp(z - m) - (z_y - m); never log(0)
@@ -150,7 +150,7 @@ class SoftmaxCrossEntropy(Loss):
             return w.d
         if eps:  # every target gets ε/C, the label's (1 − ε) on top
             w.d -= eps / (c * n)
-        w.d_flat[w.flat] -= (1.0 - eps) / n  # d_flat is a view of d; a Python float keeps float32
+        w.d_flat[w.flat] -= (1.0 - eps) / n if eps else w.inv_n  # d_flat is a view of d; a Python float keeps float32
         return w.d
 
     def probabilities(self, z):
@@ -185,6 +185,7 @@ class _Work:
         self.flat = np.empty(n, label_dtype)
         self.row_starts = np.arange(0, n * c, c, dtype=label_dtype)
         self.n, self.c, self.few, self.label_dtype = n, c, c <= _FEW_CLASSES, np.dtype(label_dtype)
+        self.inv_n = np.dtype(dtype).type(1.0 / n)  # 1/N rounded to the dtype, as numpy rounds a Python float
         self.z, self.z_cols, self.z_flat = None, None, None  # views of the last logits seen
 
 
