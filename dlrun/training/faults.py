@@ -61,8 +61,9 @@ class NonFiniteGuard:
 
     def _optim(self) -> list:
         opt = self.trainer.optimizer
-        if hasattr(opt, "buffers"):
-            return opt.buffers()
+        buffers = getattr(opt, "buffers", None)
+        if buffers is not None:
+            return buffers()
         return [slots[s] for slots in opt.state.values() for s in opt.slots]  # a plugin without the base class
 
     def mark(self, shuffle_state: dict | None = None, position=None) -> None:
