@@ -191,6 +191,11 @@ class Trainer:
         if in_order is not None and parts is not None:
             in_order = [(x[p], y[p]) for (x, y), (p, _) in zip(in_order, parts)]
         classify = self.classification
+        backend, optimizer = self.backend, self.optimizer
+        # the sums an epoch starts from: on the CPU immutable scalars, the same every epoch; on the
+        # GPU 0-d arrays that += changes in place, so fresh ones each epoch
+        zeros = (backend.zero(np.float64), backend.zero(np.int64))
+        shared_zeros = zeros[0] is backend.zero(np.float64)
         self._guard = guard = NonFiniteGuard(self)
         start, self.position = self.position, None  # a mid-epoch resume continues its epoch
         if start is not None:
@@ -218,8 +223,8 @@ class Trainer:
                     fast = self.fast_mode(True)
                 shuffle_state = self.shuffle_rng.bit_generator.state if self.shuffle else None
                 order = self.shuffle_rng.permutation(n) if self.shuffle else None
-                order_d = self.backend.asarray(order) if order is not None else None
-                loss_sum, correct = self.backend.zero(np.float64), self.backend.zero(np.int64)  # fresh: += is in place on GPU
+                order_d = backend.asarray(order) if order is not None else None
+                loss_sum, correct = zeros if shared_zeros else (backend.zero(np.float64), backend.zero(np.int64))
                 own = _so_far(start, world) if start is not None else None  # a resumed epoch: its batches' sums
                 if own is not None:
                     loss_sum, correct = loss_sum + own[0], correct + own[1]
@@ -271,9 +276,9 @@ class Trainer:
                 self.epoch = epoch
                 m = self._evaluate_device(*val, penalty=penalty, sharded=True) if val is not None else _NO_VALIDATION
                 row = {"epoch": epoch, "train_loss": train_loss,
-                       "train_accuracy": float(correct) / used if self.classification else None,
+                       "train_accuracy": float(correct) / used if classify else None,
                        "val_loss": m["loss"], "val_accuracy": m["accuracy"],
-                       "learning_rate": float(self.optimizer.learning_rate),
+                       "learning_rate": float(optimizer.learning_rate),
                        "seconds": time.perf_counter() - t0}
                 if tracked:
                     row.update(self.tracker.results(self._sums, "train_"))
