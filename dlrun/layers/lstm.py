@@ -260,10 +260,10 @@ class LSTM(Recurrent):
         xp, h, w = self.xp, self.units, self._work
         b = self._host_backward(w)
         z, tc, da, e = w.z[:-1, :4 * h], w.tc, b.da, b.dh
-        if self.return_sequences:
+        sequences = self.return_sequences
+        if sequences:
             e[...] = dy.transpose(1, 2, 0)
-        else:  # only h_T is an output
-            e[:-1] = 0
+        else:  # only h_T is an output: before it, h_t's error is what it passed to step t + 1
             e[-1] = dy.T
         # what does not depend on the errors carried back, for every step at once: the gates'
         # derivatives (σ(1 − σ) on o, i, f; 1 − tanh² on g) and o_t ⊙ tanh'(c_t)
@@ -278,8 +278,12 @@ class LSTM(Recurrent):
         dc, eo, hd = b.dc, b.eo, b.hd
         dc[...] = 0
         for e_t, da_next, tc_t, q_t, g_c, i, f, d_o, d_if, d_g, dz_t, d in b.steps:
-            if da_next is not None:  # the error h_t passes to step t + 1
+            if da_next is None:
+                pass
+            elif sequences:  # the error h_t passes to step t + 1, added to its own
                 e_t += matmul(ub, da_next, out=hd)
+            else:
+                matmul(ub, da_next, out=e_t)
             multiply(e_t, tc_t, out=d_o)
             dc += multiply(e_t, q_t, out=eo)
             multiply(dc, g_c, out=d_if)  # di = dc ⊙ g, df = dc ⊙ c_{t−1}
