@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..backend import BlockKernel, Kernel
 from ..registry import layers
-from .recurrent import Recurrent
+from .recurrent import Recurrent, Workspace
 
 # On the GPU a time step is its recurrent product (cuBLAS) and one of these launches, where the
 # ufunc path takes about ten each way. Thread i is unit i % H of sample i / H; the gates of a row
@@ -117,6 +117,9 @@ extern "C" __global__ void dlrun_gru_sequence_grad(const T* dh, const T* uw, con
 """, "dlrun_gru_sequence_grad")
 
 
+_ORDER = (2, 0, 1)  # the CPU path's order of the input terms, n, r, z, in PyTorch's block numbers
+
+
 @layers.register("GRU")
 class GRU(Recurrent):
     """r, z = σ(a_r + u_r), σ(a_z + u_z); n = tanh(a_n + r ⊙ u_n); h_t = (1 − z) ⊙ n + z ⊙ h_{t−1}.
@@ -160,29 +163,10 @@ class GRU(Recurrent):
             n = a.shape[1]
             run(n, 3 * h, a, us, xp.ascontiguousarray(u.T), xp.ascontiguousarray(ub), hs, len(a), n, h)
             return
-        step = _STEP.on(xp)
-        if step is not None:  # GPU: two launches a step, the product and the cell
-            ut = u.T
-            ub = self.u_bias.data if self.u_bias is not None else xp.zeros(u.shape[0], dtype=a.dtype)
-            for t in range(len(a)):
-                step(ub, hs[t], h, a[t], self.backend.matmul(hs[t], ut, out=us[t]), hs[t + 1])
-            return
+        step, ut = _STEP.on(xp), u.T  # two launches a step: the product and the cell
+        ub = self.u_bias.data if self.u_bias is not None else xp.zeros(u.shape[0], dtype=a.dtype)
         for t in range(len(a)):
-            self.backend.matmul(hs[t], u.T, out=us[t])
-            if self.u_bias is not None:
-                us[t] += self.u_bias.data
-            z = a[t]  # becomes the gates r, z, n in place
-            z[:, :2 * h] += us[t, :, :2 * h]
-            xp.tanh(xp.multiply(z[:, :2 * h], 0.5, out=z[:, :2 * h]), out=z[:, :2 * h])  # σ = (1 + tanh(a/2))/2
-            z[:, :2 * h] += 1
-            z[:, :2 * h] *= 0.5
-            r, n = z[:, :h], z[:, 2 * h:]
-            n += r * us[t, :, 2 * h:]
-            xp.tanh(n, out=n)
-            # h_t = n + z ⊙ (h_{t-1} − n)
-            xp.subtract(hs[t], n, out=hs[t + 1])
-            hs[t + 1] *= z[:, h:2 * h]
-            hs[t + 1] += n
+            step(ub, hs[t], h, a[t], self.backend.matmul(hs[t], ut, out=us[t]), hs[t + 1])
 
     def steps_backward(self, dh):
         xp, uw, h = self.xp, self.recurrent.data, self.units
@@ -194,29 +178,145 @@ class GRU(Recurrent):
             n = dh.shape[1]
             run(n, h, xp.ascontiguousarray(dh), xp.ascontiguousarray(uw), hs, gates, us, da, du, len(dh), n, h)
             return da, du
-        step = _STEP_GRAD.on(xp)
-        if step is not None:  # GPU: the product and the cell, as forward
-            hd, carry = xp.zeros_like(dh[0]), xp.zeros_like(dh[0])  # nothing comes back from past the last step
-            for t in range(len(dh) - 1, -1, -1):
-                if t < len(dh) - 1:
-                    self.backend.matmul(du[t + 1], uw, out=hd)
-                step(dh[t], hd, hs[t], gates[t], us[t], h, carry, da[t], du[t])
-            return da, du
+        step = _STEP_GRAD.on(xp)  # the product and the cell, as forward
+        hd, carry = xp.zeros_like(dh[0]), xp.zeros_like(dh[0])  # nothing comes back from past the last step
         for t in range(len(dh) - 1, -1, -1):
-            g, d, e = gates[t], da[t], du[t]
-            r, z, n = g[:, :h], g[:, h:2 * h], g[:, 2 * h:]
-            if t < len(dh) - 1:  # what h_t passed on to step t + 1: directly, and through u_{t+1}
-                dh[t] += dh[t + 1] * gates[t + 1][:, h:2 * h]
-                dh[t] += self.backend.matmul(du[t + 1], uw)
-            dn = d[:, 2 * h:]
-            xp.subtract(1, z, out=dn)
-            dn *= dh[t]
-            dn *= 1 - n * n  # da_n
-            xp.multiply(dn, r, out=e[:, 2 * h:])  # du_n = da_n ⊙ r
-            xp.multiply(dn, us[t, :, 2 * h:], out=d[:, :h])  # dr
-            d[:, :h] *= r * (1 - r)
-            xp.subtract(hs[t], n, out=d[:, h:2 * h])  # dz
-            d[:, h:2 * h] *= dh[t]
-            d[:, h:2 * h] *= z * (1 - z)
-            e[:, :2 * h] = d[:, :2 * h]  # r and z see a_t + u_t
+            if t < len(dh) - 1:
+                self.backend.matmul(du[t + 1], uw, out=hd)
+            step(dh[t], hd, hs[t], gates[t], us[t], h, carry, da[t], du[t])
         return da, du
+
+    # On the CPU (numpy) the layer keeps its own layout, features first, as the LSTM's (see
+    # dlrun.layers.lstm): a step's terms are (units, N) blocks, so each numpy call makes one pass.
+    # The input terms x_t Wᵀ + b of every step come from one batched product on [x_t; 1], in the
+    # order n, r, z; each step's recurrent terms U h_{t−1} + b_u from one product on [h_{t−1}; 1],
+    # in PyTorch's order r, z, n. The σ gates' rows are halved (exact), so σ(a) = (1 + tanh(a/2))/2.
+    # Backward writes each step's errors as rows dn, dr, dz, du_n: the input terms' errors are the
+    # first three, the recurrent terms' the last three (du_r = dr, du_z = dz), each one block.
+
+    def forward(self, x, y=None):
+        if _STEP.on(self.xp) is not None:  # CuPy: the fused kernels on Recurrent's layout
+            return super().forward(x)
+        xp, h = self.xp, self.units
+        n, steps, d = x.shape
+        w = self._host(n, steps, d, x.dtype)
+        w.xa[:, :d] = x.transpose(1, 2, 0)
+        wa, ua = w.wa, w.ua
+        xp.take(self.weight.data, self.gate_rows(_ORDER), axis=0, out=wa[:, :d])
+        ua[:, :h] = self.recurrent.data
+        if self.bias is not None:
+            xp.take(self.bias.data, self.gate_rows(_ORDER), out=wa[:, d])
+            ua[:, h] = self.u_bias.data
+        wa[h:] *= 0.5
+        ua[:2 * h] *= 0.5
+        matmul, tanh, multiply, subtract = self.backend.matmul, xp.tanh, xp.multiply, xp.subtract
+        matmul(wa, w.xa, out=w.g)
+        m = w.m
+        for h_in, u, rz, u_rz, r, u_n, a_n, z, h_prev, h_next in w.steps:
+            matmul(ua, h_in, out=u)
+            rz += u_rz
+            tanh(rz, out=rz)
+            rz *= 0.5
+            rz += 0.5
+            a_n += multiply(r, u_n, out=m)
+            tanh(a_n, out=a_n)  # n
+            subtract(h_prev, a_n, out=h_next)  # h_t = n + z ⊙ (h_{t−1} − n)
+            h_next *= z
+            h_next += a_n
+        self._work = w
+        hs = w.hs[1:, :h]
+        if self.return_sequences:
+            return xp.ascontiguousarray(hs.transpose(2, 0, 1))
+        return xp.ascontiguousarray(hs[-1].T)
+
+    def backward(self, dy):
+        if _STEP.on(self.xp) is not None:
+            return super().backward(dy)
+        xp, h, w = self.xp, self.units, self._work
+        b = self._host_backward(w)
+        g, e, errors = w.g, b.dh, b.errors
+        sequences = self.return_sequences
+        if sequences:
+            e[...] = dy.transpose(1, 2, 0)
+        else:  # only h_T is an output: before it, h_t's error is what it passed on
+            e[-1] = dy.T
+        # what does not depend on the errors carried back, for every step at once:
+        # dn = e ⊙ (1 − z)(1 − n²), dr = dn ⊙ u_n ⊙ r(1 − r), dz = e ⊙ (h_{t−1} − n) ⊙ z(1 − z)
+        n_, r_, z_ = g[:, :h], g[:, h:2 * h], g[:, 2 * h:]
+        pn, pr, pz, tmp = b.pn, b.pr, b.pz, b.tmp
+        xp.subtract(1, z_, out=pn)
+        xp.multiply(n_, n_, out=tmp)
+        pn *= xp.subtract(1, tmp, out=tmp)
+        xp.subtract(1, r_, out=pr)
+        pr *= r_
+        pr *= w.us[:, 2 * h:]
+        xp.subtract(1, z_, out=pz)
+        pz *= z_
+        pz *= xp.subtract(w.hs[:-1, :h], n_, out=tmp)
+        matmul, multiply = self.backend.matmul, xp.multiply
+        ut, carry, hd = self.recurrent.data.T, b.carry, b.hd
+        for e_t, du_next, pn_t, pr_t, pz_t, r, z, dn, dr, dz, du_n in b.steps:
+            if du_next is not None:  # what h_t passed on: directly (⊙ z_{t+1}) and through u_{t+1}
+                if sequences:
+                    e_t += matmul(ut, du_next, out=hd)
+                else:
+                    matmul(ut, du_next, out=e_t)
+                e_t += carry
+            multiply(e_t, pn_t, out=dn)
+            multiply(dn, pr_t, out=dr)
+            multiply(e_t, pz_t, out=dz)
+            multiply(dn, r, out=du_n)
+            multiply(e_t, z, out=carry)
+        # dW, db: Σ_t (dn, dr, dz)_t [x_t; 1]ᵀ; dU, db_u: Σ_t (dr, dz, du_n)_t [h_{t−1}; 1]ᵀ
+        d = self.weight.grad.shape[1]
+        gw = matmul(errors[:, :3 * h], w.xa.transpose(0, 2, 1), out=b.gw).sum(axis=0)
+        inverse = self.gate_rows(_ORDER, inverse=True)
+        xp.take(gw[:, :d], inverse, axis=0, out=self.weight.grad)
+        gu = matmul(errors[:, h:], w.hs[:-1].transpose(0, 2, 1), out=b.gu).sum(axis=0)
+        self.recurrent.grad[...] = gu[:, :h]
+        if self.bias is not None:
+            xp.take(gw[:, d], inverse, out=self.bias.grad)
+            self.u_bias.grad[...] = gu[:, h]
+        if not self.needs_input_grad:
+            return None
+        dx = matmul(xp.take(self.weight.data, self.gate_rows(_ORDER), axis=0).T, errors[:, :3 * h])  # (T, D, N)
+        return xp.ascontiguousarray(dx.transpose(2, 0, 1))
+
+    def _host(self, n: int, steps: int, d: int, dtype):
+        """The CPU path's forward arrays for N sequences of T steps of D features and each step's
+        views (one set per shape, reused across batches while the trainer owns the outputs)."""
+        xp, h = self.xp, self.units
+        one = int(self.bias is not None)
+
+        def make():
+            xa = xp.empty((steps, d + one, n), dtype)  # [x_t; 1]
+            xa[:, d:] = 1
+            hs = xp.empty((steps + 1, h + one, n), dtype)  # [h_{t−1}; 1], h_T in the last
+            hs[:, h:] = 1
+            hs[0, :h] = 0
+            g, us = xp.empty((steps, 3 * h, n), dtype), xp.empty((steps, 3 * h, n), dtype)
+            return Workspace(xa=xa, hs=hs, g=g, us=us, m=xp.empty((h, n), dtype),
+                             wa=xp.empty((3 * h, d + one), dtype), ua=xp.empty((3 * h, h + one), dtype),
+                             steps=[(hs[t], us[t], g[t, h:], us[t, :2 * h], g[t, h:2 * h], us[t, 2 * h:], g[t, :h],
+                                     g[t, 2 * h:], hs[t, :h], hs[t + 1, :h]) for t in range(steps)])
+        return self.buffers.group(("gru", n, steps, d, dtype), make)
+
+    def _host_backward(self, w):
+        """The CPU path's backward arrays and each step's views, latest step first, as ``_host``."""
+        xp, h = self.xp, self.units
+        steps, _, n = w.g.shape
+        dtype = w.g.dtype
+
+        def make():
+            errors = xp.empty((steps, 4 * h, n), dtype)  # dn, dr, dz, du_n
+            dh, pn, pr, pz = (xp.empty((steps, h, n), dtype) for _ in range(4))
+            g = w.g
+            return Workspace(forward=w, errors=errors, dh=dh, pn=pn, pr=pr, pz=pz, tmp=xp.empty((steps, h, n), dtype),
+                             carry=xp.empty((h, n), dtype), hd=xp.empty((h, n), dtype),
+                             gw=xp.empty((steps, 3 * h, w.xa.shape[1]), dtype),
+                             gu=xp.empty((steps, 3 * h, w.hs.shape[1]), dtype),
+                             steps=[(dh[t], errors[t + 1, h:] if t < steps - 1 else None, pn[t], pr[t], pz[t],
+                                     g[t, h:2 * h], g[t, 2 * h:], errors[t, :h], errors[t, h:2 * h],
+                                     errors[t, 2 * h:3 * h], errors[t, 3 * h:]) for t in range(steps - 1, -1, -1)])
+        b = self.buffers.group(("gru_backward", n, steps, dtype), make)
+        return b if b.forward is w else make()

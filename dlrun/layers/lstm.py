@@ -8,7 +8,7 @@ from .initializers import Initializer
 from ..registry.options import PositiveInt
 from ..registry import layers
 from ..losses.regularizers import Regularizer
-from .recurrent import Recurrent
+from .recurrent import Recurrent, Workspace
 
 # On the GPU a time step is its recurrent product (cuBLAS) and one of these launches, where the
 # ufunc path takes about ten each way. Thread i is unit i % H of sample i / H; the gates of a row
@@ -126,6 +126,9 @@ extern "C" __global__ void dlrun_lstm_sequence_grad(const T* dh, const T* u, con
 """, "dlrun_lstm_sequence_grad")
 
 
+_ORDER = (3, 0, 1, 2)  # the CPU path's gate order, o, i, f, g, in PyTorch's block numbers
+
+
 @layers.register("LSTM")
 class LSTM(Recurrent):
     """i, f, g, o = σ, σ, tanh, σ of x_t Wᵀ + h_{t−1} Uᵀ + b; c_t = f ⊙ c_{t−1} + i ⊙ g; h_t = o ⊙ tanh(c_t).
@@ -229,7 +232,7 @@ class LSTM(Recurrent):
         xp, h = self.xp, self.units
         n, steps, d = x.shape
         w = self._host(n, steps, d, x.dtype)
-        k, wc, order = w.k, w.wc, self._order()
+        k, wc, order = w.k, w.wc, self.gate_rows(_ORDER)
         w.xh[:steps, :d] = x.transpose(1, 2, 0)
         xp.take(self.weight.data, order, axis=0, out=wc[:, :d])
         if self.bias is not None:
@@ -273,7 +276,7 @@ class LSTM(Recurrent):
         q = xp.multiply(tc, tc, out=b.q)
         xp.subtract(1, q, out=q)
         q *= z[:, :h]
-        ub = xp.take(self.recurrent.data, self._order(), axis=0, out=b.ub).T
+        ub = xp.take(self.recurrent.data, self.gate_rows(_ORDER), axis=0, out=b.ub).T
         matmul, multiply = self.backend.matmul, xp.multiply
         dc, eo, hd = b.dc, b.eo, b.hd
         dc[...] = 0
@@ -293,26 +296,15 @@ class LSTM(Recurrent):
         # dW, db and dU: the sum over the steps of da_t [x_t; 1; h_{t−1}]ᵀ, in PyTorch's gate order
         steps = len(da)
         grads = matmul(da, w.xh[:steps].transpose(0, 2, 1), out=b.grads).sum(axis=0)
-        inverse, d, k = self._order(inverse=True), self.weight.grad.shape[1], w.k
+        inverse, d, k = self.gate_rows(_ORDER, inverse=True), self.weight.grad.shape[1], w.k
         xp.take(grads[:, :d], inverse, axis=0, out=self.weight.grad)
         if self.bias is not None:
             xp.take(grads[:, d], inverse, out=self.bias.grad)
         xp.take(grads[:, k:], inverse, axis=0, out=self.recurrent.grad)
         if not self.needs_input_grad:
             return None
-        dx = matmul(xp.take(self.weight.data, self._order(), axis=0).T, da)  # (T, D, N)
+        dx = matmul(xp.take(self.weight.data, self.gate_rows(_ORDER), axis=0).T, da)  # (T, D, N)
         return xp.ascontiguousarray(dx.transpose(2, 0, 1))
-
-    def _order(self, inverse: bool = False):
-        """The rows of W, U, b in this layer's order o, i, f, g (PyTorch's is i, f, g, o), or
-        where each of PyTorch's rows sits in it."""
-        h = self.units
-        key = ("order", h, inverse)
-
-        def make():
-            order = np.concatenate([np.arange(3 * h, 4 * h), np.arange(3 * h)])
-            return self.xp.asarray(np.argsort(order) if inverse else order)
-        return self.buffers.constant(self.xp, key, make)
 
     def _host(self, n: int, steps: int, d: int, dtype):
         """The CPU path's forward arrays for N sequences of T steps of D features, and each
@@ -322,8 +314,7 @@ class LSTM(Recurrent):
         k = d + (self.bias is not None)
 
         def make():
-            w = _Workspace()
-            w.k = k
+            w = Workspace(k=k)
             w.xh = xh = xp.zeros((steps + 1, k + h, n), dtype)  # [x_t; 1; h_{t−1}], h_T in the last
             xh[:steps, d:k] = 1
             w.wc = xp.empty((4 * h, k + h), dtype)  # [W | b | U], o, i, f, g, σ rows halved
@@ -341,8 +332,7 @@ class LSTM(Recurrent):
         dtype = w.tc.dtype
 
         def make():
-            b = _Workspace()
-            b.forward = w
+            b = Workspace(forward=w)
             b.da, b.dz = xp.empty((steps, 4 * h, n), dtype), xp.empty((steps, 4 * h, n), dtype)
             b.dh, b.q = xp.empty((steps, h, n), dtype), xp.empty((steps, h, n), dtype)
             b.ub = xp.empty((4 * h, h), dtype)
@@ -355,6 +345,3 @@ class LSTM(Recurrent):
             return b
         b = self.buffers.group(("lstm_backward", n, steps, w.k, dtype), make)
         return b if b.forward is w else make()
-
-class _Workspace:
-    """The arrays of one batch shape on the CPU path (attributes set by ``LSTM._host``)."""

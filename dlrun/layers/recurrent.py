@@ -4,6 +4,8 @@ the last), and the gradients of the parameters and the input, each one matrix pr
 the steps once backward has the gates' errors."""
 from __future__ import annotations
 
+import numpy as np
+
 from .initializers import Initializer
 from ..registry.options import PositiveInt
 from ..losses.regularizers import Regularizer
@@ -105,6 +107,16 @@ class Recurrent(Layer):
             return None
         return xp.ascontiguousarray(self.backend.matmul(da, self.weight.data).transpose(1, 0, 2))
 
+    def gate_rows(self, blocks: tuple[int, ...], inverse: bool = False):
+        """Row indices that take W, U or b from PyTorch's gate order into ``blocks`` (PyTorch's
+        block numbers, in the order wanted), or with ``inverse`` back: for a layer's CPU path."""
+        h = self.units
+
+        def make():
+            rows = np.concatenate([np.arange(b * h, (b + 1) * h) for b in blocks])
+            return self.xp.asarray(np.argsort(rows) if inverse else rows)
+        return self.buffers.constant(self.xp, ("gate_rows", h, tuple(blocks), inverse), make)
+
     def steps(self, a, hs) -> None:  # pragma: no cover - abstract
         """Run the recurrence: from the input projections ``a`` write h_1 … h_T into ``hs``."""
         raise NotImplementedError
@@ -113,3 +125,11 @@ class Recurrent(Layer):
         """dL/da (T, N, gates·units) from dL/dh_t of the outputs (T, N, units); or the pair
         (dL/da, dL/du) when the recurrent term u_t does not simply add to a_t (see the class)."""
         raise NotImplementedError
+
+
+class Workspace:
+    """The arrays of one batch shape on a recurrent layer's CPU path, and each step's views of
+    them (made once: at these sizes a view costs about as much to make as a ufunc call)."""
+
+    def __init__(self, **arrays):
+        self.__dict__.update(arrays)
