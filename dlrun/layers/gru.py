@@ -7,7 +7,7 @@ from .recurrent import Recurrent, Workspace
 
 # On the GPU a time step is its recurrent product (cuBLAS) and one of these launches, where the
 # ufunc path takes about ten each way. Thread i is unit i % H of sample i / H; the gates of a row
-# sit H apart in PyTorch's order, r, z, n. The formulas are the CPU path's, in its order.
+# sit H apart in PyTorch's order, r, z, n. The formulas are the CPU path's.
 # Forward: z holds a_t = x_t Wᵀ + b and becomes the gates' activations, u holds h_{t−1} Uᵀ and
 # gets b_u added (both kept for backward); σ(a) = (1 + tanh(a/2))/2.
 _STEP = Kernel("raw T ub, T h_prev, int32 H", "raw T z, raw T u, T h", """

@@ -12,7 +12,7 @@ from .recurrent import Recurrent, Workspace
 
 # On the GPU a time step is its recurrent product (cuBLAS) and one of these launches, where the
 # ufunc path takes about ten each way. Thread i is unit i % H of sample i / H; the gates of a row
-# sit H apart in PyTorch's order, i, f, g, o. The formulas are the CPU path's, in its order.
+# sit H apart in PyTorch's order, i, f, g, o. The formulas are the CPU path's.
 # Forward: z holds a_t = x_t Wᵀ + b and becomes the gates' activations (kept for backward), u is
 # h_{t−1} Uᵀ; σ(a) = tanh(a/2)/2 + 1/2.
 _STEP = Kernel("raw T u, T c_prev, int32 H", "raw T z, T c, T tc, T h", """

@@ -1,7 +1,8 @@
 """What the recurrent layers share: the parameters W, U, b of ``gates`` blocks (and the GRU's
 recurrent bias), the sequence kept time-major for the step loop, the output (every step's h, or
 the last), and the gradients of the parameters and the input, each one matrix product over all
-the steps once backward has the gates' errors."""
+the steps once backward has the gates' errors; and what their CPU paths share (``gate_rows``,
+``Workspace``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -27,6 +28,10 @@ class Recurrent(Layer):
     a_t + u_t (SimpleRNN, LSTM) du = da, and ``steps_backward`` returns da alone; a recurrence
     that uses u_t otherwise (the GRU's candidate r ⊙ u_n) returns the pair (da, du). Returning
     da alone there gives a wrong dU, which ``dlrun gradcheck`` reports as a FAIL of ``recurrent``.
+
+    ``LSTM``, ``GRU`` and ``SimpleRNN`` run this time-major path on the GPU (their fused kernels)
+    and override ``forward`` and ``backward`` on the CPU with a features-first layout of their
+    own (see dlrun.layers.lstm), where numpy makes one pass per gate instead of one per sample.
     """
 
     gates = 1

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..backend import BlockKernel, Kernel
 from ..registry import layers
-from .recurrent import Recurrent
+from .recurrent import Recurrent, Workspace
 
 # On the GPU a time step is its recurrent product (cuBLAS) and one of these launches (the ufunc
 # path takes two forward and three backward); hd = da_{t+1} U, what h_t passed to the next step.
@@ -102,16 +102,9 @@ class SimpleRNN(Recurrent):
             n = a.shape[1]
             run(n, h, xp.ascontiguousarray(a), xp.ascontiguousarray(u.T), hs, len(a), n, h)
             return
-        step = _STEP.on(xp)
-        if step is not None:  # GPU: two launches a step, the product and the cell
-            ut, hu = u.T, xp.empty_like(a[0])
-            for t in range(len(a)):
-                step(a[t], self.backend.matmul(hs[t], ut, out=hu), hs[t + 1])
-            return
+        step, ut, hu = _STEP.on(xp), u.T, xp.empty_like(a[0])  # two launches a step: product, cell
         for t in range(len(a)):
-            z = a[t]
-            z += self.backend.matmul(hs[t], u.T)
-            xp.tanh(z, out=hs[t + 1])
+            step(a[t], self.backend.matmul(hs[t], ut, out=hu), hs[t + 1])
 
     def steps_backward(self, dh):
         xp, u, hs = self.xp, self.recurrent.data, self._hs
@@ -122,19 +115,104 @@ class SimpleRNN(Recurrent):
             n = dh.shape[1]
             run(n, h, xp.ascontiguousarray(dh), xp.ascontiguousarray(u), hs, da, len(dh), n, h)
             return da
-        step = _STEP_GRAD.on(xp)
-        if step is not None:  # GPU: the product and the cell, as forward
-            hd = xp.zeros_like(dh[0])  # nothing comes back from past the last step
-            for t in range(len(dh) - 1, -1, -1):
-                if t < len(dh) - 1:
-                    self.backend.matmul(da[t + 1], u, out=hd)
-                step(dh[t], hd, hs[t + 1], da[t])
-            return da
+        step = _STEP_GRAD.on(xp)  # the product and the cell, as forward
+        hd = xp.zeros_like(dh[0])  # nothing comes back from past the last step
         for t in range(len(dh) - 1, -1, -1):
-            d = da[t]
-            if t < len(dh) - 1:  # the error h_t passes to h_{t+1}
-                dh[t] += self.backend.matmul(da[t + 1], u)
-            xp.multiply(hs[t + 1], hs[t + 1], out=d)
-            xp.subtract(1, d, out=d)
-            d *= dh[t]
+            if t < len(dh) - 1:
+                self.backend.matmul(da[t + 1], u, out=hd)
+            step(dh[t], hd, hs[t + 1], da[t])
         return da
+
+    # On the CPU (numpy) the layer keeps its own layout, features first, as the LSTM's (see
+    # dlrun.layers.lstm): a step is one product of [W | b | U] with the column [x_t; 1; h_{t−1}]
+    # written straight into h_t's place and one tanh there; backward, one product and one or
+    # two calls, with 1 − h_t² for every step at once before its loop, and dW, db, dU together
+    # from one batched product after it.
+
+    def forward(self, x, y=None):
+        if _STEP.on(self.xp) is not None:  # CuPy: the fused kernels on Recurrent's layout
+            return super().forward(x)
+        xp, h = self.xp, self.units
+        n, steps, d = x.shape
+        w = self._host(n, steps, d, x.dtype)
+        k, wc = w.k, w.wc
+        w.xh[:steps, :d] = x.transpose(1, 2, 0)
+        wc[:, :d] = self.weight.data
+        if self.bias is not None:
+            wc[:, d] = self.bias.data
+        wc[:, k:] = self.recurrent.data
+        matmul, tanh = self.backend.matmul, xp.tanh
+        for t, (x_t, h_next) in enumerate(w.steps):
+            if t:
+                matmul(wc, x_t, out=h_next)
+            else:  # h_0 = 0 adds nothing
+                matmul(wc[:, :k], x_t[:k], out=h_next)
+            tanh(h_next, out=h_next)
+        self._work = w
+        hs = w.xh[1:, k:]
+        if self.return_sequences:
+            return xp.ascontiguousarray(hs.transpose(2, 0, 1))
+        return xp.ascontiguousarray(hs[-1].T)
+
+    def backward(self, dy):
+        if _STEP.on(self.xp) is not None:
+            return super().backward(dy)
+        xp, w = self.xp, self._work
+        b = self._host_backward(w)
+        e, da = b.dh, b.da
+        sequences = self.return_sequences
+        if sequences:
+            e[...] = dy.transpose(1, 2, 0)
+        else:  # only h_T is an output: before it, h_t's error is what it passed to step t + 1
+            e[-1] = dy.T
+        hs = w.xh[1:, w.k:]
+        q = xp.multiply(hs, hs, out=b.q)
+        xp.subtract(1, q, out=q)  # tanh' for every step
+        matmul, multiply = self.backend.matmul, xp.multiply
+        ut, hd = self.recurrent.data.T, b.hd
+        for e_t, da_next, q_t, da_t in b.steps:
+            if da_next is not None:  # the error h_t passes to step t + 1
+                if sequences:
+                    e_t += matmul(ut, da_next, out=hd)
+                else:
+                    matmul(ut, da_next, out=e_t)
+            multiply(e_t, q_t, out=da_t)
+        # dW, db and dU: the sum over the steps of da_t [x_t; 1; h_{t−1}]ᵀ
+        steps, d, k = len(da), self.weight.grad.shape[1], w.k
+        grads = matmul(da, w.xh[:steps].transpose(0, 2, 1), out=b.grads).sum(axis=0)
+        self.weight.grad[...] = grads[:, :d]
+        if self.bias is not None:
+            self.bias.grad[...] = grads[:, d]
+        self.recurrent.grad[...] = grads[:, k:]
+        if not self.needs_input_grad:
+            return None
+        dx = matmul(self.weight.data.T, da)  # (T, D, N)
+        return xp.ascontiguousarray(dx.transpose(2, 0, 1))
+
+    def _host(self, n: int, steps: int, d: int, dtype):
+        """The CPU path's forward arrays for N sequences of T steps of D features and each step's
+        views (one set per shape, reused across batches while the trainer owns the outputs)."""
+        xp, h = self.xp, self.units
+        k = d + (self.bias is not None)
+
+        def make():
+            xh = xp.zeros((steps + 1, k + h, n), dtype)  # [x_t; 1; h_{t−1}], h_T in the last
+            xh[:steps, d:k] = 1
+            return Workspace(k=k, xh=xh, wc=xp.empty((h, k + h), dtype),
+                             steps=[(xh[t], xh[t + 1, k:]) for t in range(steps)])
+        return self.buffers.group(("rnn", n, steps, d, dtype), make)
+
+    def _host_backward(self, w):
+        """The CPU path's backward arrays and each step's views, latest step first, as ``_host``."""
+        xp, h = self.xp, self.units
+        steps, n = w.xh.shape[0] - 1, w.xh.shape[2]
+        dtype = w.xh.dtype
+
+        def make():
+            dh, da, q = (xp.empty((steps, h, n), dtype) for _ in range(3))
+            return Workspace(forward=w, dh=dh, da=da, q=q, hd=xp.empty((h, n), dtype),
+                             grads=xp.empty((steps, h, w.xh.shape[1]), dtype),
+                             steps=[(dh[t], da[t + 1] if t < steps - 1 else None, q[t], da[t])
+                                    for t in range(steps - 1, -1, -1)])
+        b = self.buffers.group(("rnn_backward", n, steps, dtype), make)
+        return b if b.forward is w else make()
