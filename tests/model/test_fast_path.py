@@ -14,6 +14,7 @@ from dlrun.layers.base import Layer, Parameter
 from dlrun.model import Sequential
 from dlrun.optimizers import SGD
 from dlrun.training.trainer import Trainer, predict
+from layer_numgrad import make
 
 
 def mlp(dtype=np.float64, first=None, seed=0):
@@ -320,3 +321,24 @@ def test_pooled_softmax_cross_entropy_reads_a_strided_logits_buffer_afresh():
         np.testing.assert_allclose(float(loss.forward(z, y)), np.mean(lse - z[np.arange(5), y]), rtol=1e-5)
         loss.backward()
     np.testing.assert_array_equal(kept, before)
+
+
+def test_relu_in_fast_mode_gives_dx_in_its_mask_buffer_and_leaves_the_upstream_gradient_alone():
+    """In fast mode ReLU's backward writes dx into its mask's buffer: the values are the plain
+    mode's over batches of two sizes, the upstream gradient is never written (a graph may pass one
+    gradient to two nodes), and each forward writes a fresh mask."""
+    rng = np.random.default_rng(3)
+    plain, fast = registry.layers.build("ReLU"), registry.layers.build("ReLU")
+    for layer in (plain, fast):
+        make(layer, (5,), np.float32)
+    fast.buffers.enabled = True
+    for n in (6, 6, 4, 6):
+        x = rng.standard_normal((n, 5)).astype(np.float32)
+        x[0, :2] = 0.0, np.nan  # the kink takes the 0 branch; NaN's mask is 0 in both modes
+        dy = rng.standard_normal((n, 5)).astype(np.float32)
+        kept = dy.copy()
+        np.testing.assert_array_equal(fast.forward(x), plain.forward(x))
+        dx = fast.backward(dy)
+        np.testing.assert_array_equal(dx, plain.backward(dy))
+        np.testing.assert_array_equal(dy, kept)
+        assert not np.shares_memory(dx, dy)

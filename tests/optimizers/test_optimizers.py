@@ -102,6 +102,29 @@ def test_two_steps_match_hand_computation(make, ref):
     np.testing.assert_allclose(run_steps(make()), by_element(ref), rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sgd_takes_hyperparameters_changed_between_steps(dtype):
+    """SGD keeps its hyperparameters as scalars of the tensors' type between steps; a learning rate,
+    momentum or decay set between two steps (a schedule, a user) is the one the next step uses."""
+    settings = [(0.1, 0.9, 0.01), (0.05, 0.9, 0.01), (0.05, 0.5, 0.02), (0.05, 0.5, 0.02), (0.2, 0.0, 0.02)]
+    opt = SGD(*settings[0][:2], weight_decay=settings[0][2])  # (decay from the start: it needs a scratch buffer)
+    p = Parameter(np.array(W0, dtype=dtype), np.zeros(3, dtype=dtype))
+    opt.setup([("w", p)])
+    w, v = np.array(W0, dtype=dtype), np.zeros(3, dtype=dtype)
+    for t, (lr, mu, wd) in enumerate(settings):
+        opt.learning_rate, opt.momentum, opt.weight_decay = lr, mu, wd
+        g = np.array(GRADS[t % 2], dtype=dtype)
+        p.grad[...] = g
+        opt.step()
+        g = g + dtype(wd) * w  # the update in the tensors' dtype, written out
+        if mu:
+            v = dtype(mu) * v + g
+            w = w - dtype(lr) * v
+        else:
+            w = w - dtype(lr) * g
+        np.testing.assert_array_equal(p.data, w, err_msg=f"step {t + 1}: lr={lr}, momentum={mu}, decay={wd}")
+
+
 def test_sgd_first_steps_by_hand():
     # momentum 0.9, lr 0.1, w=1: g=0.5 -> v=0.5, w=0.95; g=-0.3 -> v=0.45-0.3=0.15, w=0.935
     w = run_steps(SGD(0.1, momentum=0.9))
