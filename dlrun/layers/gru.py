@@ -195,7 +195,8 @@ class GRU(Recurrent):
     # first three, the recurrent terms' the last three (du_r = dr, du_z = dz), each one block.
 
     def forward(self, x, y=None):
-        if _STEP.on(self.xp) is not None:  # CuPy: the fused kernels on Recurrent's layout
+        self._fused = self.runs_fused(_SEQUENCE, _STEP, SEQUENCE_UNITS, x.dtype)
+        if self._fused:  # CuPy: the fused kernels on Recurrent's layout
             return super().forward(x)
         xp, h = self.xp, self.units
         n, steps, d = x.shape
@@ -230,7 +231,7 @@ class GRU(Recurrent):
         return xp.ascontiguousarray(hs[-1].T)
 
     def backward(self, dy):
-        if _STEP.on(self.xp) is not None:
+        if self._fused:
             return super().backward(dy)
         xp, h, w = self.xp, self.units, self._work
         b = self._host_backward(w)

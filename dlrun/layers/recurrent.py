@@ -112,6 +112,15 @@ class Recurrent(Layer):
             return None
         return xp.ascontiguousarray(self.backend.matmul(da, self.weight.data).transpose(1, 0, 2))
 
+    def runs_fused(self, sequence, step, limit: int, dtype) -> bool:
+        """Whether a layer's fused GPU kernels run it: the whole-sequence kernel ``sequence`` up to
+        ``limit`` units, else the per-step cell ``step`` (each None off CuPy). Otherwise the layer
+        takes its CPU path (numpy, or CuPy with the kernels turned off). The per-step cell is only
+        asked for where the sequence kernel does not apply."""
+        if self.units <= limit and sequence.on(self.xp, dtype) is not None:
+            return True
+        return step.on(self.xp) is not None
+
     def gate_rows(self, blocks: tuple[int, ...], inverse: bool = False):
         """Row indices that take W, U or b from PyTorch's gate order into ``blocks`` (PyTorch's
         block numbers, in the order wanted), or with ``inverse`` back: for a layer's CPU path."""

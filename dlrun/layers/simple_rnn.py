@@ -130,7 +130,8 @@ class SimpleRNN(Recurrent):
     # from one batched product after it.
 
     def forward(self, x, y=None):
-        if _STEP.on(self.xp) is not None:  # CuPy: the fused kernels on Recurrent's layout
+        self._fused = self.runs_fused(_SEQUENCE, _STEP, SEQUENCE_UNITS, x.dtype)
+        if self._fused:  # CuPy: the fused kernels on Recurrent's layout
             return super().forward(x)
         xp, h = self.xp, self.units
         n, steps, d = x.shape
@@ -155,7 +156,7 @@ class SimpleRNN(Recurrent):
         return xp.ascontiguousarray(hs[-1].T)
 
     def backward(self, dy):
-        if _STEP.on(self.xp) is not None:
+        if self._fused:
             return super().backward(dy)
         xp, w = self.xp, self._work
         b = self._host_backward(w)

@@ -166,10 +166,13 @@ def test_the_sequence_kernels_equal_the_cpu_path(name, units, sizes, steps, thre
     units = {"limit": limit, "above": limit + 1}.get(units, units)
     spec = {**_spec(name, {"return_sequences": return_sequences}), "units": units}
     cpu = _run(spec, dtype, sizes=sizes, steps=steps)
-    with emulate(monkeypatch, max_threads_per_block=threads) as calls:
+    with emulate(monkeypatch, max_threads_per_block=threads) as calls, monkeypatch.context() as m:
+        asked = _cells_asked_for(m)
         gpu = _run(spec, dtype, sizes=sizes, steps=steps)
     if units <= limit:
         assert calls == {SEQUENCE[name]: len(sizes), SEQUENCE[name] + "_grad": len(sizes)}, calls
+        # (as test_the_cuda_sequence_kernels_equal_the_cpu checks on a device)
+        assert not asked & {KERNELS[name], KERNELS[name] + "_grad"}, "the per-step cells were asked for"
     else:
         steps_run = len(sizes) * steps
         assert calls == {KERNELS[name]: steps_run, KERNELS[name] + "_grad": steps_run}, calls
