@@ -469,7 +469,9 @@ def test_the_captured_step_trains_as_the_ordinary_step_on_the_device(case):
     graph = graphed[0].training_step.graph
     if case in UNCAPTURED:
         assert "calling cuBLAS API during stream capture" in graph.status and graph.replays == 0, graph.status
-        same_training(plain, graphed)  # the ordinary path both times
+        # the ordinary path both times, which is not bit for bit the same on a device when the step
+        # adds with atomics (an Embedding's scatter-add: the order of the additions varies)
+        same_training(plain, graphed, rtol=DEVICE_RTOL)
         return
     assert graph.status == "captured" and graph.replays == STEPS - 1 - capture.WARMUP
     same_training(plain, graphed, rtol=DEVICE_RTOL)
