@@ -1,6 +1,6 @@
 """Where dlrun's GPU memory goes on a benchmark workload, next to PyTorch's on the same one.
 
-    python benchmarks/gpu_memory.py [--workload mlp_gpu] [--steps 20]
+    python benchmarks/gpu_memory.py [--workload mlp_gpu] [--steps N]
 
 A CuPy memory hook records every block dlrun takes from CuPy's pool and the line of dlrun that
 asked for it. At the peak of live bytes it prints what was live, grouped by that line; then the
@@ -77,12 +77,15 @@ def dlrun_side(w, steps: int) -> dict:
     led = ledger_class(cupy)()
     with led:
         led.phase = "build (weights)"
-        trainer, x, y, _, _ = bench_dlrun.build(w, "gpu")
+        trainer, x, y, epochs, _ = bench_dlrun.build(w, "gpu")
         led.phase = "data to device"
         x, y = trainer.to_device(x, y)
         led.phase = "training"
-        n = min(len(x), steps * w.batch_size)
-        trainer.fit(x[:n], y[:n], epochs=1)
+        if steps:
+            n = min(len(x), steps * w.batch_size)
+            trainer.fit(x[:n], y[:n], epochs=1)
+        else:  # the whole workload, as torch runs it (an epoch's last, short batch included)
+            trainer.fit(x, y, epochs=epochs)
         cupy.cuda.Device().synchronize()
         end_live = led.now
     by_site = defaultdict(lambda: [0, 0, ""])
@@ -113,8 +116,8 @@ def torch_side(w) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default="mlp_gpu", choices=sorted(WORKLOADS))
-    ap.add_argument("--steps", type=int, default=20, help="training steps on the dlrun side (the peak comes in the "
-                                                             "first two); torch runs its whole workload")
+    ap.add_argument("--steps", type=int, default=None, help="only this many full batches on the dlrun side (default: "
+                                                               "the whole workload, as torch runs it)")
     ap.add_argument("--no-torch", action="store_true")
     a = ap.parse_args()
     w = WORKLOADS[a.workload]
