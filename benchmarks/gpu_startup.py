@@ -49,10 +49,11 @@ def lap(name):
     now = time.perf_counter()
     parts[name], t = now - t, now
 
-b = get_backend(device)
 if device == "gpu":
+    import cupy  # noqa: F401
     lap("import cupy")
-    b.xp.cuda.runtime.getDeviceCount()
+b = get_backend(device)  # on the GPU: asks CUDA for its devices, the first runtime call
+if device == "gpu":
     lap("cuInit")
     one = b.xp.zeros(1)
     b.synchronize()
