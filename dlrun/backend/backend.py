@@ -24,6 +24,7 @@ class Backend:
         self.capturing = False  # inside :meth:`capture`'s call
         if xp is np:
             self.matmul = np.matmul  # (the CPU's products need no detour: numpy's own, called directly)
+            self.copy_out = np.copyto  # (and its copies: dst[...] = src)
 
     def matmul(self, a, b, out=None):
         """``xp.matmul(a, b, out=out)``, which layers call for their products through here: while a

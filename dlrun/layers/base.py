@@ -249,8 +249,9 @@ class Layer:
     def output_array(self, name: str, shape, dtype):
         """An array to write into: the reused buffer in fast mode, else a new (empty) one. For
         code that must be given an array (slice assignment, a kernel's raw output, a cast)."""
-        buf = self.buffer(name, shape, dtype)
-        return self.xp.empty(tuple(shape), dtype) if buf is None else buf
+        shape = tuple(shape)
+        buf = self.buffers.get(self.xp, name, shape, dtype)
+        return self.xp.empty(shape, dtype) if buf is None else buf
 
     def expect_rank(self, input_shape, rank: int, what: str) -> None:
         """Raise ShapeError unless the per-sample input has ``rank`` axes."""

@@ -69,7 +69,8 @@ class Linear(Layer):
             self._shape = x.shape
             x = x.reshape(-1, x.shape[-1])
         self._x = x
-        out = self.backend.matmul(x, self.weight.data.T, out=self.buffer("y", (x.shape[0], self.units), x.dtype))
+        out = self.backend.matmul(x, self.weight.data.T,
+                                  out=self.buffers.get(self.xp, "y", (x.shape[0], self.units), x.dtype))
         if self.bias is not None:
             out += self.bias.data
         return out.reshape(self._shape[:-1] + (self.units,)) if self._steps else out
@@ -83,7 +84,7 @@ class Linear(Layer):
             mm(self.buffers.ones(xp, dy.shape[0], dy.dtype), dy, out=self.bias.grad)
         if not self.needs_input_grad:
             return None
-        dx = mm(dy, self.weight.data, out=self.buffer("dx", self._x.shape, dy.dtype))
+        dx = mm(dy, self.weight.data, out=self.buffers.get(xp, "dx", self._x.shape, dy.dtype))
         return dx.reshape(self._shape) if self._steps else dx
 
 

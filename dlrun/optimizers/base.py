@@ -121,7 +121,8 @@ class Optimizer:
     def update(self) -> None:
         """The device's part of a step (after :meth:`begin_step`): every parameter updated."""
         if self._flat is not None:
-            self._flat[0].adopt()
+            if self._flat[0].dirty:
+                self._flat[0].adopt()
             for state, p in self._flat_parts:
                 self._update(state, p)
             return

@@ -77,7 +77,7 @@ class NonFiniteGuard:
         """
         t = self.trainer
         self.shuffle_state, self.position = shuffle_state, position
-        if self._arena is not None:
+        if self._arena is not None and self._arena.dirty:
             self._arena.adopt()
         optim = self._optim()
         b = t.backend
@@ -113,7 +113,7 @@ class NonFiniteGuard:
         t = self.trainer
         if rewind_shuffle and self.shuffle_state is not None:
             t.shuffle_rng.bit_generator.state = self.shuffle_state
-        if self._arena is not None:
+        if self._arena is not None and self._arena.dirty:
             self._arena.adopt()
         for live, saved in zip(self._params + self._optim(), self.params + self.optim):
             t.backend.copy_in(live, saved)
@@ -136,7 +136,7 @@ class NonFiniteGuard:
         """True when the epoch's loss and every parameter are finite (one pass over the weights)."""
         if not math.isfinite(train_loss):
             return False
-        if self._arena is not None:
+        if self._arena is not None and self._arena.dirty:
             self._arena.adopt()
         # fast path: a sum is finite when no element is NaN/inf (a sum of finite values that
         # overflows falls back to the exact elementwise test)
