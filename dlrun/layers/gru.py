@@ -225,10 +225,7 @@ class GRU(Recurrent):
             h_next *= z
             h_next += a_n
         self._work = w
-        hs = w.hs[1:, :h]
-        if self.return_sequences:
-            return xp.ascontiguousarray(hs.transpose(2, 0, 1))
-        return xp.ascontiguousarray(hs[-1].T)
+        return self.outputs_of(w.hs[1:, :h])
 
     def backward(self, dy):
         if self._fused:
@@ -237,10 +234,7 @@ class GRU(Recurrent):
         b = self._host_backward(w)
         g, e, errors = w.g, b.dh, b.errors
         sequences = self.return_sequences
-        if sequences:
-            e[...] = dy.transpose(1, 2, 0)
-        else:  # only h_T is an output: before it, h_t's error is what it passed on
-            e[-1] = dy.T
+        self.errors_into(e, dy)
         # what does not depend on the errors carried back, for every step at once:
         # dn = e ⊙ (1 − z)(1 − n²), dr = dn ⊙ u_n ⊙ r(1 − r), dz = e ⊙ (h_{t−1} − n) ⊙ z(1 − z)
         n_, r_, z_ = g[:, :h], g[:, h:2 * h], g[:, 2 * h:]

@@ -253,10 +253,7 @@ class LSTM(Recurrent):
             multiply(i_f, g_c, out=p)  # i ⊙ g, f ⊙ c_{t−1}
             multiply(o, tanh(add(fc, ig, out=c), out=tc), out=h_next)
         self._work = w
-        hs = w.xh[1:, k:]
-        if self.return_sequences:
-            return xp.ascontiguousarray(hs.transpose(2, 0, 1))
-        return xp.ascontiguousarray(hs[-1].T)
+        return self.outputs_of(w.xh[1:, k:])
 
     def backward(self, dy):
         if self._fused:
@@ -265,10 +262,7 @@ class LSTM(Recurrent):
         b = self._host_backward(w)
         z, tc, da, e = w.z[:-1, :4 * h], w.tc, b.da, b.dh
         sequences = self.return_sequences
-        if sequences:
-            e[...] = dy.transpose(1, 2, 0)
-        else:  # only h_T is an output: before it, h_t's error is what it passed to step t + 1
-            e[-1] = dy.T
+        self.errors_into(e, dy)
         # what does not depend on the errors carried back, for every step at once: the gates'
         # derivatives (σ(1 − σ) on o, i, f; 1 − tanh² on g) and o_t ⊙ tanh'(c_t)
         dz = xp.subtract(1, z, out=b.dz)
@@ -295,13 +289,7 @@ class LSTM(Recurrent):
             dc *= f
             d *= dz_t
         # dW, db and dU: the sum over the steps of da_t [x_t; 1; h_{t−1}]ᵀ, in PyTorch's gate order
-        steps = len(da)
-        grads = matmul(da, w.xh[:steps].transpose(0, 2, 1), out=b.grads).sum(axis=0)
-        inverse, d, k = self.gate_rows(_ORDER, inverse=True), self.weight.grad.shape[1], w.k
-        xp.take(grads[:, :d], inverse, axis=0, out=self.weight.grad)
-        if self.bias is not None:
-            xp.take(grads[:, d], inverse, out=self.bias.grad)
-        xp.take(grads[:, k:], inverse, axis=0, out=self.recurrent.grad)
+        self.stacked_gradients(da, w.xh, b.grads, self.gate_rows(_ORDER, inverse=True))
         if not self.needs_input_grad:
             return None
         dx = matmul(xp.take(self.weight.data, self.gate_rows(_ORDER), axis=0).T, da)  # (T, D, N)

@@ -131,6 +131,43 @@ class Recurrent(Layer):
             return self.xp.asarray(np.argsort(rows) if inverse else rows)
         return self.buffers.constant(self.xp, ("gate_rows", h, tuple(blocks), inverse), make)
 
+    # The CPU paths keep a sequence features first: h_t is a (units, N) block, so each gate is
+    # contiguous and every numpy call makes one pass. These convert at the layer's two ends.
+
+    def outputs_of(self, hs):
+        """The layer's output from h_1 … h_T kept features first, (T, units, N): (N, T, units) with
+        return_sequences, else h_T as (N, units)."""
+        if self.return_sequences:
+            return self.xp.ascontiguousarray(hs.transpose(2, 0, 1))
+        return self.xp.ascontiguousarray(hs[-1].T)
+
+    def errors_into(self, e, dy) -> None:
+        """Write the output's gradient ``dy`` into ``e``, the errors of h_1 … h_T features first
+        (T, units, N); without return_sequences only h_T's (the others are what each h_t passes
+        to step t + 1, added in the backward loop)."""
+        if self.return_sequences:
+            e[...] = dy.transpose(1, 2, 0)
+        else:
+            e[-1] = dy.T
+
+    def stacked_gradients(self, da, xh, out, rows=None):
+        """dW, db and dU from one batched product, for a step that multiplies [W | b | U] by the
+        column [x_t; 1; h_{t−1}] (``xh``, (T + 1, D + 1 + units, N), with ``da`` (T, rows, N) the
+        gradient of that product, ``out`` (T, rows, D + 1 + units) scratch): their sums over the
+        steps, written into the parameters' grads; ``rows`` (:meth:`gate_rows` with ``inverse``)
+        takes the rows from the layer's gate order back to PyTorch's."""
+        xp, matmul = self.xp, self.backend.matmul
+        grads = matmul(da, xh[:len(da)].transpose(0, 2, 1), out=out).sum(axis=0)
+        d, k = self.weight.grad.shape[1], xh.shape[1] - self.units
+        parts = [(grads[:, :d], self.weight.grad), (grads[:, k:], self.recurrent.grad)]
+        if self.bias is not None:
+            parts.append((grads[:, d], self.bias.grad))
+        for g, dst in parts:
+            if rows is None:
+                dst[...] = g
+            else:
+                xp.take(g, rows, axis=0, out=dst)
+
     def steps(self, a, hs) -> None:  # pragma: no cover - abstract
         """Run the recurrence: from the input projections ``a`` write h_1 … h_T into ``hs``."""
         raise NotImplementedError

@@ -133,7 +133,7 @@ class SimpleRNN(Recurrent):
         self._fused = self.runs_fused(_SEQUENCE, _STEP, SEQUENCE_UNITS, x.dtype)
         if self._fused:  # CuPy: the fused kernels on Recurrent's layout
             return super().forward(x)
-        xp, h = self.xp, self.units
+        xp = self.xp
         n, steps, d = x.shape
         w = self._host(n, steps, d, x.dtype)
         k, wc = w.k, w.wc
@@ -150,10 +150,7 @@ class SimpleRNN(Recurrent):
                 matmul(wc[:, :k], x_t[:k], out=h_next)
             tanh(h_next, out=h_next)
         self._work = w
-        hs = w.xh[1:, k:]
-        if self.return_sequences:
-            return xp.ascontiguousarray(hs.transpose(2, 0, 1))
-        return xp.ascontiguousarray(hs[-1].T)
+        return self.outputs_of(w.xh[1:, k:])
 
     def backward(self, dy):
         if self._fused:
@@ -162,10 +159,7 @@ class SimpleRNN(Recurrent):
         b = self._host_backward(w)
         e, da = b.dh, b.da
         sequences = self.return_sequences
-        if sequences:
-            e[...] = dy.transpose(1, 2, 0)
-        else:  # only h_T is an output: before it, h_t's error is what it passed to step t + 1
-            e[-1] = dy.T
+        self.errors_into(e, dy)
         hs = w.xh[1:, w.k:]
         q = xp.multiply(hs, hs, out=b.q)
         xp.subtract(1, q, out=q)  # tanh' for every step
@@ -179,12 +173,7 @@ class SimpleRNN(Recurrent):
                     matmul(ut, da_next, out=e_t)
             multiply(e_t, q_t, out=da_t)
         # dW, db and dU: the sum over the steps of da_t [x_t; 1; h_{t−1}]ᵀ
-        steps, d, k = len(da), self.weight.grad.shape[1], w.k
-        grads = matmul(da, w.xh[:steps].transpose(0, 2, 1), out=b.grads).sum(axis=0)
-        self.weight.grad[...] = grads[:, :d]
-        if self.bias is not None:
-            self.bias.grad[...] = grads[:, d]
-        self.recurrent.grad[...] = grads[:, k:]
+        self.stacked_gradients(da, w.xh, b.grads)
         if not self.needs_input_grad:
             return None
         dx = matmul(self.weight.data.T, da)  # (T, D, N)
