@@ -152,10 +152,11 @@ class Recurrent(Layer):
 
     def stacked_gradients(self, da, xh, out, rows=None):
         """dW, db and dU from one batched product, for a step that multiplies [W | b | U] by the
-        column [x_t; 1; h_{t−1}] (``xh``, (T + 1, D + 1 + units, N), with ``da`` (T, rows, N) the
-        gradient of that product, ``out`` (T, rows, D + 1 + units) scratch): their sums over the
-        steps, written into the parameters' grads; ``rows`` (:meth:`gate_rows` with ``inverse``)
-        takes the rows from the layer's gate order back to PyTorch's."""
+        column [x_t; 1; h_{t−1}]: ``xh`` (T + 1, D + 1 + units, N) holds those columns (without
+        the 1 when there is no bias), ``da`` (T, rows, N) the gradient of the product, ``out``
+        (T, rows, D + 1 + units) is scratch. Their sums over the steps are written into the
+        parameters' grads; ``rows`` (:meth:`gate_rows` with ``inverse``) takes the rows from the
+        layer's gate order back to PyTorch's."""
         xp, matmul = self.xp, self.backend.matmul
         grads = matmul(da, xh[:len(da)].transpose(0, 2, 1), out=out).sum(axis=0)
         d, k = self.weight.grad.shape[1], xh.shape[1] - self.units
