@@ -82,7 +82,8 @@ def fast_mode_problem(h, x, y, g: np.ndarray, dtype: str, skip=frozenset()) -> s
         gap = _gap(a, b, _RTOL[dtype], skip)
         if gap:
             return (f"with its buffers enabled (training's fast mode), at {what} after {len(calls)} calls, {gap} "
-                    f"from the plain call: a reused buffer keeps or accumulates values")
+                    f"from the plain call: a reused buffer keeps or accumulates values, or one buffer name "
+                    f"serves two arrays alive at once (arrays of one name share memory)")
     return None
 
 

@@ -98,7 +98,8 @@ class Layer:
             dx and return None.
         buffers: a :class:`~dlrun.backend.buffers.BufferPool`; ``self.buffer(name, shape, dtype)`` gives
             a per-shape scratch array to pass as ``out=`` while the trainer owns the outputs,
-            and None (allocate) otherwise.
+            and None (allocate) otherwise. Arrays of one name share memory (a shorter batch's
+            is the leading rows of the largest): give arrays alive at once their own names.
         world: in a data-parallel run of several ranks, the :class:`~dlrun.parallel.World`
             whose ``sum_device`` a layer calls to compute statistics over the global batch
             (BatchNorm's ``sync``); None in one process.

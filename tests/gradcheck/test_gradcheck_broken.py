@@ -528,3 +528,29 @@ def test_correct_layers_the_new_aux_checks_failed(cls, settings):
     with registered(cls) as name:
         report = check_layer(name, settings=settings)
     assert report.verdict == PASS, (report.error, report.failed, [(a.name, a.detail) for a in report.aux])
+
+
+class OneNameTwoArrays(Layer):
+    """y = 3x, plus 2x on the first half of the rows, with both scratch arrays asked for under one
+    name: in fast mode the half-batch array is the leading rows of the whole one."""
+
+    def forward(self, x):
+        n = len(x)
+        whole = np.multiply(x, 3.0, out=self.output_array("tmp", x.shape, x.dtype))
+        half = np.multiply(x[:n // 2], 2.0, out=self.output_array("tmp", (n // 2,) + x.shape[1:], x.dtype))
+        out = whole.copy()
+        out[:n // 2] += half
+        return out
+
+    def backward(self, dy):
+        dx = dy * 3.0
+        dx[:len(dy) // 2] += dy[:len(dy) // 2] * 2.0
+        return dx
+
+
+def test_a_buffer_name_shared_by_two_arrays_alive_at_once_fails_fast_mode_and_says_so():
+    with registered(OneNameTwoArrays) as name:
+        report = check_layer(name)
+    fast = {a.name: a for a in report.aux}["fast-mode"]
+    assert report.verdict == FAIL and fast.status == FAIL, (report.verdict, fast)
+    assert "one buffer name serves two arrays alive at once" in fast.detail
