@@ -46,8 +46,8 @@ class BufferPool:
             return root[:shape[0]]
         root = self._largest[family] = xp.empty(shape, dtype)
         # the smaller ones made so far are looked up again, and made as views of this one
-        for k in [k for k in self._arrays if k[0] == name and k[2] == dtype and len(k[1]) == len(shape)
-                  and k[1][1:] == shape[1:]]:
+        for k in [k for k in self._arrays if len(k) == 3 and k[0] == name and type(k[1]) is tuple
+                  and k[2] == dtype and len(k[1]) == len(shape) and k[1][1:] == shape[1:]]:
             del self._arrays[k]
         return root
 

@@ -313,5 +313,4 @@ class GRU(Recurrent):
                              steps=[(dh[t], errors[t + 1, h:] if t < steps - 1 else None, pn[t], pr[t], pz[t],
                                      g[t, h:2 * h], g[t, 2 * h:], errors[t, :h], errors[t, h:2 * h],
                                      errors[t, 2 * h:3 * h], errors[t, 3 * h:]) for t in range(steps - 1, -1, -1)])
-        b = self.buffers.group(("gru_backward", n, steps, dtype), make)
-        return b if b.forward is w else make()
+        return self.backward_workspace(("gru_backward", n, steps, dtype), w, make)

@@ -332,5 +332,4 @@ class LSTM(Recurrent):
                         z[t, h:2 * h], z[t, 2 * h:3 * h], da[t, :h], da[t, h:3 * h].reshape(2, h, n), da[t, 3 * h:],
                         b.dz[t], da[t]) for t in range(steps - 1, -1, -1)]
             return b
-        b = self.buffers.group(("lstm_backward", n, steps, w.k, dtype), make)
-        return b if b.forward is w else make()
+        return self.backward_workspace(("lstm_backward", n, steps, w.k, dtype), w, make)

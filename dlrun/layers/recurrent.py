@@ -169,6 +169,13 @@ class Recurrent(Layer):
             else:
                 xp.take(g, rows, axis=0, out=dst)
 
+    def backward_workspace(self, key, forward, make):
+        """The CPU path's backward arrays that ``make()`` builds for the forward arrays
+        ``forward``: cached under ``key`` with them while the trainer owns the outputs, made
+        afresh when the cached ones were made for other forward arrays."""
+        b = self.buffers.group(key, make)
+        return b if b.forward is forward else make()
+
     def steps(self, a, hs) -> None:  # pragma: no cover - abstract
         """Run the recurrence: from the input projections ``a`` write h_1 … h_T into ``hs``."""
         raise NotImplementedError

@@ -204,5 +204,4 @@ class SimpleRNN(Recurrent):
                              grads=xp.empty((steps, h, w.xh.shape[1]), dtype),
                              steps=[(dh[t], da[t + 1] if t < steps - 1 else None, q[t], da[t])
                                     for t in range(steps - 1, -1, -1)])
-        b = self.buffers.group(("rnn_backward", n, steps, dtype), make)
-        return b if b.forward is w else make()
+        return self.backward_workspace(("rnn_backward", n, steps, dtype), w, make)

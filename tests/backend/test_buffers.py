@@ -40,3 +40,12 @@ def test_other_names_dtypes_and_trailing_shapes_have_their_own_memory():
 def test_a_disabled_pool_gives_nothing():
     pool = BufferPool()
     assert pool.get(np, "y", (8, 3), np.float32) is None
+
+
+def test_a_buffer_named_as_the_pools_own_entries_leaves_them_alone():
+    pool = _pool()
+    ones = pool.ones(np, 4, np.float32)  # cached as ("ones", 4, float32, numpy)
+    pool.get(np, "ones", (2, 3), np.float32)
+    larger = pool.get(np, "ones", (5, 3), np.float32)  # a new largest: the smaller ones are made again
+    assert np.shares_memory(pool.get(np, "ones", (2, 3), np.float32), larger)
+    assert pool.ones(np, 4, np.float32) is ones and not np.shares_memory(ones, larger)
