@@ -15,6 +15,7 @@ from dlrun.config import config_from_dict
 from dlrun.errors import ConfigError
 from dlrun.runs.assembly import assemble
 from dlrun.runs.run import train
+from torch_recurrent import assert_weight_gradients_equal, copy_weights, outputs_and_input_gradient, twin
 
 
 def _layer(name, x_shape, **options):
@@ -41,28 +42,11 @@ def test_outputs_and_gradients_equal_pytorch(name, return_sequences):
     dy = rng.standard_normal(out.shape)
     dx = layer.backward(dy)
 
-    ref = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU, "SimpleRNN": torch.nn.RNN}[name](d, units, batch_first=True)
-    ref = ref.double()
-    with torch.no_grad():
-        ref.weight_ih_l0.copy_(torch.from_numpy(layer.weight.data))
-        ref.weight_hh_l0.copy_(torch.from_numpy(layer.recurrent.data))
-        ref.bias_ih_l0.copy_(torch.from_numpy(layer.bias.data))
-        if name == "GRU":  # its second bias, inside the reset gate's product
-            ref.bias_hh_l0.copy_(torch.from_numpy(layer.params["recurrent_bias"].data))
-        else:
-            ref.bias_hh_l0.zero_()
-    xt = torch.from_numpy(x).requires_grad_()
-    seq, _ = ref(xt)
-    want = seq if return_sequences else seq[:, -1]
-    want.backward(torch.from_numpy(dy))
-    np.testing.assert_allclose(out, want.detach().numpy(), rtol=1e-12, atol=1e-13)
-    np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(layer.weight.grad, ref.weight_ih_l0.grad.numpy(), rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(layer.recurrent.grad, ref.weight_hh_l0.grad.numpy(), rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(layer.bias.grad, ref.bias_ih_l0.grad.numpy(), rtol=1e-10, atol=1e-12)
-    if name == "GRU":
-        np.testing.assert_allclose(layer.params["recurrent_bias"].grad, ref.bias_hh_l0.grad.numpy(), rtol=1e-10,
-                                   atol=1e-12)
+    ref = twin(torch, name, layer, d)
+    want, want_dx = outputs_and_input_gradient(torch, ref, x, dy, return_sequences)
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-10, atol=1e-12)
+    assert_weight_gradients_equal(layer, ref, name)
 
 
 @pytest.mark.parametrize("use_bias", [True, False])
@@ -80,30 +64,18 @@ def test_the_training_loops_reused_arrays_give_pytorchs_outputs_and_gradients(na
     layer = registry.layers.build({"type": name, "units": units, "return_sequences": return_sequences,
                                    "use_bias": use_bias, **bias})
     model = Sequential([layer], (steps, d), CPU, np.float64, seed=0).train(True, fast=True)
-    ref = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU, "SimpleRNN": torch.nn.RNN}[name](
-        d, units, batch_first=True, bias=use_bias).double()
+    ref = twin(torch, name, layer, d)
     for n in (4, 2, 4, 4):
-        with torch.no_grad():  # the weights move between batches, as in training
-            layer.weight.data += 0.01 * rng.standard_normal(layer.weight.data.shape)
-            ref.weight_ih_l0.copy_(torch.from_numpy(layer.weight.data))
-            ref.weight_hh_l0.copy_(torch.from_numpy(layer.recurrent.data))
-            if use_bias:
-                ref.bias_ih_l0.copy_(torch.from_numpy(layer.bias.data))
-                ref.bias_hh_l0.copy_(torch.from_numpy(layer.params["recurrent_bias"].data) if name == "GRU"
-                                     else torch.zeros(ref.bias_hh_l0.shape, dtype=torch.float64))
+        layer.weight.data += 0.01 * rng.standard_normal(layer.weight.data.shape)  # the weights move, as in training
+        copy_weights(torch, ref, layer, name)
         ref.zero_grad()
         x = rng.standard_normal((n, steps, d))
         out = model.forward(x)
         dy = rng.standard_normal(out.shape)
         assert model.backward(dy) is None  # the first layer computes no input gradient
-        seq, _ = ref(torch.from_numpy(x))
-        want = seq if return_sequences else seq[:, -1]
-        want.backward(torch.from_numpy(dy))
-        np.testing.assert_allclose(out, want.detach().numpy(), rtol=1e-12, atol=1e-13)
-        np.testing.assert_allclose(layer.weight.grad, ref.weight_ih_l0.grad.numpy(), rtol=1e-10, atol=1e-12)
-        np.testing.assert_allclose(layer.recurrent.grad, ref.weight_hh_l0.grad.numpy(), rtol=1e-10, atol=1e-12)
-        if use_bias:
-            np.testing.assert_allclose(layer.bias.grad, ref.bias_ih_l0.grad.numpy(), rtol=1e-10, atol=1e-12)
+        want, _ = outputs_and_input_gradient(torch, ref, x, dy, return_sequences)
+        np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-13)
+        assert_weight_gradients_equal(layer, ref, name)
 
 
 def test_lstm_recurrence_written_out_for_two_steps():

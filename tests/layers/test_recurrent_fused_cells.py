@@ -22,6 +22,7 @@ from dlrun.layers import gru, lstm, simple_rnn
 from dlrun.model import Sequential
 from kernel_emulation import emulate
 from layer_numgrad import check_gradients, make
+from torch_recurrent import assert_weight_gradients_equal, outputs_and_input_gradient, twin
 
 KERNELS = {"LSTM": "dlrun_lstm_step", "GRU": "dlrun_gru_step", "SimpleRNN": "dlrun_rnn_step"}
 SEQUENCE = {"LSTM": "dlrun_lstm_sequence", "GRU": "dlrun_gru_sequence", "SimpleRNN": "dlrun_rnn_sequence"}
@@ -113,27 +114,11 @@ def test_the_fused_cell_path_equals_pytorch(name, sequence, return_sequences, mo
     kernel = SEQUENCE[name] if sequence else KERNELS[name]
     assert calls == {kernel: 1 if sequence else steps, kernel + "_grad": 1 if sequence else steps}, calls
 
-    ref = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU, "SimpleRNN": torch.nn.RNN}[name](d, units, batch_first=True)
-    ref = ref.double()
-    with torch.no_grad():
-        ref.weight_ih_l0.copy_(torch.from_numpy(layer.weight.data))
-        ref.weight_hh_l0.copy_(torch.from_numpy(layer.recurrent.data))
-        ref.bias_ih_l0.copy_(torch.from_numpy(layer.bias.data))
-        if name == "GRU":
-            ref.bias_hh_l0.copy_(torch.from_numpy(layer.params["recurrent_bias"].data))
-        else:
-            ref.bias_hh_l0.zero_()
-    xt = torch.from_numpy(x).requires_grad_()
-    seq, _ = ref(xt)
-    want = seq if return_sequences else seq[:, -1]
-    want.backward(torch.from_numpy(dy))
-    np.testing.assert_allclose(out, want.detach().numpy(), rtol=1e-12, atol=1e-13)
-    np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-10, atol=1e-12)
-    pairs = [("weight", ref.weight_ih_l0), ("recurrent", ref.weight_hh_l0), ("bias", ref.bias_ih_l0)]
-    if name == "GRU":
-        pairs.append(("recurrent_bias", ref.bias_hh_l0))
-    for mine, theirs in pairs:
-        np.testing.assert_allclose(layer.params[mine].grad, theirs.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=mine)
+    ref = twin(torch, name, layer, d)
+    want, want_dx = outputs_and_input_gradient(torch, ref, x, dy, return_sequences)
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-10, atol=1e-12)
+    assert_weight_gradients_equal(layer, ref, name)
 
 
 @pytest.mark.parametrize("name,options", CASES, ids=IDS)
