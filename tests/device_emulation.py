@@ -29,13 +29,17 @@ hook; CuPy raises TypeError there), and CuPy's own launch and memory behaviour.
 """
 from __future__ import annotations
 
+import os
 import sys
 import types
 from contextlib import contextmanager
 
 import numpy as np
 
+import dlrun
 from dlrun.backend import Backend, gemm
+
+_DLRUN = os.path.dirname(dlrun.__file__) + os.sep
 
 
 class HostRead(AssertionError):
@@ -59,6 +63,42 @@ def no_host_reads():
         yield
     finally:
         _guard["on"] = before
+
+
+# CuPy's arithmetic operators run their kernel directly only when the right operand is a CuPy
+# array (or the left one a Python number: ``2 * x``), and in place (``x *= 2``). ``x * 2``,
+# ``x > 0``, a numpy scalar on either side, or a numpy ufunc called on a device array goes through
+# numpy's ufunc dispatch to ``cupy.ndarray.__array_ufunc__`` instead: slower per call, and its
+# first call imports cupyx.scipy.special and with it SciPy, a fifth of a second of every GPU
+# run's start. The stand-in notes each such call (where dlrun made it) in ``dispatches``.
+_dispatch = {"direct": 0, "seen": []}
+
+
+def numpy_dispatches() -> list[str]:
+    """Where the emulated device arrays went through numpy's ufunc dispatch, since the last clear."""
+    return list(_dispatch["seen"])
+
+
+def clear_numpy_dispatches() -> None:
+    _dispatch["seen"].clear()
+
+
+def _note_dispatch(ufunc) -> None:
+    frame = sys._getframe(2)
+    while frame is not None and not frame.f_code.co_filename.startswith(_DLRUN):
+        frame = frame.f_back
+    if frame is not None:  # (only dlrun's own calls; a test's ``x * 2`` is its own business)
+        where = f"{os.path.relpath(frame.f_code.co_filename, _DLRUN)}:{frame.f_lineno} {ufunc.__name__}"
+        _dispatch["seen"].append(where)
+
+
+@contextmanager
+def _direct():
+    _dispatch["direct"] += 1
+    try:
+        yield
+    finally:
+        _dispatch["direct"] -= 1
 
 
 class CaptureError(RuntimeError):
@@ -195,6 +235,8 @@ class DeviceArray(np.ndarray):
         return np.asarray(arr).view(DeviceArray)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if not _dispatch["direct"] and not _capture["depth"]:
+            _note_dispatch(ufunc)
         if ufunc is np.matmul:
             _refuse_cublas("matmul")
         if capturing() and not _capture["depth"] and any(_host_array(a) for a in inputs):
@@ -226,10 +268,42 @@ class DeviceArray(np.ndarray):
         will_write(*[kwargs[k] for k in ("out", "dst") if isinstance(kwargs.get(k), np.ndarray)])
         if func in (np.copyto, np.put, np.place, np.putmask, np.fill_diagonal) and args:
             will_write(args[0])
-        with _inside():
+        with _inside(), _direct():  # (CuPy's __array_function__ calls its own function)
             result = _dev(super().__array_function__(func, types, args, kwargs))
         record_call(func, args, kwargs, result)
         return result
+
+    def _operator(name, direct_when):
+        f = getattr(np.ndarray, name)
+
+        def call(self, *args, **kwargs):
+            if direct_when(args[0] if args else None):
+                with _direct():
+                    return f(self, *args, **kwargs)
+            return f(self, *args, **kwargs)  # through numpy's ufunc dispatch, as in CuPy
+        call.__name__ = name
+        return call
+
+    # x OP y: CuPy's kernel directly when y is a CuPy array; x ** 2, ** 0.5, ** -1.0 too
+    for _name in ("__add__", "__sub__", "__mul__", "__matmul__", "__truediv__", "__floordiv__", "__mod__",
+                  "__divmod__", "__lshift__", "__rshift__", "__and__", "__or__", "__xor__",
+                  "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__"):
+        locals()[_name] = _operator(_name, lambda y: isinstance(y, DeviceArray))
+    __pow__ = _operator("__pow__", lambda y: isinstance(y, DeviceArray) or (type(y) is int and y == 2)
+                        or (type(y) is float and y in (0.5, 2.0, -1.0)))
+    # y OP x with a Python number y (CuPy's operator slot gets it first); a numpy scalar or array on
+    # the left is numpy's operator, which dispatches
+    for _name in ("__radd__", "__rsub__", "__rmul__", "__rmatmul__", "__rtruediv__", "__rfloordiv__", "__rmod__",
+                  "__rdivmod__", "__rpow__", "__rlshift__", "__rrshift__", "__rand__", "__ror__", "__rxor__"):
+        locals()[_name] = _operator(_name, lambda y: isinstance(y, DeviceArray) or type(y) in (int, float, bool, complex))
+    # in place, unary, and the array methods that reduce or compute: CuPy's own kernels
+    for _name in ("__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__",
+                  "__ilshift__", "__irshift__", "__iand__", "__ior__", "__ixor__", "__neg__", "__pos__", "__abs__",
+                  "__invert__", "sum", "mean", "max", "min", "prod", "all", "any", "std", "var", "clip", "round",
+                  "conj", "ptp"):
+        if hasattr(np.ndarray, _name):
+            locals()[_name] = _operator(_name, lambda y: True)
+    del _name, _operator
 
     def __getitem__(self, key):
         if _is_mask(key):
@@ -371,7 +445,7 @@ def _wrap(name, f):
             raise CaptureError(f"{name} of host data copies it to the device while capturing")
         if isinstance(kwargs.get("out"), np.ndarray):
             will_write(kwargs["out"])
-        with _inside():
+        with _inside(), _direct():
             result = _dev(f(*args, **kwargs))
         if name not in _NO_KERNEL:
             record_call(f, args, kwargs, result)
@@ -499,6 +573,28 @@ def _using_allocator(allocator=None):
     yield
 
 
+class _Ufunc:
+    """cupy.add and its kind: CuPy's own ufuncs, called directly (no numpy dispatch)."""
+
+    def __init__(self, ufunc):
+        self._ufunc = ufunc
+        self.__name__ = ufunc.__name__
+
+    def __call__(self, *args, **kwargs):
+        with _direct():
+            return self._ufunc(*args, **kwargs)
+
+    def __getattr__(self, name):
+        attr = getattr(self._ufunc, name)
+        if name not in ("reduce", "accumulate", "at", "outer", "reduceat"):
+            return attr
+
+        def call(*args, **kwargs):
+            with _direct():
+                return attr(*args, **kwargs)
+        return call
+
+
 class FakeCupy(types.ModuleType):
     """numpy behind CuPy's name: functions return DeviceArrays; ufuncs and dtypes pass through."""
 
@@ -520,8 +616,12 @@ class FakeCupy(types.ModuleType):
 
     def __getattr__(self, name):
         attr = getattr(np, name)
-        if isinstance(attr, (type, np.ufunc, types.ModuleType)) or not callable(attr):
-            return attr  # dtypes, ufuncs (DeviceArray keeps their outputs on the device), constants
+        if isinstance(attr, np.ufunc):  # DeviceArray keeps their outputs on the device
+            wrapped = _Ufunc(attr)
+            setattr(self, name, wrapped)
+            return wrapped
+        if isinstance(attr, (type, types.ModuleType)) or not callable(attr):
+            return attr  # dtypes, constants
         wrapped = _wrap(name, attr)
         setattr(self, name, wrapped)
         return wrapped

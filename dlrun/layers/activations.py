@@ -211,7 +211,7 @@ class Softplus(Layer):
 
     def forward(self, x, y=None):
         xp = self.xp
-        bx = x * self.beta if self.beta != 1.0 else x
+        bx = self.beta * x if self.beta != 1.0 else x
         e = xp.exp(-xp.abs(bx))  # in (0, 1]
         # sigmoid(bx) = (bx >= 0 ? 1 : e)/(1 + e), the numerator max(step(bx), e) (see Sigmoid)
         sig = xp.greater_equal(bx, 0, out=self.output_array("sig", x.shape, x.dtype))

@@ -114,7 +114,7 @@ class MultiHeadAttention(Layer):
         if self.in_bias is not None:
             qkv += self.in_bias.data
         q, k, v = qkv.reshape(n, t, 3, h, d).transpose(2, 0, 3, 1, 4)  # each (N, h, T, d), views
-        q = q * q.dtype.type(self._scale)  # scaled once here: T·d products, not T·T
+        q = xp.multiply(q, q.dtype.type(self._scale))  # scaled once here: T·d products, not T·T
         s = xp.matmul(q, k.swapaxes(-1, -2), out=self.buffer("scores", (n, h, t, t), x.dtype))
         if self.causal:
             s += self._future(t, s.dtype)

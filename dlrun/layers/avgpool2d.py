@@ -41,7 +41,7 @@ class AvgPool2D(Pool2D):
     def backward(self, dy):
         win = self.win
         offsets = win.offsets()
-        g = dy * (1.0 / len(offsets))
+        g = (1.0 / len(offsets)) * dy
         dxp = self.xp.zeros(self._xshape, dtype=dy.dtype)
         for i, j in offsets:
             dxp[(slice(None), slice(None)) + win.offset_slices(i, j)] += g

@@ -104,7 +104,7 @@ class BatchNorm(Layer):
         else:
             xc = x - self.running_mean.reshape(shp)
             var = self.running_var.reshape(shp)
-        inv = 1.0 / xp.sqrt(var + self.eps)
+        inv = 1.0 / xp.sqrt(self.eps + var)
         xhat = xc * inv
         self._xhat, self._inv, self._phase = xhat, inv, self.training
         out = xhat * self.gamma.data.reshape(shp)

@@ -30,5 +30,5 @@ class GlobalAvgPool2D(Layer):
     def backward(self, dy):
         h, w = self._hw
         dx = self.xp.empty(self._xshape, dtype=dy.dtype)
-        dx[...] = (dy * (1.0 / (h * w)))[:, :, None, None]
+        dx[...] = ((1.0 / (h * w)) * dy)[:, :, None, None]
         return dx

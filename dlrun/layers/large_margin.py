@@ -58,7 +58,7 @@ class LargeMarginFC(Layer):
             # indexing only (a boolean mask would make CuPy wait for the mask's count)
             rows = xp.arange(x.shape[0])
             target = f[rows, y]
-            self._positive = target > 0
+            self._positive = xp.greater(target, 0)
             self._scale = xp.where(self._positive, x.dtype.type(self.k), x.dtype.type(1))
             self._rows, self._cols = rows, y
             f[rows, y] = target * self._scale

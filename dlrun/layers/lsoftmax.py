@@ -10,8 +10,8 @@ from .linear import _init
 
 def chebyshev(c, m: int):
     """(T_m(c), U_{m−1}(c)): cos(mθ) for c = cos θ, and sin(mθ)/sin θ (so T_m′ = m·U_{m−1})."""
-    t_prev, t = c * 0 + 1, c  # T_0, T_1
-    u_prev, u = c * 0, c * 0 + 1  # U_{-1}, U_0
+    t_prev, t = 1 + 0 * c, c  # T_0, T_1
+    u_prev, u = 0 * c, 1 + 0 * c  # U_{-1}, U_0
     for _ in range(m - 1):
         t_prev, t = t, 2 * c * t - t_prev
         u_prev, u = u, 2 * c * u - u_prev
@@ -81,16 +81,16 @@ class LSoftmax(Layer):
         t = f[rows, y]
         # a zero x_i (common after a ReLU) or w_y has no angle: its target logit stays the plain
         # f = 0 and its gradients the plain ones (as for margin 1); a, b = 1 there keep 0/0 out
-        ok = (a > 0) & (b > 0)
+        ok = xp.greater(a, 0) & xp.greater(b, 0)
         a, b = xp.where(ok, a, 1), xp.where(ok, b, 1)
         c = xp.clip(t / (a * b), -1, 1)
-        k = xp.minimum(xp.floor(m * xp.arccos(c) / xp.pi), m - 1)
-        sign = 1 - 2 * (k % 2)
+        k = xp.minimum(xp.floor(xp.true_divide(m * xp.arccos(c), xp.pi)), m - 1)
+        sign = 1 - 2 * xp.remainder(k, 2)
         tm, um = chebyshev(c, m)
         psi = sign * tm - 2 * k
         beta = x.dtype.type(self.beta)
-        f[rows, y] = xp.where(ok, (a * b * psi + beta * t) / (1 + beta), t)
-        self._margin = (rows, y, wy, a, b, c, sign * m * um, psi, beta, ok)
+        f[rows, y] = xp.where(ok, xp.true_divide(a * b * psi + xp.multiply(t, beta), 1 + beta), t)
+        self._margin = (rows, y, wy, a, b, c, m * sign * um, psi, beta, ok)
         return f
 
     def backward(self, dy):
@@ -100,7 +100,7 @@ class LSoftmax(Layer):
         if self._margin is None:
             return dx
         rows, y, wy, a, b, c, dpsi, psi, beta, ok = self._margin
-        g = (dy[rows, y] / (1 + beta) * ok)[:, None]
+        g = (self.xp.true_divide(dy[rows, y], 1 + beta) * ok)[:, None]
         a_, b_, c_, psi_, dpsi_ = a[:, None], b[:, None], c[:, None], psi[:, None], dpsi[:, None]
         dphi_dx = (b_ / a_) * psi_ * x + dpsi_ * (wy - (b_ * c_ / a_) * x)
         dphi_dw = (a_ / b_) * psi_ * wy + dpsi_ * (x - (a_ * c_ / b_) * wy)

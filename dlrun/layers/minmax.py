@@ -19,8 +19,8 @@ def minmax_forward(x):
     imin, imax = flat.argmin(), flat.argmax()
     m = flat[imin]
     r = flat[imax] - m
-    constant = r == 0
-    inv = xp.where(constant, x.dtype.type(0), x.dtype.type(1) / xp.where(constant, x.dtype.type(1), r))
+    constant = xp.equal(r, 0)
+    inv = xp.where(constant, x.dtype.type(0), xp.true_divide(x.dtype.type(1), xp.where(constant, x.dtype.type(1), r)))
     y = (x - m) * inv
     return y, (imin, imax, y, inv)
 
@@ -39,7 +39,8 @@ def minmax_kink_distance(x):
     """Distance to a kink of min-max normalisation: the argmax or argmin moving. Closing a
     gap between two values takes a step of norm gap/√2 (one up, the other down)."""
     flat = x.reshape(-1)
-    return array_module(x).minimum(runner_up_gap(flat), runner_up_gap(-flat)) / math.sqrt(2)
+    xp = array_module(x)
+    return xp.true_divide(xp.minimum(runner_up_gap(flat), runner_up_gap(-flat)), math.sqrt(2))
 
 
 def minmax_backward(dy, cache):
@@ -47,9 +48,10 @@ def minmax_backward(dy, cache):
     imin, imax, y, inv = cache
     # C order, so that flat is a view: dy * inv keeps dy's layout, and reshape(-1) of a
     # Fortran-ordered or strided dx would be a copy that takes the two writes below
-    dx = array_module(dy).ascontiguousarray(dy * inv)
+    xp = array_module(dy)
+    dx = xp.ascontiguousarray(dy * inv)
     flat = dx.reshape(-1)
-    flat[imin] += (dy * (y - 1)).sum() * inv
+    flat[imin] += (dy * xp.subtract(y, 1)).sum() * inv
     flat[imax] -= (dy * y).sum() * inv
     return dx
 

@@ -16,7 +16,7 @@ class MultiplyByTwo(Layer):
     input_spec = InputSpec(shape=("D", "C"))
 
     def forward(self, x, y=None):
-        return x * 2
+        return 2 * x
 
     def backward(self, dy):
-        return dy * 2
+        return 2 * dy

@@ -16,7 +16,7 @@ class ReQU(Layer):
     input_spec = InputSpec(shape=("D", "C"))
 
     def forward(self, x, y=None):
-        self._xpos = x * (x > 0)
+        self._xpos = x * self.xp.greater(x, 0)
         return self._xpos * self._xpos
 
     def backward(self, dy):

@@ -52,7 +52,7 @@ class SequencePool(Layer):
         xp = self.xp
         if self._at is None:
             dx = xp.empty(self._xshape, dy.dtype)
-            dx[...] = (dy * dy.dtype.type(1.0 / self._steps))[:, None]
+            dx[...] = xp.multiply(dy, dy.dtype.type(1.0 / self._steps))[:, None]
             return dx
         dx = xp.zeros(self._xshape, dy.dtype)
         dx[:, self._at] = dy

@@ -67,7 +67,7 @@ class BinaryCrossEntropy(Loss):
         e = xp.exp(-xp.abs(z))
         inv = 1 / (1 + e)
         e *= inv  # σ(−|z|)
-        pos = z >= 0
+        pos = xp.greater_equal(z, 0)
         d = (1 - y) * xp.where(pos, inv, e)
         d -= y * xp.where(pos, e, inv)
         d /= d.shape[0]
@@ -76,7 +76,7 @@ class BinaryCrossEntropy(Loss):
         return d.reshape(self._shape)
 
     def predict(self, z):
-        return (self._flat(z) > 0).astype("int64")
+        return array_module(z).greater(self._flat(z), 0).astype("int64")
 
     def probabilities(self, z):
         p = _sigmoid(self._flat(z))
@@ -142,10 +142,10 @@ class Hinge(Loss):
         per_sample = m.sum(axis=1)
         if self.class_reduction == "mean":
             per_sample /= z.shape[1]
-        return per_sample.mean() if self._wy is None else weighted_sum(xp, per_sample, self._wy) * (1.0 / len(per_sample))
+        return per_sample.mean() if self._wy is None else (1.0 / len(per_sample)) * weighted_sum(xp, per_sample, self._wy)
 
     def backward(self):
-        d = (self._m > 0).astype(self._m.dtype)
+        d = array_module(self._m).greater(self._m, 0).astype(self._m.dtype)
         d[self._rows, self._y] = -d.sum(axis=1)
         n = d.shape[0] * (d.shape[1] if self.class_reduction == "mean" else 1)  # N, or N·C
         if self._wy is None:

@@ -23,7 +23,7 @@ class MSE(Loss):
         return (d * d).mean()
 
     def backward(self):
-        return self._d * (2.0 / self._d.size)
+        return (2.0 / self._d.size) * self._d
 
 
 @losses.register()
@@ -47,11 +47,11 @@ class Huber(Loss):
         d = z - y.reshape(z.shape)
         a = xp.abs(d)
         self._d = d
-        return xp.where(a <= self.delta, 0.5 * d * d, self.delta * (a - 0.5 * self.delta)).mean()
+        return xp.where(xp.less_equal(a, self.delta), 0.5 * d * d, self.delta * xp.subtract(a, 0.5 * self.delta)).mean()
 
     def backward(self):
         xp = array_module(self._d)
-        return xp.clip(self._d, -self.delta, self.delta) * (1.0 / self._d.size)
+        return (1.0 / self._d.size) * xp.clip(self._d, -self.delta, self.delta)
 
     def __repr__(self) -> str:
         return f"Huber(delta={self.delta})"

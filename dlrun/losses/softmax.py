@@ -124,15 +124,15 @@ class SoftmaxCrossEntropy(Loss):
         eps = self.label_smoothing
         if eps:  # (1 − ε)·(lse − z_y) + ε·(lse − mean_j z_j), lse = log s + m
             nll *= 1.0 - eps
-            nll += (xp.log(s) + m.reshape(-1) - z.mean(axis=1)) * eps
-        return (nll.sum() if wy is None else weighted_sum(xp, nll, wy)) * (1.0 / n)
+            nll += eps * (xp.log(s) + m.reshape(-1) - z.mean(axis=1))
+        return (1.0 / n) * (nll.sum() if wy is None else weighted_sum(xp, nll, wy))
 
     def backward(self):
         if self._work is None:  # GPU
             xp = array_module(self._p)
             scale = 1.0 / self._p.shape[0]  # a Python float keeps float32 float32
             if self._wy is not None:  # row i scaled by w[y_i]/N
-                scale = (self._wy * scale)[:, None]
+                scale = (scale * self._wy)[:, None]
             n, c = self._p.shape
             off = self.label_smoothing / c
             return _GRAD.on(xp)(

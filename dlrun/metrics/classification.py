@@ -100,7 +100,7 @@ class TopKAccuracy(Metric):
         xp = array_module(z)
         label_score = xp.take_along_axis(z, y.reshape(-1, 1), axis=1)
         above = xp.count_nonzero(z > label_score, axis=1)
-        sums[0] += xp.count_nonzero(above < self.k)
+        sums[0] += xp.count_nonzero(xp.less(above, self.k))
         sums[1] += len(y)
 
     def result(self, sums):
@@ -127,7 +127,7 @@ class _FromConfusion(Metric):
 
     def update(self, sums, z, y, loss):
         c = self.classes
-        cells = y * c + predicted(loss, z).reshape(-1)
+        cells = c * y + predicted(loss, z).reshape(-1)
         xp = array_module(z)
         if xp is np:
             sums += np.bincount(cells, minlength=c * c)

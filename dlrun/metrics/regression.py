@@ -95,11 +95,11 @@ class R2(Metric):
         t = y.reshape(z2.shape).astype(np.float64)
         mb = t.mean(axis=0)
         t -= mb
-        na = sums[3 * k] + 0.0  # a copy: the count before this batch
-        n = na + nb
+        na = sums[3 * k].copy()  # the count before this batch
+        n = nb + na
         delta = mb - sums[:k]
         sums[:k] += delta * (nb / n)
-        sums[k:2 * k] += (t * t).sum(axis=0) + delta * delta * (na * nb / n)
+        sums[k:2 * k] += (t * t).sum(axis=0) + delta * delta * (nb * na / n)
         sums[2 * k:3 * k] += (d * d).sum(axis=0, dtype=np.float64)
         sums[3 * k] += nb
 

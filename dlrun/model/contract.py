@@ -97,7 +97,8 @@ def unwritten(a) -> int:
     """How many elements of float array ``a`` still hold :func:`mark_unwritten`'s value."""
     if getattr(a, "dtype", None) is None or a.dtype.kind != "f":
         return 0
-    return int(array_module(a).count_nonzero(a == np.finfo(a.dtype).max))
+    xp = array_module(a)
+    return int(xp.count_nonzero(xp.equal(a, np.finfo(a.dtype).max)))
 
 
 def blame_other(e: BaseException, layer):

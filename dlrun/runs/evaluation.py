@@ -90,7 +90,7 @@ def _forward(model, loss, x, y, batch_size, tracker, classification):
             xb = b.asarray(np.ascontiguousarray(x[s:s + bs]), dtype=model.dtype)
             yb = b.asarray(np.ascontiguousarray(y[s:s + bs]), dtype=ydt)
             z = model.forward(xb)
-            loss_sum += loss.forward(z, yb) * len(yb)
+            loss_sum += len(yb) * loss.forward(z, yb)
             if sums is not None:
                 tracker.add(sums, z, yb, loss)
             if classification:

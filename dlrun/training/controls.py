@@ -57,7 +57,7 @@ class GradientClipping(Callback):
             dot = self._dot
             total = sum(dot(flat, flat) for flat in (g.ravel() for g in self.grads))
             self.last_norm = xp.sqrt(total)
-            scale = xp.minimum(self.clip_norm / (self.last_norm + 1e-6), 1.0)
+            scale = xp.minimum(self.clip_norm / (1e-6 + self.last_norm), 1.0)
             for g in self.grads:
                 g *= scale
 

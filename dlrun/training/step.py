@@ -136,7 +136,7 @@ class TrainingStep:
         value = loss.forward(h, yb)
         for o in observers:
             o.loss(value, h, yb)
-        score = (value * len(yb), loss.count_correct(h, yb) if self.classification else 0)
+        score = (len(yb) * value, loss.count_correct(h, yb) if self.classification else 0)
         if sums is not None:
             self.tracker.add(sums, h, yb, loss)
             for o in observers:
@@ -188,7 +188,7 @@ class TrainingStep:
         """(batch loss × batch size, correct predictions; 0 for regression), to be added up over
         an epoch: numpy scalars on the CPU, 0-d device arrays on the GPU (never read here). The
         metrics of train.metrics add theirs to ``sums`` (before backward may reuse ``out``)."""
-        total = self.loss.forward(out, y) * len(y)
+        total = len(y) * self.loss.forward(out, y)
         if sums is not None:
             self.tracker.add(sums, out, y, self.loss)
         if not self.classification:

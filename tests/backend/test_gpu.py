@@ -7,6 +7,8 @@ Marked ``gpu``; skipped where CuPy or a CUDA device is missing.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from dlrun.backend import get_backend, gpu_available, to_host
 from dlrun.gradcheck.inputs import joined, joined_shape
 from dlrun.model import Sequential
 from dlrun.training import capture
-from conftest import CONFIGS
+from conftest import CONFIGS, _environment
 from gpu_step_cases import STEP_CASES, STEPS, UNCAPTURED, same_training, train_steps
 
 pytestmark = [pytest.mark.gpu,
@@ -497,3 +499,21 @@ def test_a_run_trains_the_same_with_and_without_its_cuda_graph_on_the_device(con
     w0, w1 = plain.trainer.model.state_arrays(), graphed.trainer.model.state_arrays()
     for k in w0:
         np.testing.assert_array_equal(to_host(w1[k]), to_host(w0[k]), err_msg=k)
+
+
+@pytest.mark.slow
+def test_a_gpu_run_leaves_cupyx_and_scipy_unimported(tmp_path):
+    """A CuPy array sent through numpy's ufunc dispatch (``x * 2``, ``x > 0``) imports
+    cupyx.scipy.special, and SciPy with it, the first time: a fifth of a second of every GPU
+    run's start. A whole run (training with validation and checkpoints, then evaluate) never does."""
+    code = ("import pathlib, sys\nconfig, runs = sys.argv[1:3]\nfrom dlrun.console import main\n"
+            "def dlrun(*args):\n"
+            "    sys.argv = ['dlrun', *args]\n"
+            "    try:\n        main()\n    except SystemExit as e:\n        assert not e.code, e.code\n"
+            "dlrun('train', config, '--device', 'gpu', '--quiet', '--runs-dir', runs)\n"
+            "dlrun('evaluate', str(next(pathlib.Path(runs).iterdir())), '--device', 'gpu')\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('cupyx.', 'scipy'))))\n")
+    p = subprocess.run([sys.executable, "-c", code, str(CONFIGS / "spiral.yaml"), str(tmp_path / "runs")],
+                       env=_environment({}), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "[]", p.stdout

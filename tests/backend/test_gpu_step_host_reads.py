@@ -13,13 +13,15 @@ import numpy as np
 import pytest
 
 from dlrun import registry
-from device_emulation import DeviceArray, FAKE_CUPY, HostRead, emulated_gpu, no_host_reads
+from device_emulation import (DeviceArray, FAKE_CUPY, HostRead, clear_numpy_dispatches, emulated_gpu, no_host_reads,
+                              numpy_dispatches)
 from gpu_step_cases import STEP_CASES, covered
 from kernel_emulation import emulate
 
 
 @pytest.mark.parametrize("case", list(STEP_CASES))
 def test_train_step_reads_nothing_back_from_the_device(case, monkeypatch):
+    clear_numpy_dispatches()
     with emulated_gpu(monkeypatch) as gpu, emulate(monkeypatch) as calls:
         trainer, callbacks = STEP_CASES[case].build(gpu)
         sums = trainer.tracker.zeros()
@@ -38,6 +40,7 @@ def test_train_step_reads_nothing_back_from_the_device(case, monkeypatch):
                    if p.trainable and not np.array_equal(p.data, before[n])]
         assert changed, "the step updated no parameter"
     assert calls, "the step ran no emulated kernel: it did not take the GPU branches"
+    assert not numpy_dispatches(), f"device arrays went through numpy's ufunc dispatch at {numpy_dispatches()}"
 
 
 def test_the_cases_cover_every_registered_loss_optimizer_regularizer_and_metric():
