@@ -69,8 +69,10 @@ class Linear(Layer):
             self._shape = x.shape
             x = x.reshape(-1, x.shape[-1])
         self._x = x
+        # (backend.matmul's output given positionally, as below: on the CPU it is numpy's matmul,
+        # which then parses no keyword)
         out = self.backend.matmul(x, self.weight.data.T,
-                                  out=self.buffers.get(self.xp, "y", (x.shape[0], self.units), x.dtype))
+                                  self.buffers.get(self.xp, "y", (x.shape[0], self.units), x.dtype))
         if self.bias is not None:
             out += self.bias.data
         return out.reshape(self._shape[:-1] + (self.units,)) if self._steps else out
@@ -79,12 +81,12 @@ class Linear(Layer):
         xp, mm = self.xp, self.backend.matmul
         if self._steps:
             dy = dy.reshape(-1, self.units)
-        mm(dy.T, self._x, out=self.weight.grad)  # .T views go to BLAS as a flag: no copy
+        mm(dy.T, self._x, self.weight.grad)  # .T views go to BLAS as a flag: no copy
         if self.bias is not None:  # column sums as ones @ dy: a GEMV, ~3x faster than sum(axis=0) on few columns
-            mm(self.buffers.ones(xp, dy.shape[0], dy.dtype), dy, out=self.bias.grad)
+            mm(self.buffers.ones(xp, dy.shape[0], dy.dtype), dy, self.bias.grad)
         if not self.needs_input_grad:
             return None
-        dx = mm(dy, self.weight.data, out=self.buffers.get(xp, "dx", self._x.shape, dy.dtype))
+        dx = mm(dy, self.weight.data, self.buffers.get(xp, "dx", self._x.shape, dy.dtype))
         return dx.reshape(self._shape) if self._steps else dx
 
 

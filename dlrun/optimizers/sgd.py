@@ -1,6 +1,8 @@
 """SGD with optional (Nesterov) momentum."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..backend import Kernel, array_module
 from ..registry.options import Fraction, NonNegativeFloat, PositiveFloat
 from ..registry import optimizers
@@ -48,24 +50,27 @@ class SGD(Optimizer):
         if self.fuses(xp):  # GPU: the whole update in one fused kernel
             self._update_fused(xp, g, state, p)
             return
+        # the CPU (numpy)
         w = p.data  # a local: `p.data -= g` would also call Parameter.__setattr__
         lr, mom, decay = self.typed(w.dtype.type)  # hyperparameters as the tensors' scalars (see Optimizer)
         if decay:
             self._add_decay(g, w, decay, state["_work"])
+        # (numpy's ufuncs with their output given positionally: the same loops as g *= lr and
+        # out=g, with less Python per call, which on a small network is much of the update)
         if not mom:
-            g *= lr
-            w -= g
+            np.multiply(g, lr, g)
+            np.subtract(w, g, w)
             return
         v = state["velocity"]
-        v *= mom
-        v += g
+        np.multiply(v, mom, v)
+        np.add(v, g, v)
         if self.nesterov:  # step = g + momentum·v
-            xp.multiply(v, mom, out=state["_work"])
-            g += state["_work"]
-            g *= lr
+            np.multiply(v, mom, state["_work"])
+            np.add(g, state["_work"], g)
+            np.multiply(g, lr, g)
         else:  # step = v; v is state, so scale it into g
-            xp.multiply(v, lr, out=g)
-        w -= g
+            np.multiply(v, lr, g)
+        np.subtract(w, g, w)
 
     def typed(self, f) -> tuple:
         """(learning rate, momentum, weight decay) as scalars of type ``f``, made again only when

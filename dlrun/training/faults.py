@@ -89,9 +89,7 @@ class NonFiniteGuard:
             self.optim = [b.host_buffer(a.shape, a.dtype) for a in optim]
             self._copies = list(zip(self.params + self.optim, self._params + optim))
         self._optim_from = optim
-        copy_out = b.copy_out
-        for dst, src in self._copies:
-            copy_out(dst, src)
+        b.copy_out(self._copies)
         if self._stateful:
             self.states, self.rngs = {}, {}  # rngs: only layers that draw random numbers (copies are slow)
             for layer in self._stateful:
