@@ -160,6 +160,34 @@ def train_steps(case, gpu, graph=True, steps=STEPS, middle=None):
     return trainer, weights, state, scores, None if sums is None else to_host(sums)
 
 
+def evaluate_batches(case, gpu, graph=True, batches=STEPS, middle=None):
+    """``batches`` evaluation batches of a case (after one training step, so that BatchNorm's
+    running statistics are not the initial ones), then one smaller batch, as an epoch's
+    validation runs them: each batch's score and the metric sums. ``middle(trainer)`` is called
+    after half the batches."""
+    c = STEP_CASES[case]
+    trainer, callbacks = c.build(gpu)
+    step = trainer.training_step
+    if not graph:
+        step.evaluation_graph = None
+    rng = np.random.default_rng(0)
+    x, y = c.batch(rng)
+    step(gpu.asarray(x), gpu.asarray(y), callbacks)
+    sums = trainer.tracker.zeros()
+    trainer.model.eval()
+    scores = []
+    for k in range(batches + 1):
+        if middle is not None and k == batches // 2:
+            middle(trainer)
+        x, y = c.batch(rng)
+        if k == batches:
+            x, y = x[:11], y[:11]  # the last, smaller batch: the ordinary path
+        total, correct = step.evaluate(gpu.asarray(x), gpu.asarray(y), sums)
+        scores.append((to_host(total), to_host(correct)))
+    trainer.model.train()
+    return trainer, scores, None if sums is None else to_host(sums)
+
+
 # the step cases whose step CUDA cannot capture: batched matrix products (attention's scores and
 # weighted values) reach cuBLAS through CuPy, which refuses them while a stream is captured, so
 # the step keeps the ordinary path (the value: a part of the reason it gives)

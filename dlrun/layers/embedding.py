@@ -53,6 +53,10 @@ class Embedding(Layer):
 
     input_spec = InputSpec(shape=("T",), kind="index", high="D", options={"input_dim": "D", "output_dim": "C"})
 
+    # evaluation takes the checking lookup, which reads the batch's index range back to name an
+    # index outside the table: no CUDA graph can hold that read
+    capturable_in_evaluation = False
+
     def __init__(self, input_dim: PositiveInt, output_dim: PositiveInt,
                  weight_initializer: Initializer = "uniform",
                  weight_regularizer: Regularizer | None = None):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 
 from .accumulate import GradAccumulator
-from .capture import StepGraph
+from .capture import EvaluationGraph, StepGraph
 from ..backend import array_module
 from ..model.contract import defined_at, mismatch
 from ..errors import ContractError
@@ -77,7 +77,9 @@ class TrainingStep:
         self.observers: list[StepObserver] = []
         self.first_check = first_check  # None once the first step has passed it
         # the step's CUDA graph (GPU only); None runs every step the ordinary way
-        self.graph = StepGraph(self, cuda_graph) if cuda_graph is not False and model.backend.name == "gpu" else None
+        graphs = cuda_graph is not False and model.backend.name == "gpu"
+        self.graph = StepGraph(self, cuda_graph) if graphs else None
+        self.evaluation_graph = EvaluationGraph(self, cuda_graph) if graphs else None  # (of evaluation batches)
 
     def __call__(self, xb, yb, callbacks=(), window=None, sums=None, part=None, *, captured=False):
         """One step on a device batch; returns ``(batch loss × batch size, correct predictions)``
@@ -194,6 +196,16 @@ class TrainingStep:
         if not self.classification:
             return total, 0
         return total, self.loss.count_correct(out, y)
+
+    def evaluate(self, xb, yb, sums=None):
+        """:meth:`score` of the model's output for an evaluation batch (the model in the mode it
+        is in), by the evaluation's CUDA graph where there is one (GPU)."""
+        graph = self.evaluation_graph
+        if graph is not None:
+            score = graph(xb, yb, sums)
+            if score is not None:
+                return score
+        return self.score(self.model.forward(xb), yb, sums)
 
     def accumulated(self, window) -> bool:
         """Fold the gradients just computed into the window's (``window``: share, first, last);

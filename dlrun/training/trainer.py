@@ -386,7 +386,7 @@ class Trainer:
         sums = self.tracker.zeros()
         for s, e in self._batches(part.stop - part.start, batch_size or self.batch_size or n):
             s, e = s + part.start, e + part.start
-            batch_loss, batch_correct = self.training_step.score(self.model.forward(xd[s:e]), yd[s:e], sums)
+            batch_loss, batch_correct = self.training_step.evaluate(xd[s:e], yd[s:e], sums)
             loss_sum += batch_loss
             if self.classification:
                 correct += batch_correct

@@ -19,7 +19,7 @@ from dlrun.gradcheck.inputs import joined, joined_shape
 from dlrun.model import Sequential
 from dlrun.training import capture
 from conftest import CONFIGS, _environment
-from gpu_step_cases import STEP_CASES, STEPS, UNCAPTURED, same_training, train_steps
+from gpu_step_cases import STEP_CASES, STEPS, UNCAPTURED, evaluate_batches, same_training, train_steps
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")]
@@ -479,6 +479,22 @@ def test_the_captured_step_trains_as_the_ordinary_step_on_the_device(case):
     same_training(plain, graphed, rtol=DEVICE_RTOL)
 
 
+@pytest.mark.parametrize("case", list(STEP_CASES))
+def test_the_captured_evaluation_scores_as_the_ordinary_one_on_the_device(case):
+    gpu = get_backend("gpu")
+    plain = evaluate_batches(case, gpu, graph=False)
+    graphed = evaluate_batches(case, gpu)
+    graph = graphed[0].training_step.evaluation_graph
+    if any(isinstance(layer, dict) and layer["type"] == "Embedding" for layer in STEP_CASES[case].layers):
+        assert graph.status == "not captured: the layer Embedding reads the device when it evaluates"
+    else:
+        assert graph.status == "captured" and graph.replays == STEPS - capture.WARMUP, graph.status
+    for (t0, c0), (t1, c1) in zip(plain[1], graphed[1]):
+        assert t1 == pytest.approx(t0, rel=DEVICE_RTOL) and abs(c1 - c0) <= 1
+    if plain[2] is not None:
+        np.testing.assert_allclose(graphed[2], plain[2], rtol=DEVICE_RTOL, atol=DEVICE_RTOL * np.abs(plain[2]).max())
+
+
 @pytest.mark.parametrize("config,overrides", [
     ("spiral.yaml", ["train.epochs=40"]),
     ("iris.yaml", ["train.epochs=6", "train.batch_size=16", "train.schedule={type: cosine}",
@@ -496,6 +512,10 @@ def test_a_run_trains_the_same_with_and_without_its_cuda_graph_on_the_device(con
     plain, graphed = results["false"], results["auto"]
     assert graphed.summary["cuda_graph"] == "captured", graphed.summary["cuda_graph"]
     assert [r["train_loss"] for r in graphed.history.rows] == [r["train_loss"] for r in plain.history.rows]
+    if plain.history.rows[0]["val_loss"] is not None:  # validation by its own graph
+        assert graphed.trainer.training_step.evaluation_graph.replays > 0
+        assert [r["val_loss"] for r in graphed.history.rows] == pytest.approx(
+            [r["val_loss"] for r in plain.history.rows], rel=DEVICE_RTOL)
     w0, w1 = plain.trainer.model.state_arrays(), graphed.trainer.model.state_arrays()
     for k in w0:
         np.testing.assert_array_equal(to_host(w1[k]), to_host(w0[k]), err_msg=k)

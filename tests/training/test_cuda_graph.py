@@ -12,7 +12,6 @@ the ordinary one. tests/backend/test_gpu.py compares the two on a real device.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,7 +28,7 @@ from dlrun.training import capture
 from dlrun.training.hooks import Callback
 from conftest import CONFIGS, run_cli
 from device_emulation import CaptureError, FAKE_CUPY, HostRead, emulated_gpu
-from gpu_step_cases import STEP_CASES, STEPS, UNCAPTURED, same_training, train_steps
+from gpu_step_cases import STEP_CASES, STEPS, UNCAPTURED, evaluate_batches, same_training, train_steps
 from kernel_emulation import emulate
 
 @pytest.mark.parametrize("case", list(STEP_CASES))
@@ -52,6 +51,64 @@ def test_the_captured_step_trains_exactly_as_the_ordinary_step(case, monkeypatch
     # the model's Python ran for the ordinary steps and the capture only: the replays are the graph alone
     assert len(forwards) == STEPS + 1 - replays + 1 - 1  # (the first step's forward is the checked one)
     same_training(plain, graphed)
+
+
+@pytest.mark.parametrize("case", list(STEP_CASES))
+def test_the_captured_evaluation_scores_exactly_as_the_ordinary_one(case, monkeypatch):
+    """Each epoch's validation replays a graph of its own per batch shape: the forward in
+    evaluation mode, the loss and the metric sums, with the same results."""
+    with emulated_gpu(monkeypatch) as gpu, emulate(monkeypatch):
+        plain = evaluate_batches(case, gpu, graph=False)
+        forwards = []
+        monkeypatch.setattr(type(plain[0].model), "forward",
+                            lambda self, *a, real=type(plain[0].model).forward: forwards.append(1) or real(self, *a))
+        graphed = evaluate_batches(case, gpu)
+    graph = graphed[0].training_step.evaluation_graph
+    assert graphed[1] == plain[1]  # every batch's score
+    np.testing.assert_array_equal(graphed[2], plain[2])  # the metric sums
+    if any(isinstance(layer, dict) and layer["type"] == "Embedding" for layer in STEP_CASES[case].layers):
+        # (its evaluation checks the indices on the host, to name one outside the table)
+        assert graph.status == "not captured: the layer Embedding reads the device when it evaluates"
+        return
+    if case in UNCAPTURED:
+        assert graph.status.startswith("not captured: the capture failed") and UNCAPTURED[case] in graph.status
+        return
+    assert graph.status == "captured", graph.status
+    assert graph.replays == STEPS - capture.WARMUP  # (the capture's own run included)
+    # the model's Python ran for the ordinary batches, the capture and the smaller batch only
+    # (the first training step, which is checked, runs the layers one by one)
+    assert len(forwards) == capture.WARMUP + 1 + 1
+
+
+def test_an_evaluation_graph_whose_state_a_restore_rebinds_is_captured_again(monkeypatch):
+    def rebind(trainer):
+        for layer in trainer.model.layers:
+            for a in layer.state:
+                setattr(layer, a, copy.deepcopy(getattr(layer, a)))
+
+    case = "mlp+batchnorm+dropout, Adam, L2, clip_norm"
+    with emulated_gpu(monkeypatch) as gpu, emulate(monkeypatch):
+        plain = evaluate_batches(case, gpu, graph=False, batches=12, middle=rebind)
+        graphed = evaluate_batches(case, gpu, batches=12, middle=rebind)
+    # captured twice; the batch that finds the arrays rebound runs the ordinary path
+    assert graphed[0].training_step.evaluation_graph.replays == 12 - 2 * capture.WARMUP - 1
+    assert graphed[1] == plain[1]
+    np.testing.assert_array_equal(graphed[2], plain[2])
+
+
+def test_a_plugin_part_keeps_the_evaluation_uncaptured(monkeypatch):
+    class Halve(Linear):  # a plugin (defined outside dlrun) may keep per-step values on the host
+        pass
+
+    with emulated_gpu(monkeypatch) as gpu, emulate(monkeypatch):
+        trainer, _ = STEP_CASES["Hinge"].build(gpu)
+        trainer.model.layers[0].__class__ = Halve
+        x, y = STEP_CASES["Hinge"].batch(np.random.default_rng(0))
+        for _ in range(capture.WARMUP + 2):
+            trainer.training_step.evaluate(gpu.asarray(x), gpu.asarray(y))
+    graph = trainer.training_step.evaluation_graph
+    assert graph.replays == 0
+    assert graph.status == "not captured: the layer Halve is a plugin, which may keep per-step values on the host"
 
 
 @pytest.mark.parametrize("what", ["state", "rng"])
@@ -207,8 +264,10 @@ def test_a_run_trains_resumes_and_stops_early_the_same_with_and_without_the_grap
     plain, w0 = _fit(monkeypatch, "iris.yaml", common + ["train.cuda_graph=false"], tmp_path / "a")
     graphed, w1 = _fit(monkeypatch, "iris.yaml", common, tmp_path / "b")
     assert graphed.summary["cuda_graph"] == "captured" and graphed.trainer.training_step.graph.replays > 10
+    assert graphed.trainer.training_step.evaluation_graph.replays > 0  # iris holds 30 flowers back: 2 batches of 16
     assert plain.summary["cuda_graph"] == "not captured: train.cuda_graph is false"
-    assert [r["train_loss"] for r in graphed.history.rows] == [r["train_loss"] for r in plain.history.rows]
+    for key in ("train_loss", "val_loss", "val_accuracy", "val_f1"):
+        assert [r[key] for r in graphed.history.rows] == [r[key] for r in plain.history.rows], key
     assert graphed.summary["stopped_early"] == plain.summary["stopped_early"]
     for k in w0:
         np.testing.assert_array_equal(w1[k], w0[k], err_msg=k)
