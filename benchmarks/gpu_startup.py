@@ -11,8 +11,10 @@ filled (what every later run on the machine sees). One table row per run:
 - ``process``: the whole process, interpreter start to exit;
 - ``imports``: importing dlrun's training modules; ``device``: everything CUDA costs before the
   first step, split in the second table into importing CuPy, ``cuInit`` (the first runtime call),
-  creating the context (the first allocation), the cuBLAS handle, and CuPy's first arithmetic with
-  a Python number (which imports ``cupyx``, and SciPy with it where SciPy is installed);
+  creating the context (the first allocation), the cuBLAS handle, and the first elementwise
+  kernel (loaded from the cache); the last column says whether the run imported ``cupyx.scipy``
+  or SciPy, which CuPy does the first time an array goes through numpy's ufunc dispatch
+  (``x * 2``, ``x > 0``; dlrun's own code avoids it);
 - ``first step``: building the run and the first training step (kernel compilation or loading);
 - ``epoch 1``: the rest of the first epoch; ``per step``: the mean step time over the later
   epochs (validation included), the cost that a longer run multiplies;
@@ -60,9 +62,9 @@ if device == "gpu":
     lap("context")
     b.xp.cuda.device.get_cublas_handle()
     lap("cuBLAS")
-    (one + 1.0).sum()
+    (1.0 + one).sum()
     b.synchronize()
-    lap("cupyx")
+    lap("first kernel")
 t_device = time.perf_counter()
 marks = {}
 
@@ -87,7 +89,8 @@ ep = marks["epochs"]
 later = (ep[-1][0] - ep[0][0]) / max(1, ep[-1][1] - ep[0][1]) if len(ep) > 1 else float("nan")
 print(json.dumps({"imports": t_imports - t0, "device": t_device - t_imports,
                   "first step": marks["first"] - t_device, "epoch 1": ep[0][0] - marks["first"],
-                  "per step": later, "steps": ep[-1][1], "train": t_end - t_device, "parts": parts}))
+                  "per step": later, "steps": ep[-1][1], "train": t_end - t_device, "parts": parts,
+                  "scipy": any(m == "scipy" or m.startswith("cupyx.scipy") for m in sys.modules)}))
 """
 
 
@@ -146,13 +149,14 @@ def main() -> None:
                     print(f"| {name} | {kind} | {cells} | {r['steps']} | {r['kernels'] if device == 'gpu' else ''} |",
                           flush=True)
                     if r["parts"]:
-                        parts.append((name, kind, r["parts"]))
+                        parts.append((name, kind, {**r["parts"], "SciPy imported": "yes" if r["scipy"] else "no"}))
     if parts:
         names = list(parts[0][2])
         print(f"\nThe device column, part by part:\n\n| config | run | {' | '.join(names)} |")
         print("|---|---|" + "---|" * len(names))
         for name, kind, p in parts:
-            print(f"| {name} | {kind} | " + " | ".join(f"{p[k]:.3f} s" for k in names) + " |")
+            print(f"| {name} | {kind} | " + " | ".join(p[k] if isinstance(p[k], str) else f"{p[k]:.3f} s"
+                                                      for k in names) + " |")
 
 
 if __name__ == "__main__":
