@@ -151,15 +151,21 @@ class Recurrent(Layer):
             e[-1] = dy.T
 
     def stacked_gradients(self, da, xh, out, rows=None):
-        """dW, db and dU from one batched product, for a step that multiplies [W | b | U] by the
-        column [x_t; 1; h_{t−1}]: ``xh`` (T + 1, D + 1 + units, N) holds those columns (without
-        the 1 when there is no bias), ``da`` (T, rows, N) the gradient of the product, ``out``
-        (T, rows, D + 1 + units) is scratch. Their sums over the steps are written into the
-        parameters' grads; ``rows`` (:meth:`gate_rows` with ``inverse``) takes the rows from the
-        layer's gate order back to PyTorch's."""
+        """dW, db and dU from a batched product over the steps, for a step that multiplies
+        [W | b | U] by the column [x_t; 1; h_{t−1}]: ``xh`` (T + 1, D + 1 + units, N) holds those columns (without
+        the 1 when there is no bias; h_0 = 0, so the first step's product leaves out its h
+        rows), ``da`` (T, rows, N) the gradient of the product, ``out`` (T, rows, D + 1 + units,
+        C-contiguous) is scratch. Their sums over the steps are written into the parameters'
+        grads; ``rows`` (:meth:`gate_rows` with ``inverse``) takes the rows from the layer's
+        gate order back to PyTorch's."""
         xp, matmul = self.xp, self.backend.matmul
-        grads = matmul(da, xh[:len(da)].transpose(0, 2, 1), out=out).sum(axis=0)
-        d, k = self.weight.grad.shape[1], xh.shape[1] - self.units
+        steps, d, k = len(da), self.weight.grad.shape[1], xh.shape[1] - self.units
+        # h_0 = 0 adds nothing to dU: the first step's product skips those columns
+        matmul(da[1:], xh[1:steps].transpose(0, 2, 1), out=out[1:])
+        matmul(da[0], xh[0, :k].T, out=out[0, :, :k])
+        out[0, :, k:] = 0
+        # the sum over the steps as one matrix-vector product (one BLAS pass; numpy's sum makes T)
+        grads = matmul(self.buffers.ones(xp, steps, out.dtype), out.reshape(steps, -1)).reshape(out.shape[1:])
         parts = [(grads[:, :d], self.weight.grad), (grads[:, k:], self.recurrent.grad)]
         if self.bias is not None:
             parts.append((grads[:, d], self.bias.grad))
