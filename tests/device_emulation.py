@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 import types
 from contextlib import contextmanager
 
@@ -47,11 +48,29 @@ class HostRead(AssertionError):
 
 
 _guard = {"on": False}
+# every read from the device (or synchronisation) the stand-in has seen, allowed or not, as
+# (what, the traceback's frames), while a ``counting_host_reads`` block is open
+_reads: dict = {"log": None}
 
 
 def _host_read(what: str) -> None:
     if _guard["on"]:
         raise HostRead(f"the host waits for the device: {what}")
+    log = _reads["log"]
+    if log is not None:
+        log.append((what, traceback.extract_stack()[:-2]))
+
+
+@contextmanager
+def counting_host_reads():
+    """Within it, every read from the device and every synchronisation is listed: yields the
+    list of ``(what, stack)`` it fills (a stack: traceback.extract_stack's frames)."""
+    before, log = _reads["log"], []
+    _reads["log"] = log
+    try:
+        yield log
+    finally:
+        _reads["log"] = before
 
 
 @contextmanager

@@ -72,6 +72,26 @@ class Backend:
             return None
         return int(free) + int(self.xp.get_default_memory_pool().free_bytes())
 
+    def read_back(self, values: list) -> list:
+        """Host values of ``values`` (device scalars and vectors, host numbers, None), in one
+        device-to-host transfer: scalars come back as floats (an int64 count too: exact below
+        2**53), vectors as float64 arrays, None as None. On the GPU the device values are gathered
+        into one float64 vector on the device and read with one ``get``, so the host waits once
+        for all of them, not once per value; on the CPU nothing is copied but the vectors."""
+        if self.xp is np:
+            return [None if v is None else np.array(v, dtype=np.float64) if np.ndim(v) else float(v) for v in values]
+        xp = self.xp
+        dev = [v.reshape(-1) for v in values if isinstance(v, xp.ndarray)]
+        flat = xp.concatenate(dev, dtype=np.float64).get() if dev else None
+        out, at = [], 0
+        for v in values:
+            if isinstance(v, xp.ndarray):
+                part, at = flat[at:at + v.size], at + v.size
+                out.append(part.reshape(v.shape) if v.ndim else float(part[0]))
+            else:
+                out.append(None if v is None else np.array(v, dtype=np.float64) if np.ndim(v) else float(v))
+        return out
+
     def host_buffer(self, shape, dtype) -> np.ndarray:
         """An uninitialised host array that :meth:`copy_out` fills without making the host wait:
         page-locked memory on the GPU (as ``cupyx.empty_pinned`` makes), a plain array on the CPU."""

@@ -19,6 +19,8 @@ class Regularizer:
     gradcheck when the penalty has kinks)."""
 
     def penalty(self, w):
+        """R(w), a scalar: a Python float, or a 0-d array on w's device (the built-ins' kind; on
+        the GPU it is then read back with the epoch's other values, not on its own)."""
         raise NotImplementedError
 
     def add_gradient(self, w, grad) -> None:
@@ -62,7 +64,8 @@ class L2(Regularizer):
 
     def penalty(self, w):
         # in float64: float32 squares overflow from |w| ≈ 1.8e19 (weights 1e30 gave an inf loss)
-        return self.strength * float(array_module(w).square(w, dtype="float64").sum())
+        # a scalar on w's device: the trainer reads it back with the epoch's other values
+        return self.strength * array_module(w).square(w, dtype="float64").sum()
 
     def add_gradient(self, w, grad) -> None:
         # grad += 2λw without a float64 up-cast: a Python float keeps the array's dtype
@@ -86,7 +89,7 @@ class L1(Regularizer):
         self.strength = strength
 
     def penalty(self, w):
-        return self.strength * float(abs(w).sum(dtype="float64"))
+        return self.strength * abs(w).sum(dtype="float64")
 
     def add_gradient(self, w, grad) -> None:
         xp = array_module(w)

@@ -119,9 +119,13 @@ class Tracker:
     def results(self, sums, prefix: str) -> dict[str, float | None]:
         """``{prefix + name: value}`` from an epoch's sums (read from the device once); every
         value None when ``sums`` is None (no validation data)."""
-        if sums is None:
+        return self.values(None if sums is None else self.backend.to_host(sums), prefix)
+
+    def values(self, host, prefix: str) -> dict[str, float | None]:
+        """:meth:`results` from sums already on the host (``Backend.read_back``'s, say)."""
+        if host is None:
             return {prefix + n: None for n in self.names}
-        host = self.backend.to_host(sums).astype(np.float64)
+        host = np.asarray(host, dtype=np.float64)
         return {prefix + n: _value(m, m.result(host[s].copy()))
                 for n, m, s in zip(self.names, self.metrics, self.slices)}
 

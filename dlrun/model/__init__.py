@@ -306,13 +306,20 @@ class Sequential:
     def num_parameters(self) -> int:
         return sum(p.size for _, p in self.named_parameters())
 
-    def state_arrays(self) -> dict[str, np.ndarray]:
-        """Host copies of every parameter and declared layer state, by qualified name."""
-        out = {name: self.backend.to_host(p.data) for name, p in self.named_parameters()}
+    def device_state(self) -> dict:
+        """Every parameter and declared layer state, by qualified name, as the model holds them:
+        the live arrays on its device (a layer's state may also be a number), not copies."""
+        out = {name: p.data for name, p in self.named_parameters()}
         for i, layer in self.owners():
             for attr in layer.state:
-                out[f"{i}.state.{attr}"] = np.asarray(self.backend.to_host(getattr(layer, attr)))
+                out[f"{i}.state.{attr}"] = getattr(layer, attr)
         return out
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """Host copies of every parameter and declared layer state, by qualified name (on the
+        CPU views of the live arrays)."""
+        to_host = self.backend.to_host
+        return {k: np.asarray(to_host(v)) for k, v in self.device_state().items()}
 
     def load_state_arrays(self, arrays: dict, path="checkpoint", meta: dict | None = None) -> None:
         """Copy parameters and layer state back from ``state_arrays`` output.
@@ -393,7 +400,7 @@ def check_fits(path, arrays: dict, model, meta: dict | None = None) -> None:
     Compares names (missing, unexpected), shapes, finiteness and, when the checkpoint records its
     config, the layer types in order (parameter-free layers have no arrays to compare).
     """
-    expected = {k: np.shape(v) for k, v in model.state_arrays().items()}
+    expected = {k: np.shape(v) for k, v in model.device_state().items()}
     problems = []
     saved = None
     if meta and isinstance(meta.get("nodes"), list):  # a graph's layers, node by node

@@ -60,13 +60,56 @@ def _strings(value):
             yield from _strings(v)
 
 
-def capture(trainer: Trainer, config: Config, extra: dict | None = None) -> tuple[dict, dict, dict]:
-    """Host copies of (model arrays, optimizer arrays, meta) for the trainer's current state."""
+class HostCopies:
+    """Host copies of a model's and optimizer's arrays for a checkpoint, made without waiting for
+    the device: on the GPU each array is queued for an asynchronous copy into page-locked host
+    memory, kept between calls and refilled in place (one set per use: the pending best state,
+    the state being written), and :meth:`ready` waits once, for all of them, before they are
+    written to disk. On the CPU they are plain copies."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.buffers: dict = {}
+
+    def take(self, arrays: dict, group: str) -> dict:
+        """Copies of ``arrays`` (name to array or number); ``group`` keeps their buffers apart."""
+        b = self.backend
+        xp = b.xp
+        if xp is np:
+            return {k: np.array(v) for k, v in arrays.items()}
+        out = {}
+        for k, v in arrays.items():
+            if not isinstance(v, xp.ndarray):  # a number, or a host array
+                out[k] = np.array(v)
+                continue
+            buf = self.buffers.get((group, k))
+            if buf is None or buf.shape != v.shape or buf.dtype != v.dtype:
+                buf = self.buffers[(group, k)] = b.host_buffer(v.shape, v.dtype)
+            b.copy_out(buf, v)
+            out[k] = buf
+        return out
+
+    def ready(self) -> None:
+        """Wait until every queued copy has landed (before the copies are read)."""
+        self.backend.synchronize()
+
+
+def capture(trainer: Trainer, config: Config, extra: dict | None = None,
+            copies: tuple[HostCopies, str] | None = None) -> tuple[dict, dict, dict]:
+    """Host copies of (model arrays, optimizer arrays, meta) for the trainer's current state.
+    ``copies`` (a :class:`HostCopies` and its group) queues them, to be read after its ``ready``;
+    without it each array is read back at once."""
     model = trainer.model
-    to_host = model.backend.to_host
     state = trainer.state_dict()
     # copies, not views: a pending best.npz must not follow the live buffers
-    optim = {k: np.array(to_host(v)) for k, v in state["optimizer"].items()}
+    to_host = model.backend.to_host
+
+    def take(arrays: dict) -> dict:
+        if copies is not None:
+            return copies[0].take(arrays, copies[1])
+        return {k: np.array(to_host(v)) for k, v in arrays.items()}
+
+    optim = take(state["optimizer"])
     meta = {"dlrun_version": __version__, "epoch": state["epoch"], "step": state["step"],
             "config": config.raw, "split_shares": config.split_shares,
             "input_shape": list(model.input_shape), "dtype": str(model.dtype),
@@ -80,7 +123,7 @@ def capture(trainer: Trainer, config: Config, extra: dict | None = None) -> tupl
             "controls": state["controls"], **(extra or {})}
     if isinstance(model, Graph):  # the layer of each node, which check_fits compares
         meta["nodes"] = layer_types(model)
-    return {k: np.array(v) for k, v in model.state_arrays().items()}, optim, meta
+    return take(model.device_state()), optim, meta
 
 
 def preprocess_meta(ds: Dataset) -> dict:
@@ -100,9 +143,15 @@ def recorded_preprocessing(ckpt: checkpoint.Checkpoint) -> Preprocessing | None:
         raise CheckpointError(f"{ckpt.path}: corrupt checkpoint: meta.preprocess: {e}") from None
 
 
-def write(path: Path, trainer: Trainer, config: Config, extra: dict | None = None) -> Path:
-    """Write the trainer's state to ``path`` atomically."""
-    return checkpoint.save(path, *capture(trainer, config, extra))
+def write(path: Path, trainer: Trainer, config: Config, extra: dict | None = None,
+          copies: HostCopies | None = None) -> Path:
+    """Write the trainer's state to ``path`` atomically (``copies``: through its buffers, with one
+    wait for the device, not one per array)."""
+    if copies is None:
+        return checkpoint.save(path, *capture(trainer, config, extra))
+    state = capture(trainer, config, extra, (copies, "write"))
+    copies.ready()
+    return checkpoint.save(path, *state)
 
 
 def load_weights(model, ckpt: checkpoint.Checkpoint) -> None:
@@ -196,7 +245,9 @@ class CheckpointWriter(Callback):
     """Writes ``last.npz`` every ``every`` epochs and at the end, and ``best.npz`` by a metric.
 
     The best state is copied to host memory when the metric improves and written with the next
-    ``last.npz``, so both files always describe a moment the run actually passed through.
+    ``last.npz``, so both files always describe a moment the run actually passed through. On the
+    GPU those copies are queued into page-locked memory (:class:`HostCopies`): the host waits for
+    the device once per checkpoint written, not once per array nor at each better epoch.
     """
 
     def __init__(self, folder: Path, config: Config, every: int, monitor: str, mode: str,
@@ -207,12 +258,14 @@ class CheckpointWriter(Callback):
         self.extra = extra or {}
         self._pending = None
         self._written_epoch = None
+        self.copies = None
 
     def on_train_begin(self, trainer):
         self.trainer = trainer
+        self.copies = HostCopies(trainer.backend)
         self._written_epoch = trainer.epoch
         if self._best_lost(trainer):  # resumed at the best epoch, whose best.npz a full disk refused
-            self._pending = capture(trainer, self.config, {**self.extra, "best": self.best})
+            self._pending = capture(trainer, self.config, {**self.extra, "best": self.best}, (self.copies, "best"))
 
     def _best_lost(self, trainer) -> bool:
         """Whether the state resumed from is the recorded best epoch's and best.npz does not hold
@@ -236,7 +289,8 @@ class CheckpointWriter(Callback):
         value = metrics.get(self.monitor)
         if self._improved(value):
             self.best = {"monitor": self.monitor, "mode": self.mode, "value": float(value), "epoch": epoch}
-            self._pending = capture(self.trainer, self.config, {**self.extra, "best": self.best})
+            # (queued: on the GPU the host does not wait until the state is written)
+            self._pending = capture(self.trainer, self.config, {**self.extra, "best": self.best}, (self.copies, "best"))
         if epoch % self.every == 0:
             self.flush()
 
@@ -248,7 +302,9 @@ class CheckpointWriter(Callback):
         """Write last.npz (``extra`` adds to its metadata), then the pending best.npz: a disk that
         fills between the two leaves the run resumable (a resume whose best.npz is older than
         last.npz's record of the best has lost those weights only)."""
-        write(self.folder / "last.npz", self.trainer, self.config, {**self.extra, "best": self.best, **(extra or {})})
+        # (the wait for the copies of last.npz's arrays covers the pending best's, queued before)
+        write(self.folder / "last.npz", self.trainer, self.config, {**self.extra, "best": self.best, **(extra or {})},
+              self.copies)
         self._written_epoch = self.trainer.epoch
         if self._pending is not None:
             checkpoint.save(self.folder / "best.npz", *self._pending)

@@ -198,8 +198,9 @@ class EarlyStopping(Callback):
         if self.best is None or improved(current, self.best, self.mode, self.min_delta):
             self.best, self.best_epoch, self.wait = current, epoch, 0
             if self.restore_best_weights:
-                # state_arrays gives views of the live arrays on the CPU backend: copy them
-                self.best_weights = {k: v.copy() for k, v in self.model.state_arrays().items()}
+                # copies on the model's device (on the GPU the host waits for none of them)
+                self.best_weights = {k: v.copy() if hasattr(v, "copy") else np.asarray(v)
+                                     for k, v in self.model.device_state().items()}
             return False
         self.wait += 1
         if self.wait >= self.patience:

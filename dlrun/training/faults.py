@@ -3,7 +3,8 @@
 Non-finite values are detected once per epoch, not per batch, so the normal path pays nothing
 per batch: the guard copies the parameters and optimizer state when an epoch starts (into
 buffers on the same device, so on GPU the copy never waits for the host) and, when it ends,
-checks that the epoch's summed loss and every parameter are finite (one value read back). When one
+checks that the epoch's summed loss and every parameter are finite (a sum over the weights, read
+back with the epoch's other values). When one
 is not, it restores the copy and replays the epoch batch by batch, checking each layer's output
 (forward), each ``dx`` and parameter gradient (backward) and the updated parameters, and names
 the first that is not finite. It then restores the copy again, so the model holds the last good
@@ -130,26 +131,32 @@ class NonFiniteGuard:
         undone, back to where it started or was resumed (:meth:`restore`)."""
         return position if self.healthy(position.loss_sum) else self.restore(rewind_shuffle=True)
 
-    def healthy(self, train_loss: float) -> bool:
-        """True when the epoch's loss and every parameter are finite (one pass over the weights)."""
-        if not math.isfinite(train_loss):
-            return False
+    def total(self):
+        """A sum over every parameter that is finite when they all are (NaN and inf survive it):
+        a scalar on the model's device, queued, for :meth:`healthy` (on the GPU, read back with
+        the epoch's other values in one transfer)."""
         if self._arena is not None and self._arena.dirty:
             self._arena.adopt()
-        # fast path: a sum is finite when no element is NaN/inf (a sum of finite values that
-        # overflows falls back to the exact elementwise test)
         params = self._params
-        # on GPU: one read, not one per array. Usually there is one array, the model's flat buffer,
-        # and its dot with itself (a sum of squares: NaN and inf survive it) is the cheapest reduction
+        # usually there is one array, the model's flat buffer, and its dot with itself (a sum of
+        # squares) is the cheapest reduction
         if self._one_flat:
             p, xp = params[0], self.trainer.backend.xp
             if xp is np:
-                total = float(p.dot(p))
-            else:  # CuPy's dot of the whole buffer took a copy of it first: the squares a block at a time
-                total = float(sum(xp.square(p[i:i + _BLOCK]).sum() for i in range(0, p.size, _BLOCK)))
-        else:
-            total = float(sum(a.sum() for a in params)) if params else 0.0
-        return math.isfinite(total) or all(nonfinite_kind(a) is None for a in params)
+                return p.dot(p)
+            # CuPy's dot of the whole buffer took a copy of it first: the squares a block at a time
+            return sum(xp.square(p[i:i + _BLOCK]).sum() for i in range(0, p.size, _BLOCK))
+        return sum(a.sum() for a in params) if params else 0.0
+
+    def healthy(self, train_loss: float, total=None) -> bool:
+        """True when the epoch's loss and every parameter are finite; ``total`` is :meth:`total`
+        read back (None: computed and read here)."""
+        if not math.isfinite(train_loss):
+            return False
+        # fast path: a sum is finite when no element is NaN/inf (a sum of finite values that
+        # overflows falls back to the exact elementwise test)
+        total = float(self.total() if total is None else total)
+        return math.isfinite(total) or all(nonfinite_kind(a) is None for a in self._params)
 
     def diagnose(self, epoch: int, batches, callbacks=(), first: int = 0) -> NonFiniteError:
         """Replay the epoch from the snapshot, checking every step; return the error to raise.

@@ -217,8 +217,9 @@ class TrainingStep:
         self.accumulator.finish(share, first)
         return True
 
-    def penalty(self) -> float:
-        """The regularizers' penalty on the current weights (added to the reported losses)."""
+    def penalty(self):
+        """The regularizers' penalty on the current weights (added to the reported losses): a
+        scalar, on the device for the built-in regularizers."""
         return penalty(self.regularized)
 
 
@@ -229,8 +230,9 @@ def regularized(model, regularizer=None) -> list:
             if p.trainable and (p.regularizer or (regularizer and p.regularize))]
 
 
-def penalty(pairs: list) -> float:
-    """The summed penalty of ``regularized`` pairs on the current weights."""
+def penalty(pairs: list):
+    """The summed penalty of ``regularized`` pairs on the current weights (a scalar, on the
+    model's device for the built-in regularizers: read it back with ``Backend.read_back``)."""
     return sum(reg.penalty(p.data) for p, reg in pairs) if pairs else 0.0
 
 

@@ -167,7 +167,7 @@ class Trainer:
             pool.enabled = on
         return on
 
-    def _penalty(self) -> float:
+    def _penalty(self):
         return penalty(self.training_step.regularized)
 
     def fit(self, x, y, x_val=None, y_val=None, epochs: int = 10, callbacks=(), history: History | None = None) -> History:
@@ -263,26 +263,34 @@ class Trainer:
                 if world is not None:  # the epoch's sums over every rank's part (one collective)
                     loss_sum, correct = self._sum_over_ranks(loss_sum, correct)
                     self._share_state()
-                penalty = self._penalty() if regularized else 0.0  # once per epoch (validation adds the same)
-                train_loss = float(loss_sum) / used + penalty  # the loss reported, as checked
-                healthy = guard.healthy(train_loss)
-                if callbacks or val is not None or not healthy:  # others see the model: plain mode
+                # the epoch's values, queued on the device and read back together (on the GPU one
+                # transfer, not one wait per value): its sums, the penalty (once per epoch: validation
+                # adds the same), the guard's sum over the weights, and the validation's sums
+                if callbacks or val is not None:  # others see the model: plain mode
                     fast = self.fast_mode(False)
-                if not healthy:  # replay the epoch to name the first non-finite value
+                queued = [loss_sum, correct if classify else None, self._penalty() if regularized else 0.0,
+                          guard.total(), self._sums]
+                if val is not None:
+                    queued += self._evaluate_sums(*val, sharded=True)
+                got = backend.read_back(queued)
+                penalty = got[2]
+                train_loss = got[0] / used + penalty  # the loss reported, as checked
+                if not guard.healthy(train_loss, got[3]):  # replay the epoch to name the first non-finite value
+                    fast = self.fast_mode(False)
                     error = guard.diagnose(epoch, self._epoch_batches(xd, yd, order_d, bs, used, first, parts),
                                            after_backward, first)
                     self.position = guard.position  # the state kept: where the epoch started or resumed
                     raise error
                 self.epoch = epoch
-                m = self._evaluate_device(*val, penalty=penalty, sharded=True) if val is not None else _NO_VALIDATION
+                m = self._validation(got[5:], len(val[0]), penalty) if val is not None else _NO_VALIDATION
                 row = {"epoch": epoch, "train_loss": train_loss,
-                       "train_accuracy": float(correct) / used if classify else None,
+                       "train_accuracy": got[1] / used if classify else None,
                        "val_loss": m["loss"], "val_accuracy": m["accuracy"],
                        "learning_rate": float(optimizer.learning_rate),
                        "seconds": time.perf_counter() - t0}
                 if tracked:
-                    row.update(self.tracker.results(self._sums, "train_"))
-                    row.update(self.tracker.results(m.get("metrics"), "val_"))
+                    row.update(self.tracker.values(got[4], "train_"))
+                    row.update(self.tracker.values(m.get("metrics"), "val_"))
                 history.rows.append(row)
                 if self._draws:  # (before the callbacks: the checkpoint writer among them)
                     self._gather_states()
@@ -376,8 +384,10 @@ class Trainer:
         bs = n if batch_size is None else max(1, min(batch_size, n))
         return [(s, min(s + bs, n)) for s in range(0, n, bs)]
 
-    def _evaluate_device(self, xd, yd, batch_size: int | None = None, penalty: float | None = None,
-                         sharded: bool = False) -> dict:
+    def _evaluate_sums(self, xd, yd, batch_size: int | None = None, sharded: bool = False) -> list:
+        """Queue the evaluation of (xd, yd) in evaluation mode: ``[loss sum, correct predictions
+        (None for regression), metric sums]``, on the device (several ranks: this rank's part,
+        added up over the ranks, on the host)."""
         self.model.eval()
         n = len(xd)
         # several ranks: this rank's part (rows lo..hi), whose sums are added up below
@@ -396,16 +406,28 @@ class Trainer:
                                      self.backend.to_host(sums) if sums is not None else []])
             total = self.world.sum_host(values)
             loss_sum, correct = total[0], round(total[1])
-            sums = self.backend.asarray(total[2:]) if sums is not None else None
-        return {"loss": float(loss_sum) / n + (self._penalty() if penalty is None else penalty),
-                "accuracy": float(correct) / n if self.classification else None,
+            sums = total[2:] if sums is not None else None
+        return [loss_sum, correct if self.classification else None, sums]
+
+    def _validation(self, got: list, n: int, penalty: float) -> dict:
+        """Loss (with ``penalty``), accuracy and metric sums from :meth:`_evaluate_sums`' values
+        read back, for ``n`` samples."""
+        loss_sum, correct, sums = got
+        return {"loss": loss_sum / n + penalty, "accuracy": correct / n if self.classification else None,
                 "metrics": sums}
+
+    def _evaluate_device(self, xd, yd, batch_size: int | None = None) -> dict:
+        """Loss, accuracy and metric sums (host values, read back at once) on device data."""
+        queued = [self._penalty() if self.training_step.regularized else 0.0,
+                  *self._evaluate_sums(xd, yd, batch_size)]
+        got = self.backend.read_back(queued)
+        return self._validation(got[1:], len(xd), got[0])
 
     def evaluate(self, x, y, batch_size: int | None = None) -> dict:
         """Loss (including regularization), accuracy and the train.metrics (``metrics``: name to
         value) on (x, y), in evaluation mode."""
         m = self._evaluate_device(*self.to_device(x, y), batch_size)
-        return {**m, "metrics": self.tracker.results(m["metrics"], "")}
+        return {**m, "metrics": self.tracker.values(m["metrics"], "")}
 
     def predict(self, x, batch_size: int | None = None) -> np.ndarray:
         """Raw model outputs for ``x`` (host array), in evaluation mode."""
