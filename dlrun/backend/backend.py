@@ -75,11 +75,12 @@ class Backend:
     def read_back(self, values: list) -> list:
         """Host values of ``values`` (device scalars and vectors, host numbers, None), in one
         device-to-host transfer: scalars come back as floats (an int64 count too: exact below
-        2**53), vectors as float64 arrays, None as None. On the GPU the device values are gathered
+        2**53), vectors as host arrays, None as None. On the GPU the device values are gathered
         into one float64 vector on the device and read with one ``get``, so the host waits once
-        for all of them, not once per value; on the CPU nothing is copied but the vectors."""
-        if self.xp is np:
-            return [None if v is None else np.array(v, dtype=np.float64) if np.ndim(v) else float(v) for v in values]
+        for all of them, not once per value; on the CPU nothing is copied (a vector comes back
+        as it was given)."""
+        if self.xp is np:  # (once per epoch of a run whose steps may take microseconds: kept lean)
+            return [v if v is None or (type(v) is _NDARRAY and v.ndim) else float(v) for v in values]
         xp = self.xp
         dev = [v.reshape(-1) for v in values if isinstance(v, xp.ndarray)]
         flat = xp.concatenate(dev, dtype=np.float64).get() if dev else None
@@ -89,7 +90,7 @@ class Backend:
                 part, at = flat[at:at + v.size], at + v.size
                 out.append(part.reshape(v.shape) if v.ndim else float(part[0]))
             else:
-                out.append(None if v is None else np.array(v, dtype=np.float64) if np.ndim(v) else float(v))
+                out.append(_host_value(v))
         return out
 
     def host_buffer(self, shape, dtype) -> np.ndarray:
@@ -212,6 +213,18 @@ class Captured:
     def replay(self) -> None:
         """Queue the graph's work on the current stream (the host does not wait)."""
         self.graph.launch()
+
+
+_NDARRAY = np.ndarray
+
+
+def _host_value(v):
+    """A host value as :meth:`Backend.read_back` gives it: None, a float, or a float64 array."""
+    if v is None:
+        return None
+    if isinstance(v, np.ndarray) and v.ndim:
+        return np.array(v, dtype=np.float64)
+    return float(v)
 
 
 def upload(dst, src) -> None:
