@@ -8,7 +8,7 @@ import numpy as np
 from . import contract
 from .. import parallel, seeding
 from ..backend.arena import ParamArena
-from ..backend import CPU, Backend
+from ..backend import CPU, Backend, array_module
 from ..errors import CheckpointError, ConfigError, DlrunError, LayerContractError, Location, ShapeError
 from ..layers.base import Layer
 from ..layers.order import execution_order
@@ -419,7 +419,7 @@ def check_fits(path, arrays: dict, model, meta: dict | None = None) -> None:
             problems.append(f"{name}: shape {tuple(arrays[name].shape)} in the checkpoint, {tuple(shape)} in the model")
         elif arrays[name].dtype.kind not in "fiub":
             problems.append(f"{name}: dtype {arrays[name].dtype} is not numeric")
-        elif arrays[name].dtype.kind == "f" and not np.isfinite(arrays[name]).all():
+        elif arrays[name].dtype.kind == "f" and not array_module(arrays[name]).isfinite(arrays[name]).all():
             problems.append(f"{name}: contains NaN or inf")
     problems += [f"{name}: in the checkpoint but not in the model" for name in arrays if name not in expected]
     if problems:
