@@ -77,7 +77,7 @@ class HostCopies:
         xp = b.xp
         if xp is np:
             return {k: np.array(v) for k, v in arrays.items()}
-        out = {}
+        out, pairs = {}, []
         for k, v in arrays.items():
             if not isinstance(v, xp.ndarray):  # a number, or a host array
                 out[k] = np.array(v)
@@ -85,8 +85,9 @@ class HostCopies:
             buf = self.buffers.get((group, k))
             if buf is None or buf.shape != v.shape or buf.dtype != v.dtype:
                 buf = self.buffers[(group, k)] = b.host_buffer(v.shape, v.dtype)
-            b.copy_out(buf, v)
+            pairs.append((buf, v))
             out[k] = buf
+        b.copy_out(pairs)
         return out
 
     def ready(self) -> None:

@@ -1,8 +1,8 @@
 """Training faults: where a non-finite value first appeared, and a clean stop on SIGINT/SIGTERM.
 
 Non-finite values are detected once per epoch, not per batch, so the normal path pays nothing
-per batch: the guard copies the parameters and optimizer state when an epoch starts (into
-buffers on the same device, so on GPU the copy never waits for the host) and, when it ends,
+per batch: the guard copies the parameters and optimizer state when an epoch starts (on the GPU
+into page-locked host memory, queued, so the host never waits for the copy) and, when it ends,
 checks that the epoch's summed loss and every parameter are finite (a sum over the weights, read
 back with the epoch's other values). When one
 is not, it restores the copy and replays the epoch batch by batch, checking each layer's output
