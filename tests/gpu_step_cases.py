@@ -188,6 +188,12 @@ def evaluate_batches(case, gpu, graph=True, batches=STEPS, middle=None):
     return trainer, scores, None if sums is None else to_host(sums)
 
 
+def evaluates_uncaptured(case) -> bool:
+    """Whether a case's evaluation keeps the ordinary path: an Embedding checks its batch's
+    indices on the host there, to name one outside the table."""
+    return any(isinstance(layer, dict) and layer["type"] == "Embedding" for layer in STEP_CASES[case].layers)
+
+
 # the step cases whose step CUDA cannot capture: batched matrix products (attention's scores and
 # weighted values) reach cuBLAS through CuPy, which refuses them while a stream is captured, so
 # the step keeps the ordinary path (the value: a part of the reason it gives)

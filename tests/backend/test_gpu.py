@@ -19,7 +19,8 @@ from dlrun.gradcheck.inputs import joined, joined_shape
 from dlrun.model import Sequential
 from dlrun.training import capture
 from conftest import CONFIGS, _environment
-from gpu_step_cases import STEP_CASES, STEPS, UNCAPTURED, evaluate_batches, same_training, train_steps
+from gpu_step_cases import (STEP_CASES, STEPS, UNCAPTURED, evaluate_batches, evaluates_uncaptured, same_training,
+                            train_steps)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")]
@@ -485,7 +486,7 @@ def test_the_captured_evaluation_scores_as_the_ordinary_one_on_the_device(case):
     plain = evaluate_batches(case, gpu, graph=False)
     graphed = evaluate_batches(case, gpu)
     graph = graphed[0].training_step.evaluation_graph
-    if any(isinstance(layer, dict) and layer["type"] == "Embedding" for layer in STEP_CASES[case].layers):
+    if evaluates_uncaptured(case):
         assert graph.status == "not captured: the layer Embedding reads the device when it evaluates"
     else:
         assert graph.status == "captured" and graph.replays == STEPS - capture.WARMUP, graph.status

@@ -28,16 +28,22 @@ from dlrun.training import capture
 from dlrun.training.hooks import Callback
 from conftest import CONFIGS, run_cli
 from device_emulation import CaptureError, FAKE_CUPY, HostRead, emulated_gpu
-from gpu_step_cases import STEP_CASES, STEPS, UNCAPTURED, evaluate_batches, same_training, train_steps
+from gpu_step_cases import (STEP_CASES, STEPS, UNCAPTURED, evaluate_batches, evaluates_uncaptured, same_training,
+                            train_steps)
 from kernel_emulation import emulate
+
+def _counting_forwards(monkeypatch, model) -> list:
+    """A list that gets an entry each time a model of ``model``'s class runs its forward in Python."""
+    calls, real = [], type(model).forward
+    monkeypatch.setattr(type(model), "forward", lambda self, *a: calls.append(1) or real(self, *a))
+    return calls
+
 
 @pytest.mark.parametrize("case", list(STEP_CASES))
 def test_the_captured_step_trains_exactly_as_the_ordinary_step(case, monkeypatch):
     with emulated_gpu(monkeypatch) as gpu, emulate(monkeypatch):
         plain = train_steps(case, gpu, graph=False)
-        forwards = []
-        monkeypatch.setattr(type(plain[0].model), "forward",
-                            lambda self, *a, real=type(plain[0].model).forward: forwards.append(1) or real(self, *a))
+        forwards = _counting_forwards(monkeypatch, plain[0].model)
         graphed = train_steps(case, gpu)
     graph = graphed[0].training_step.graph
     if case in UNCAPTURED:
@@ -59,15 +65,12 @@ def test_the_captured_evaluation_scores_exactly_as_the_ordinary_one(case, monkey
     evaluation mode, the loss and the metric sums, with the same results."""
     with emulated_gpu(monkeypatch) as gpu, emulate(monkeypatch):
         plain = evaluate_batches(case, gpu, graph=False)
-        forwards = []
-        monkeypatch.setattr(type(plain[0].model), "forward",
-                            lambda self, *a, real=type(plain[0].model).forward: forwards.append(1) or real(self, *a))
+        forwards = _counting_forwards(monkeypatch, plain[0].model)
         graphed = evaluate_batches(case, gpu)
     graph = graphed[0].training_step.evaluation_graph
     assert graphed[1] == plain[1]  # every batch's score
     np.testing.assert_array_equal(graphed[2], plain[2])  # the metric sums
-    if any(isinstance(layer, dict) and layer["type"] == "Embedding" for layer in STEP_CASES[case].layers):
-        # (its evaluation checks the indices on the host, to name one outside the table)
+    if evaluates_uncaptured(case):
         assert graph.status == "not captured: the layer Embedding reads the device when it evaluates"
         return
     if case in UNCAPTURED:
