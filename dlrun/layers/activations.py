@@ -51,7 +51,9 @@ class ReLU(_KinkAtZero, Layer):
         # third activation-sized array would cost one more pass of fresh memory (in-place on the
         # mask, about 1 us less per step on the spiral's 300x100; same values)
         mask = self._mask
-        out = mask if self.buffers.enabled and dy.dtype == mask.dtype else self.buffer("dx", dy.shape, dy.dtype)
+        # (numpy's dtypes of one type are one object: `is` spares the comparison's call; another
+        # dtype object of the same type would take the separate buffer, and give the same values)
+        out = mask if self.buffers.enabled and dy.dtype is mask.dtype else self.buffer("dx", dy.shape, dy.dtype)
         return np.multiply(dy, mask, out)  # (the CPU: numpy)
 
     def branch_signature(self):

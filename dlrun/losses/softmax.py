@@ -86,7 +86,7 @@ class SoftmaxCrossEntropy(Loss):
         # log-sum-exp form: -log p_y = log Σ exp(z - m) - (z_y - m); never log(0)
         np.log(s, s)
         np.add(s, m, s)
-        zy = (w.z_flat if w.z_flat is not None else z.reshape(-1)).take(w.flat, out=w.zy)
+        zy = (w.z_flat if w.z_flat is not None else z.reshape(-1)).take(w.flat, None, w.zy)  # (axis, out)
         eps = self.label_smoothing
         if eps:  # -Σ_j t_j log p_j = lse - (1 - ε)·z_y - (ε/C)·Σ_j z_j
             np.multiply(z.sum(axis=1, out=w.zsum), eps / w.c, out=w.zsum)
