@@ -41,7 +41,9 @@ class ReLU(_KinkAtZero, Layer):
         mask = pool.get(xp, "mask", x.shape, x.dtype)
         # (numpy's ufuncs, their outputs given positionally: the same loops, less Python per call)
         self._mask = np.greater(x, 0, xp.empty(x.shape, x.dtype) if mask is None else mask)
-        return np.multiply(x, self._mask, pool.get(xp, "y", x.shape, x.dtype))
+        # the output over the input where nothing reads the input again (owns_input: after a
+        # Linear, in training): one activation-sized array less per step (spiral: ~1.4 us of 67)
+        return np.multiply(x, self._mask, x if self.owns_input else pool.get(xp, "y", x.shape, x.dtype))
 
     def backward(self, dy):
         if self._mask is None:

@@ -91,11 +91,20 @@ class Layer:
         num_inputs: how many inputs ``build``, ``forward`` and ``backward`` take: 1 (the
             default), a fixed number, or None for "two or more" (``Add``). A layer with several
             inputs gets them as separate arguments and returns a tuple of gradients, one per input.
+        keeps_output: the layer reads the array its forward returned again later (Sigmoid's
+            backward reads its output), or returns an array it holds on to. True (the default)
+            is always safe; False (Linear: its backward reads its input, never its output) lets
+            the layer after it in a chain overwrite that output in the trainer's fast mode.
 
     Attributes set by the framework (a layer may ignore both; they only save work):
         needs_input_grad: False when nothing consumes this layer's input gradient (the first
             trainable layer of a model during training); ``backward`` may then skip computing
             dx and return None.
+        owns_input: True when ``forward`` may write over its input, which nothing reads after
+            it: in the trainer's fast mode, for a layer of a chain whose input is the output of
+            the layer before it, and that layer does not keep it (``keeps_output`` False).
+            ReLU then writes its output into its input's memory: one activation-sized array less
+            to go through per step.
         buffers: a :class:`~dlrun.backend.buffers.BufferPool`; ``self.buffer(name, shape, dtype)`` gives
             a per-shape scratch array to pass as ``out=`` while the trainer owns the outputs,
             and None (allocate) otherwise. Arrays of one name share memory (a shorter batch's
@@ -112,6 +121,7 @@ class Layer:
     state: ClassVar[tuple[str, ...]] = ()
     input_spec: ClassVar[InputSpec] = InputSpec()
     num_inputs: ClassVar[int | None] = 1
+    keeps_output: ClassVar[bool] = True
 
     def __new__(cls, *args, **kwargs):
         self = super().__new__(cls)
@@ -123,6 +133,7 @@ class Layer:
         self.dtype = np.dtype(np.float32)
         self._init_rng = None
         self.needs_input_grad = True
+        self.owns_input = False
         self.buffers = BufferPool()
         return self
 

@@ -33,6 +33,7 @@ class Linear(Layer):
     """
 
     input_spec = InputSpec(shape=("D",), options={"units": "C"})
+    keeps_output = False  # (backward reads the input and the weight, never the output)
     _steps = False  # position_wise on input with more axes than (N, features): set by build
 
     def __init__(self, units: PositiveInt, use_bias: bool = True,

@@ -113,6 +113,8 @@ class Sequential:
             layer.training = mode
             layer.buffers.enabled = fast
             layer.needs_input_grad = not fast or k > self._first_trainable
+            # its input is the output of the layer before it, which nothing reads again (never the batch)
+            layer.owns_input = fast and k > 0 and not self._run[k - 1].keeps_output
         self._stop = self._first_trainable if fast else 0
         return self
 

@@ -163,6 +163,7 @@ class Graph(Sequential):
             layer.training = mode
             layer.buffers.enabled = fast
             layer.needs_input_grad = not fast or any(i != INPUT and self._runs[i] for i in node.inputs)
+            layer.owns_input = False  # (a node's output may feed several nodes)
         self._stop = 1 if fast else 0  # (fast: no gradient for the model's input)
         return self
 

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 from dlrun import registry
+from dlrun.config import config_from_dict
 from dlrun.errors import LayerError
 from dlrun.layers.base import Layer, Parameter
 from dlrun.model import Sequential
 from dlrun.optimizers import SGD
+from dlrun.runs.assembly import assemble
 from dlrun.training.trainer import Trainer, predict
 from layer_numgrad import make
 
@@ -344,3 +346,65 @@ def test_relu_in_fast_mode_gives_dx_in_its_mask_buffer_and_leaves_the_upstream_g
         np.testing.assert_array_equal(dx, plain.backward(dy))
         np.testing.assert_array_equal(dy, kept)
         assert not np.shares_memory(dx, dy)
+
+
+def test_relu_after_a_linear_writes_over_its_input_in_fast_mode_only():
+    """In fast mode a ReLU that follows a Linear (whose backward never reads its output) writes its
+    output over the Linear's; one that reads the batch, or follows a layer that keeps its output
+    (Sigmoid's backward reads it), gets an array of its own, and so does every layer outside fast
+    mode. Training gives the same weights, bit for bit, as without the overwrite."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((6, 3)).astype(np.float32)
+    model = mlp(np.float32)
+    model.train(fast=True)
+    assert [layer.owns_input for layer in model.layers] == [False, True, False]
+    linear, relu = model.layers[:2]
+    h = linear.forward(x)
+    expected = np.maximum(h, 0)
+    out = relu.forward(h)
+    assert out is h and np.array_equal(out, expected)
+    model.train()
+    assert not any(layer.owns_input for layer in model.layers)
+    h = linear.forward(x)
+    assert not np.shares_memory(relu.forward(h), h)
+
+    first = mlp(np.float32, first="ReLU")  # the batch itself is never written
+    first.train(fast=True)
+    assert [layer.owns_input for layer in first.layers] == [False, False, True, False]
+    kept = x.copy()
+    first.forward(x)
+    np.testing.assert_array_equal(x, kept)
+    after_sigmoid = Sequential([registry.layers.build(s) for s in
+                                [{"type": "Linear", "units": 4}, "Sigmoid", "ReLU", {"type": "Linear", "units": 3}]],
+                               (3,), dtype=np.float32, seed=0)
+    after_sigmoid.train(fast=True)
+    assert after_sigmoid.layers[2].owns_input is False
+
+    def trained(overwrite: bool):
+        m = mlp(np.float32, seed=5)
+        if not overwrite:
+            m.layers[0].keeps_output = True  # (as if Linear read its output again)
+        t = Trainer(m, registry.losses.build("SoftmaxCrossEntropy"), SGD(0.5, momentum=0.9), batch_size=4)
+        t.fit(x, rng_labels, epochs=5)
+        return {k: v.copy() for k, v in m.state_arrays().items()}
+
+    rng_labels = rng.integers(0, 3, 6)
+    with_overwrite, without = trained(True), trained(False)
+    assert with_overwrite.keys() == without.keys()
+    for k in with_overwrite:
+        np.testing.assert_array_equal(with_overwrite[k], without[k], err_msg=k)
+
+
+def test_no_node_of_a_graph_writes_over_its_input():
+    """A graph node's output may feed several nodes: no node owns its input, fast mode or not."""
+    cfg = config_from_dict({"seed": 0, "data": {"type": "spiral", "points_per_class": 3},
+                            "model": [{"type": "Linear", "units": 4, "name": "a"},
+                                      {"type": "ReLU", "inputs": ["a"], "name": "r"},
+                                      {"type": "Add", "inputs": ["a", "r"]}, {"type": "Linear", "units": 3}],
+                            "loss": "SoftmaxCrossEntropy", "optimizer": {"type": "SGD", "learning_rate": 0.1}})
+    run = assemble(cfg)
+    model = run.trainer.model
+    assert type(model).__name__ == "Graph"
+    model.train(fast=True)
+    assert not any(layer.owns_input for layer in model.layers)
+    run.trainer.fit(run.data.x, run.data.y, epochs=2)  # trains (a ReLU writing over "a" would change Add's input)
