@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import dlrun.backend.backend as backend_module
-from dlrun.backend import CPU
+from dlrun.backend import CPU, get_backend, gpu_available
 from dlrun.config import load_config
 from dlrun.runs import checkpoint, run
 from dlrun.training.hooks import Callback
@@ -105,15 +105,20 @@ class Weights(Callback):
                           {k: np.array(t.backend.to_host(v)) for k, v in t.optimizer.state_dict().items()})
 
 
-def test_checkpoints_written_from_queued_copies_hold_the_state_of_their_epoch(monkeypatch, tmp_path):
+@pytest.mark.parametrize("device", ["emulated", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")])])
+def test_checkpoints_written_from_queued_copies_hold_the_state_of_their_epoch(device, monkeypatch, tmp_path):
     """best.npz holds the state of the best epoch, not of the later epochs that ran after its
     copies were queued; last.npz the state of the epoch it was written at."""
     overrides = ["device=gpu", "train.epochs=5", "train.checkpoint_every=3", "optimizer={type: Adam, learning_rate: 0.2}"]
     weights = Weights()
-    with emulated_gpu(monkeypatch) as gpu, emulate(monkeypatch):
-        monkeypatch.setattr(backend_module, "_gpu", gpu)
-        result = run.train(load_config(CONFIGS / "iris.yaml", overrides=overrides), runs_dir=tmp_path,
-                           callbacks=[weights])
+    config = load_config(CONFIGS / "iris.yaml", overrides=overrides)
+    if device == "cuda":
+        result = run.train(config, runs_dir=tmp_path, callbacks=[weights])
+    else:
+        with emulated_gpu(monkeypatch) as gpu, emulate(monkeypatch):
+            monkeypatch.setattr(backend_module, "_gpu", gpu)
+            result = run.train(config, runs_dir=tmp_path, callbacks=[weights])
     best_epoch = result.summary["best"]["epoch"]
     assert best_epoch not in (3, 5)  # written with a later last.npz, not at its own epoch
     for file in ("best.npz", "last.npz"):
@@ -124,6 +129,16 @@ def test_checkpoints_written_from_queued_copies_hold_the_state_of_their_epoch(mo
             np.testing.assert_array_equal(ckpt.model[k], model[k], err_msg=f"{file} {k}")
         for k in optim:
             np.testing.assert_array_equal(ckpt.optimizer[k], optim[k], err_msg=f"{file} {k}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")
+def test_read_back_gives_every_value_on_the_device():
+    gpu = get_backend("gpu")
+    values = [gpu.asarray(np.float32(2.5)), gpu.zero(np.int64) + 7, None, 0.25, gpu.asarray(np.arange(3.0))]
+    got = gpu.read_back(values)
+    assert got[:4] == [2.5, 7.0, None, 0.25] and all(type(g) is float for g in (got[0], got[1], got[3]))
+    assert got[4].tolist() == [0.0, 1.0, 2.0] and got[4].dtype == np.float64
 
 
 def test_read_back_gives_every_value_from_one_transfer(monkeypatch):
