@@ -10,6 +10,7 @@ from .base import InputSpec, Layer
 
 _ANY = InputSpec(shape=("D", "C"))
 _RELU = Kernel("T x", "T y", "y = x * (T)(x > (T)0);", "dlrun_relu")
+# (its y is ReLU's input x: x > 0 iff max(x, 0) > 0, NaN included)
 _RELU_GRAD = Kernel("T dy, T y", "T dx", "dx = dy * (T)(y > (T)0);", "dlrun_relu_grad")
 
 
@@ -26,14 +27,14 @@ class ReLU(_KinkAtZero, Layer):
     """y = max(x, 0); ∂y/∂x = 1 where x > 0, else 0 (the kink at 0 takes the 0 branch)."""
 
     input_spec = _ANY
+    keeps_output = False  # (backward reads the mask, or on the GPU the input: never the output)
 
     def forward(self, x, y=None):
         xp = self.xp
         fused = _RELU.on(xp)
-        if fused is not None:  # GPU: one launch, and backward reads the mask off y (y > 0 iff x > 0)
-            self._mask = None
-            self._y = fused(x, *out_args(self.buffer("y", x.shape, x.dtype)))
-            return self._y
+        if fused is not None:  # GPU: one launch, and backward reads the mask off x (x > 0 iff y > 0)
+            self._mask, self._x = None, x
+            return fused(x, *out_args(self.buffer("y", x.shape, x.dtype)))
         # CPU: the mask as 0/1 in x's dtype: multiplying by it is ~2.5x faster than by a bool
         # mask (no cast in the loop), and both beat maximum(x, 0) and copyto(where=) (~17x slower).
         # It takes as much memory as the output PyTorch's ReLU keeps for its backward.
@@ -48,7 +49,7 @@ class ReLU(_KinkAtZero, Layer):
     def backward(self, dy):
         if self._mask is None:
             return _RELU_GRAD.on(self.xp)(
-                dy, self._y, *out_args(self.buffer("dx", dy.shape, dy.dtype)))
+                dy, self._x, *out_args(self.buffer("dx", dy.shape, dy.dtype)))
         # in fast mode dx goes into the mask's own buffer, which nothing reads after backward: a
         # third activation-sized array would cost one more pass of fresh memory (in-place on the
         # mask, about 1 us less per step on the spiral's 300x100; same values)
@@ -59,7 +60,7 @@ class ReLU(_KinkAtZero, Layer):
         return np.multiply(dy, mask, out)  # (the CPU: numpy)
 
     def branch_signature(self):
-        return self._mask != 0 if self._mask is not None else self._y > 0
+        return self._mask != 0 if self._mask is not None else self._x > 0
 
 
 @layers.register()

@@ -93,18 +93,19 @@ class Layer:
             inputs gets them as separate arguments and returns a tuple of gradients, one per input.
         keeps_output: the layer reads the array its forward returned again later (Sigmoid's
             backward reads its output), or returns an array it holds on to. True (the default)
-            is always safe; False (Linear: its backward reads its input, never its output) lets
-            the layer after it in a chain overwrite that output in the trainer's fast mode.
+            is always safe; False (Linear and ReLU: their backward never reads their output)
+            lets the layer after it in a chain overwrite that output in the trainer's fast mode.
 
     Attributes set by the framework (a layer may ignore both; they only save work):
         needs_input_grad: False when nothing consumes this layer's input gradient (the first
             trainable layer of a model during training); ``backward`` may then skip computing
             dx and return None.
-        owns_input: True when ``forward`` may write over its input, which nothing reads after
-            it: in the trainer's fast mode, for a layer of a chain whose input is the output of
-            the layer before it, and that layer does not keep it (``keeps_output`` False).
-            ReLU then writes its output into its input's memory: one activation-sized array less
-            to go through per step.
+        owns_input: True when nothing but this layer reads its input after its forward, so
+            that it may write over it (in forward, or in backward once it has read it): in the
+            trainer's fast mode, for a layer of a chain whose input is the output of the layer
+            before it, and that layer does not keep it (``keeps_output`` False). ReLU then
+            writes its output into its input's memory, Linear its dx: one activation-sized
+            array less each to go through per step.
         buffers: a :class:`~dlrun.backend.buffers.BufferPool`; ``self.buffer(name, shape, dtype)`` gives
             a per-shape scratch array to pass as ``out=`` while the trainer owns the outputs,
             and None (allocate) otherwise. Arrays of one name share memory (a shorter batch's

@@ -87,7 +87,11 @@ class Linear(Layer):
             mm(self.buffers.ones(xp, dy.shape[0], dy.dtype), dy, self.bias.grad)
         if not self.needs_input_grad:
             return None
-        dx = mm(dy, self.weight.data, self.buffers.get(xp, "dx", self._x.shape, dy.dtype))
+        # owns_input (in training, after a layer that never reads its output again): dx over the
+        # input, which nothing reads after the lines above: one activation-sized array less per step
+        x = self._x
+        dx = mm(dy, self.weight.data, x if self.owns_input and x.dtype is dy.dtype else
+                self.buffers.get(xp, "dx", x.shape, dy.dtype))
         return dx.reshape(self._shape) if self._steps else dx
 
 

@@ -350,19 +350,25 @@ def test_relu_in_fast_mode_gives_dx_in_its_mask_buffer_and_leaves_the_upstream_g
 
 def test_relu_after_a_linear_writes_over_its_input_in_fast_mode_only():
     """In fast mode a ReLU that follows a Linear (whose backward never reads its output) writes its
-    output over the Linear's; one that reads the batch, or follows a layer that keeps its output
-    (Sigmoid's backward reads it), gets an array of its own, and so does every layer outside fast
-    mode. Training gives the same weights, bit for bit, as without the overwrite."""
+    output over the Linear's, and a Linear after the ReLU (whose backward reads the mask, not the
+    output) its dx over its input; a ReLU that reads the batch, or follows a layer that keeps its
+    output (Sigmoid's backward reads it), gets an array of its own, and so does every layer outside
+    fast mode. Training gives the same weights, bit for bit, as without the overwrites."""
     rng = np.random.default_rng(4)
     x = rng.standard_normal((6, 3)).astype(np.float32)
     model = mlp(np.float32)
     model.train(fast=True)
-    assert [layer.owns_input for layer in model.layers] == [False, True, False]
-    linear, relu = model.layers[:2]
+    assert [layer.owns_input for layer in model.layers] == [False, True, True]
+    linear, relu, last = model.layers
     h = linear.forward(x)
     expected = np.maximum(h, 0)
     out = relu.forward(h)
     assert out is h and np.array_equal(out, expected)
+    last.forward(out)
+    dz = rng.standard_normal((6, 3)).astype(np.float32)
+    expected = dz @ last.weight.data
+    dx = last.backward(dz)
+    assert np.shares_memory(dx, h) and np.allclose(dx, expected, rtol=1e-6)
     model.train()
     assert not any(layer.owns_input for layer in model.layers)
     h = linear.forward(x)
@@ -370,7 +376,7 @@ def test_relu_after_a_linear_writes_over_its_input_in_fast_mode_only():
 
     first = mlp(np.float32, first="ReLU")  # the batch itself is never written
     first.train(fast=True)
-    assert [layer.owns_input for layer in first.layers] == [False, False, True, False]
+    assert [layer.owns_input for layer in first.layers] == [False, True, True, True]
     kept = x.copy()
     first.forward(x)
     np.testing.assert_array_equal(x, kept)
@@ -382,8 +388,8 @@ def test_relu_after_a_linear_writes_over_its_input_in_fast_mode_only():
 
     def trained(overwrite: bool):
         m = mlp(np.float32, seed=5)
-        if not overwrite:
-            m.layers[0].keeps_output = True  # (as if Linear read its output again)
+        if not overwrite:  # (as if Linear and ReLU read their outputs again)
+            m.layers[0].keeps_output = m.layers[1].keeps_output = True
         t = Trainer(m, registry.losses.build("SoftmaxCrossEntropy"), SGD(0.5, momentum=0.9), batch_size=4)
         t.fit(x, rng_labels, epochs=5)
         return {k: v.copy() for k, v in m.state_arrays().items()}
